@@ -1,0 +1,100 @@
+"""The engine seam: what differs between SGLang, vLLM and the simulated host, and nothing else.
+
+An :class:`Engine` knows, for one serving engine:
+
+* how to ask a host for its version (which decides flag spellings);
+* how to render a launch (knobs, fixed args, environment) into argv and environment for that version;
+* how a server of that engine says it is ready (log line and/or ``/health``);
+* how to read its log into :class:`~runners.telemetry.Telemetry` and spot fatal lines (a :class:`LogParser`);
+* how to classify a death into a :class:`~runners.telemetry.Failure` (OOM, NCCL, rejected flag, crash);
+* which HTTP API the load generator should speak (``sglang`` ``/generate`` or ``openai`` ``/v1/completions``).
+
+Adding an engine is one module in this package plus its tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from runners.telemetry import Failure, Phase, Telemetry
+
+
+@runtime_checkable
+class LaunchLike(Protocol):
+    """What an engine needs of a launch config (``spaces.launch.LaunchConfig`` satisfies it).
+
+    ``knobs`` use servetune's canonical names (``mem_fraction_static``, ``cuda_graph_max_bs``,
+    ``num_continuous_decode_steps``, ``max_running_requests``, ``chunked_prefill_size``, and for vLLM
+    ``gpu_memory_utilization``, ``max_num_seqs``, ``max_num_batched_tokens``, ``cuda_graph_sizes``,
+    ``max_model_len``, ``enforce_eager``, ``kv_cache_space_gib``); a value of None means "leave the flag out,
+    let the engine pick its default". ``env`` holds environment variables that are set (NCCL variables
+    left "unset" are absent). ``engine_options`` carries engine-specific settings such as the simulated
+    host's profile and speed.
+    """
+
+    @property
+    def engine(self) -> str: ...
+    @property
+    def python(self) -> str: ...
+    @property
+    def model_path(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def knobs(self) -> Mapping[str, Any]: ...
+    @property
+    def fixed_args(self) -> tuple[str, ...]: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def engine_options(self) -> Mapping[str, Any]: ...
+
+
+@runtime_checkable
+class LogParser(Protocol):
+    """Reads one server's log line by line.
+
+    ``phase`` is where the server is; ``ready_line`` is True once the engine's readiness line was seen;
+    ``fatal`` is set by the first line that means the server is dying (it is evidence, the exit is proof);
+    ``telemetry`` accumulates every memory figure seen.
+    """
+
+    telemetry: Telemetry
+    phase: Phase
+    ready_line: bool
+    fatal: Failure | None
+
+    def feed(self, line: str) -> None: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: str
+    """``sglang``, ``vllm`` or ``sim``."""
+    bench_api: str
+    """``sglang`` (POST /generate) or ``openai`` (POST /v1/completions)."""
+    health_path: str
+    needs_ready_line: bool
+    """True when ``/health`` 200 alone is not readiness (SGLang: wait for the fired-up line too)."""
+
+    def version_command(self, python: str) -> str:
+        """Shell command that prints the engine version as its last stdout line."""
+        ...
+
+    def argv(self, launch: LaunchLike, version: str) -> list[str]:
+        """The full command (python, ``-m``, module, flags) for this engine version."""
+        ...
+
+    def environment(self, launch: LaunchLike, version: str) -> dict[str, str]:
+        """Environment variables to export for the server (NCCL knobs, engine-specific ones)."""
+        ...
+
+    def parser(self) -> LogParser: ...
+
+    def classify(self, parser: LogParser, exit_code: int | None, log_tail: str,
+                 evidence: Mapping[str, Any] | None = None) -> Failure:
+        """Why a server died, from its log, exit code and any host evidence (e.g. cgroup oom_kill)."""
+        ...

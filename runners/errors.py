@@ -1,0 +1,71 @@
+"""servetune's one exception tree.
+
+Every error servetune raises on purpose is a :class:`ServetuneError`. Foreign errors (paramiko, socket,
+SQLAlchemy, MLflow, pydantic) are mapped into this tree at the one boundary that talks to them, so callers
+catch servetune's errors only::
+
+    ServetuneError
+    ├── ConfigError              bad space file, bad value, bad CLI input (user can fix it)
+    ├── StudyError               unknown study, unreachable or broken storage
+    └── RunnerError              infrastructure trouble: a trial that hits one is FAIL, never PRUNED
+        ├── HostUnreachable      connect refused/timed out, DNS, SSH transport dropped
+        │   └── CommandTimeout   a command on the host did not finish in time
+        ├── HostKeyError         unknown or changed host key (refused unless explicitly accepted)
+        ├── AuthError            key rejected, no usable key
+        ├── HostBusy             a foreign process holds GPU memory on the host
+        ├── EngineMissing        the engine (or python) is not installed on the host
+        └── NotOurProcess        refusing to signal a process group servetune did not start
+
+Outcomes of a *trial* (OOM, NCCL error, rejected flag) are values (:mod:`runners.telemetry`), not
+exceptions: a crashed server is data.
+"""
+
+from __future__ import annotations
+
+
+class ServetuneError(Exception):
+    """Root of servetune's errors. ``str(err)`` is one line a user can act on."""
+
+
+class ConfigError(ServetuneError):
+    """Input is wrong: names what is wrong and what is allowed."""
+
+
+class StudyError(ServetuneError):
+    """The study or its storage cannot be used."""
+
+
+class RunnerError(ServetuneError):
+    """Infrastructure trouble on the way to, or on, a host."""
+
+    def __init__(self, message: str, *, host: str | None = None) -> None:
+        super().__init__(message)
+        self.host = host
+
+
+class HostUnreachable(RunnerError):
+    """The host cannot be reached or the connection dropped."""
+
+
+class CommandTimeout(HostUnreachable):
+    """A command on the host did not finish within its timeout."""
+
+
+class HostKeyError(RunnerError):
+    """The host's key is unknown or has changed."""
+
+
+class AuthError(RunnerError):
+    """Authentication to the host failed."""
+
+
+class HostBusy(RunnerError):
+    """A process servetune did not start holds GPU memory on the host."""
+
+
+class EngineMissing(RunnerError):
+    """The serving engine or its python is missing on the host."""
+
+
+class NotOurProcess(RunnerError):
+    """A process group failed the ownership check; servetune will not signal it."""

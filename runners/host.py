@@ -1,0 +1,372 @@
+"""A GPU host as servetune uses it, written once on top of a :class:`~runners.transport.Transport`.
+
+A :class:`Host` knows how to:
+
+* run the preflight (python and engine present, engine version, nvidia-smi answers, GPUs free);
+* start a server **detached** in a run directory (``<runs_root>/<study>/<trial>/``) holding the launch
+  script, the server log, the process-group id and the exit code, so an SSH hiccup does not kill it;
+* follow the server log live and learn its exit code the moment the process group's leader ends;
+* stop it: SIGTERM to the recorded process group, SIGTERM again, then SIGKILL after a grace period,
+  after checking the group is ours (``SERVETUNE_RUN_ID`` in its environment), and verify nothing is left;
+* find servers a crashed controller left behind (run directories with a live group) and stop them.
+
+Nothing here ever kills by name. Every host-side script is plain bash + coreutils + procps.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from runners.errors import EngineMissing, HostBusy, HostUnreachable, NotOurProcess, RunnerError
+from runners.smi import APPS_QUERY, GPU_QUERY, ComputeApp, GpuStatus, parse_apps, parse_gpus
+from runners.transport import CommandResult, LineStream, Transport
+
+RUN_ID_VAR = "SERVETUNE_RUN_ID"
+
+# Records the group id, runs the launch script with every stream redirected, records its exit code.
+# The trap gives the wrapper a handler (not "ignore") so the server does not inherit an ignored SIGTERM,
+# and so the wrapper outlives a group SIGTERM long enough to write the server's exit code.
+_WRAPPER = """#!/usr/bin/env bash
+# servetune run wrapper: records the process group and the server's exit code.
+cd "$(dirname "$0")" || exit 97
+echo $$ > pgid.tmp && mv pgid.tmp pgid
+trap ':' TERM INT HUP
+bash ./launch.sh > server.log 2>&1 < /dev/null
+rc=$?
+echo $rc > exit_code.tmp && mv exit_code.tmp exit_code
+"""
+
+# Lists live (non-zombie) members of a process group and of the session of the same id.
+_MEMBERS = r"""members() {
+  for p in $( { pgrep -g "$1"; pgrep -s "$1"; } 2>/dev/null | sort -u ); do
+    s=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f1)
+    [ -n "$s" ] && [ "$s" != Z ] && echo "$p"
+  done
+}
+ours() {  # is any member of group $1 tagged with run id $2?
+  for p in $(members "$1"); do
+    tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "SERVETUNE_RUN_ID=$2" && return 0
+  done
+  return 1
+}
+"""
+
+_STOP = (
+    _MEMBERS
+    + r"""pg=@PGID@; tag=@TAG@; grace_ms=@GRACE_MS@
+if [ -z "$(members $pg)" ]; then echo '{"result":"gone","ms":0,"survivors":[]}'; exit 0; fi
+if ! ours $pg $tag; then echo '{"result":"not_ours"}'; exit 3; fi
+ms() { echo $(( $(date +%s%N) / 1000000 )); }
+start=$(ms)
+kill -TERM -$pg 2>/dev/null
+method=term; resent=0
+deadline=$(( start + grace_ms )); half=$(( start + grace_ms / 2 ))
+while [ -n "$(members $pg)" ]; do
+  now=$(ms)
+  if [ $resent = 0 ] && [ $now -gt $half ]; then kill -TERM -$pg 2>/dev/null; resent=1; fi
+  if [ $now -gt $deadline ]; then
+    method=kill
+    for p in $(members $pg); do kill -KILL $p 2>/dev/null; done
+    kill -KILL -$pg 2>/dev/null
+    n=0
+    while [ -n "$(members $pg)" ] && [ $n -lt 100 ]; do sleep 0.05; n=$((n+1)); done
+    break
+  fi
+  sleep 0.05
+done
+end=$(ms)
+surv=$(members $pg | paste -sd, -)
+printf '{"result":"stopped","method":"%s","ms":%s,"survivors":[%s]}\n' $method $(( end - start )) "$surv"
+"""
+)
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A server started by servetune: its run directory on the host, process group and run id."""
+
+    run_dir: str
+    pgid: int
+    run_id: str
+
+    @property
+    def log_path(self) -> str:
+        return f"{self.run_dir}/server.log"
+
+
+@dataclass(frozen=True)
+class StopResult:
+    """How a stop went: ``gone`` (already dead), ``term`` or ``kill``; survivors must be empty."""
+
+    method: str
+    seconds: float
+    survivors: tuple[int, ...] = ()
+
+
+@dataclass
+class HostInfo:
+    """What the preflight found on a host."""
+
+    name: str
+    python: str
+    engine: str
+    engine_version: str
+    gpus: list[GpuStatus] = field(default_factory=list)
+    apps: list[ComputeApp] = field(default_factory=list)
+    busy: bool = False
+    reason: str = ""
+
+    @property
+    def gpu_name(self) -> str:
+        return self.gpus[0].name if self.gpus else "unknown"
+
+    @property
+    def free_mib(self) -> float:
+        return sum(g.free_mib or 0.0 for g in self.gpus)
+
+
+class Host:
+    """One GPU host: a transport plus where runs live, extra environment and how to call nvidia-smi.
+
+    ``env`` is exported before every command (e.g. PATH for a simulated host's nvidia-smi).
+    ``busy_mib`` is how much used memory per GPU, with no compute process of ours, still counts as free.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        runs_root: str = "~/.servetune/runs",
+        env: Mapping[str, str] | None = None,
+        busy_mib: float = 1024.0,
+    ) -> None:
+        self.transport = transport
+        self.name = transport.name
+        self.runs_root = runs_root.rstrip("/")
+        self.env = dict(env or {})
+        self.busy_mib = busy_mib
+
+    # ---- commands -------------------------------------------------------------------------------
+
+    def _prefix(self) -> str:
+        exports = "".join(f"export {k}={_envquote(v)}; " for k, v in self.env.items())
+        return exports
+
+    def run(self, command: str, *, timeout: float = 30.0) -> CommandResult:
+        return self.transport.run(self._prefix() + command, timeout=timeout)
+
+    def stream(self, command: str) -> LineStream:
+        return self.transport.stream(self._prefix() + command)
+
+    def _path(self, path: str) -> str:
+        """A host path for shell use: ``~`` expanded by the shell, the rest quoted."""
+        if path.startswith("~/"):
+            return '"$HOME"/' + shlex.quote(path[2:])
+        return shlex.quote(path)
+
+    def resolve(self, path: str) -> str:
+        """Absolute form of a host path (``~`` expanded on the host)."""
+        if not path.startswith("~"):
+            return path
+        res = self.run(f"echo {self._path(path)}", timeout=15)
+        return res.stdout.strip()
+
+    # ---- nvidia-smi -----------------------------------------------------------------------------
+
+    def gpus(self, *, timeout: float = 20.0) -> list[GpuStatus]:
+        res = self.run(GPU_QUERY, timeout=timeout)
+        if not res.ok:
+            raise HostUnreachable(
+                f"nvidia-smi failed on {self.name} (rc={res.rc}): {res.stderr.strip()[:200]}", host=self.name
+            )
+        return parse_gpus(res.stdout)
+
+    def compute_apps(self, *, timeout: float = 20.0) -> list[ComputeApp]:
+        res = self.run(APPS_QUERY, timeout=timeout)
+        if not res.ok:
+            raise HostUnreachable(f"nvidia-smi failed on {self.name}: {res.stderr.strip()[:200]}", host=self.name)
+        return parse_apps(res.stdout)
+
+    def smi_sample(self) -> tuple[float, list[GpuStatus]]:
+        return time.time(), self.gpus()
+
+    # ---- preflight ------------------------------------------------------------------------------
+
+    def preflight(self, engine: str, python: str, version_command: str, *, timeout: float = 60.0) -> HostInfo:
+        """Check python, engine and version, nvidia-smi, and that the GPUs are free of foreign processes.
+
+        Raises EngineMissing or HostUnreachable; a busy GPU is reported in the result (``busy``) so a
+        ``hosts check`` can print it; :meth:`require_free` turns it into HostBusy.
+        """
+        res = self.run(f"{shlex.quote(python)} -c 'import sys; print(sys.version.split()[0])'", timeout=timeout)
+        if not res.ok:
+            raise EngineMissing(f"python {python!r} not usable on {self.name}: {res.stderr.strip()[:200]}",
+                                host=self.name)
+        ver = self.run(version_command, timeout=timeout)
+        if not ver.ok or not ver.stdout.strip():
+            raise EngineMissing(
+                f"engine {engine!r} not found on {self.name} with {python}: "
+                f"{(ver.stderr.strip().splitlines() or ['no output'])[-1][:200]}",
+                host=self.name,
+            )
+        gpus = self.gpus(timeout=timeout)
+        apps = self.compute_apps(timeout=timeout)
+        info = HostInfo(self.name, python, engine, ver.stdout.strip().splitlines()[-1].strip(), gpus, apps)
+        self._judge_busy(info)
+        return info
+
+    def _judge_busy(self, info: HostInfo) -> None:
+        if info.apps:
+            pids = ", ".join(str(a.pid) for a in info.apps)
+            info.busy, info.reason = True, f"compute processes on the GPUs (pid {pids})"
+            return
+        heavy = [g for g in info.gpus if (g.used_mib or 0) > self.busy_mib]
+        if heavy:
+            info.busy = True
+            info.reason = "GPU memory in use with no servetune server: " + ", ".join(
+                f"GPU {g.index} {g.used_mib:.0f} MiB" for g in heavy
+            )
+
+    def require_free(self, info: HostInfo) -> None:
+        if info.busy:
+            raise HostBusy(f"{self.name} is busy: {info.reason}", host=self.name)
+
+    def wait_gpus_free(self, *, timeout: float = 30.0, interval: float = 0.25) -> list[GpuStatus]:
+        """Wait until no compute process is left and used memory is back near its baseline."""
+        deadline = time.monotonic() + timeout
+        while True:
+            apps = self.compute_apps()
+            gpus = self.gpus()
+            if not apps and all((g.used_mib or 0) <= self.busy_mib for g in gpus):
+                return gpus
+            if time.monotonic() > deadline:
+                pids = ", ".join(str(a.pid) for a in apps) or "none"
+                raise HostBusy(
+                    f"GPU memory on {self.name} did not return to baseline within {timeout:g}s "
+                    f"(compute pids: {pids})",
+                    host=self.name,
+                )
+            time.sleep(interval)
+
+    # ---- servers --------------------------------------------------------------------------------
+
+    def run_dir(self, study: str, trial: str) -> str:
+        return f"{self.runs_root}/{_safe(study)}/{_safe(trial)}"
+
+    def start(self, run_dir: str, launch_script: str, run_id: str, *, files: Mapping[str, str] | None = None,
+              timeout: float = 30.0) -> RunRef:
+        """Start ``launch_script`` detached in ``run_dir`` (created fresh) and return its reference."""
+        abs_dir = self.resolve(run_dir)
+        mk = self.run(f"rm -rf {shlex.quote(abs_dir)} && mkdir -p {shlex.quote(abs_dir)}", timeout=timeout)
+        if not mk.ok:
+            raise RunnerError(f"cannot create {abs_dir} on {self.name}: {mk.stderr.strip()[:200]}", host=self.name)
+        self.transport.put(f"{abs_dir}/launch.sh", launch_script.encode(), mode=0o755)
+        self.transport.put(f"{abs_dir}/run.sh", _WRAPPER.encode(), mode=0o755)
+        self.transport.put(f"{abs_dir}/owner", f"{self.name}\n{run_id}\n".encode())
+        for name, text in (files or {}).items():
+            self.transport.put(f"{abs_dir}/{name}", text.encode(), mode=0o644)
+        d = shlex.quote(abs_dir)
+        cmd = (
+            f"cd {d} && {{ {RUN_ID_VAR}={shlex.quote(run_id)} setsid bash ./run.sh & }} < /dev/null > /dev/null 2>&1; "
+            f"for i in $(seq 1 200); do [ -s {d}/pgid ] && break; sleep 0.02; done; cat {d}/pgid"
+        )
+        res = self.run(cmd, timeout=timeout)
+        try:
+            pgid = int(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise RunnerError(f"server did not start on {self.name}: {res.stderr.strip()[:200]}",
+                              host=self.name) from None
+        return RunRef(abs_dir, pgid, run_id)
+
+    def follow(self, ref: RunRef) -> LineStream:
+        """Stream the server log from its start; the stream ends when the wrapper process ends."""
+        log = shlex.quote(ref.log_path)
+        return self.stream(f"exec tail -n +1 -F -s 0.1 --pid={ref.pgid} {log} 2>/dev/null")
+
+    def exit_code(self, ref: RunRef) -> int | None:
+        res = self.run(f"cat {shlex.quote(ref.run_dir)}/exit_code 2>/dev/null", timeout=15)
+        text = res.stdout.strip()
+        return int(text) if text.lstrip("-").isdigit() else None
+
+    def members(self, ref: RunRef) -> list[int]:
+        res = self.run(_MEMBERS + f"members {ref.pgid}", timeout=15)
+        return [int(p) for p in res.stdout.split() if p.isdigit()]
+
+    def alive(self, ref: RunRef) -> bool:
+        return bool(self.members(ref))
+
+    def stop(self, ref: RunRef, *, grace: float = 10.0) -> StopResult:
+        """TERM the group, TERM again at half the grace, KILL at the end; verify no member is left."""
+        script = (
+            _STOP.replace("@PGID@", str(ref.pgid))
+            .replace("@TAG@", shlex.quote(ref.run_id))
+            .replace("@GRACE_MS@", str(int(grace * 1000)))
+        )
+        res = self.run(script, timeout=grace + 30)
+        try:
+            data = json.loads(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise RunnerError(f"stop failed on {self.name}: {res.stderr.strip()[:200]}", host=self.name) from None
+        if data["result"] == "not_ours":
+            raise NotOurProcess(
+                f"process group {ref.pgid} on {self.name} is not servetune run {ref.run_id}; not signalling it",
+                host=self.name,
+            )
+        survivors = tuple(int(p) for p in data.get("survivors", []))
+        if survivors:
+            raise RunnerError(f"processes {survivors} survived SIGKILL on {self.name}", host=self.name)
+        return StopResult(data.get("method", "gone"), float(data.get("ms", 0)) / 1000, survivors)
+
+    def read(self, path: str, *, tail_bytes: int | None = None) -> str:
+        cmd = f"tail -c {tail_bytes} {shlex.quote(path)}" if tail_bytes else f"cat {shlex.quote(path)}"
+        res = self.run(cmd + " 2>/dev/null", timeout=60)
+        return res.stdout
+
+    def orphans(self) -> list[RunRef]:
+        """Run directories of this host whose process group is still alive and has no exit code."""
+        root = self._path(self.runs_root)
+        script = (
+            _MEMBERS
+            + f"""for d in {root}/*/*/; do
+  [ -f "$d/pgid" ] && [ ! -f "$d/exit_code" ] || continue
+  [ "$(head -1 "$d/owner" 2>/dev/null)" = {shlex.quote(self.name)} ] || continue
+  pg=$(cat "$d/pgid"); id=$(sed -n 2p "$d/owner")
+  [ -n "$(members $pg)" ] && echo "$pg ${{d%/}} $id"
+done; true"""
+        )
+        res = self.run(script, timeout=30)
+        refs = []
+        for line in res.stdout.splitlines():
+            parts = line.split(" ", 2)
+            if len(parts) == 3 and parts[0].isdigit():
+                refs.append(RunRef(parts[1], int(parts[0]), parts[2]))
+        return refs
+
+    def cleanup_orphans(self, *, grace: float = 10.0) -> list[RunRef]:
+        """Stop every orphaned servetune server of this host; returns what was stopped."""
+        stopped = []
+        for ref in self.orphans():
+            try:
+                self.stop(ref, grace=grace)
+            except NotOurProcess:
+                continue
+            stopped.append(ref)
+        return stopped
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+def _safe(part: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in part) or "_"
+
+
+def _envquote(value: str) -> str:
+    # Allow $PATH-style references in host env values while quoting everything else.
+    if "$" in value:
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
+    return shlex.quote(value)

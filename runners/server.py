@@ -1,0 +1,469 @@
+"""One trial's server on one host, from launch to verified stop.
+
+:class:`ServerSession` starts the launch script detached on a :class:`~runners.host.Host`, follows its log
+live through the engine's :class:`~runners.engines.base.LogParser`, samples nvidia-smi, waits until the
+server is really ready (the engine's readiness line where it has one, *and* ``/health`` 200), runs the
+load generator on the host beside the server, and stops the whole process group. Death is noticed the
+moment the log shows a fatal line or the process group's leader exits, not on a slow poll.
+
+Everything it learns is a value: :class:`~runners.telemetry.Failure` for how it died, the parser's
+:class:`~runners.telemetry.Telemetry`, the per-level benchmark records, the nvidia-smi samples.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import shlex
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from runners.engines.base import Engine, LaunchLike
+from runners.errors import HostUnreachable, RunnerError
+from runners.host import Host, RunRef, StopResult
+from runners.smi import GpuStatus
+from runners.telemetry import Failure, FailureKind, Phase
+from runners.transport import LineStream
+
+EventHook = Callable[[str, Any], None]
+"""Called as ``hook(kind, value)`` with kinds ``phase`` (a Phase), ``level`` (a benchmark record),
+``fatal`` (a Failure) and ``ready`` (server info dict)."""
+
+_FATAL_TO_EXIT = 15.0  # how long a server may keep running after a fatal log line before we call it dead
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """What the load generator runs: the sweep and where to send it."""
+
+    api: str
+    levels: tuple[int, ...]
+    requests: tuple[int, ...]
+    input_len: int
+    output_len: int
+    warmup: int
+    model: str
+    timeout: float
+
+
+@dataclass
+class BenchResult:
+    """Per-level records (sglang.bench_serving names), and how the sweep ended."""
+
+    levels: list[dict[str, Any]] = field(default_factory=list)
+    failure: Failure | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.failure is None
+
+
+def loadgen_source() -> bytes:
+    return resources.files("runners").joinpath("loadgen.py").read_bytes()
+
+
+class ServerSession:
+    """Context manager: ``with ServerSession(...) as s: s.wait_ready(...); s.benchmark(...)``.
+
+    Leaving the block always stops the process group (TERM, TERM, KILL) and verifies nothing is left.
+    """
+
+    def __init__(
+        self,
+        host: Host,
+        engine: Engine,
+        launch: LaunchLike,
+        *,
+        script: str,
+        run_dir: str,
+        run_id: str,
+        python: str,
+        stop_grace: float = 15.0,
+        smi_interval: float = 1.0,
+        hook: EventHook | None = None,
+    ) -> None:
+        self.host = host
+        self.engine = engine
+        self.launch = launch
+        self.script = script
+        self.run_dir = run_dir
+        self.run_id = run_id
+        self.python = python
+        self.stop_grace = stop_grace
+        self.smi_interval = smi_interval
+        self.hook = hook or (lambda kind, value: None)
+        self.parser = engine.parser()
+        self.ref: RunRef | None = None
+        self.lines: list[str] = []
+        self.exit_code: int | None = None
+        self.server_info: dict[str, Any] = {}
+        self.smi_samples: list[tuple[float, list[GpuStatus]]] = []
+        self.stop_result: StopResult | None = None
+        self.died_at: float | None = None
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._dead = threading.Event()
+        self._lost = threading.Event()
+        self._closing = threading.Event()
+        self._stream: LineStream | None = None
+        self._threads: list[threading.Thread] = []
+        self._fatal_seen_at: float | None = None
+
+    # ---- lifetime ------------------------------------------------------------------------------
+
+    def __enter__(self) -> ServerSession:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.ref = self.host.start(self.run_dir, self.script, self.run_id,
+                                   files={"loadgen.py": loadgen_source().decode()})
+        self._spawn(self._follow, "follow")
+        if self.smi_interval > 0:
+            self._spawn(self._sample_smi, "smi")
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        t = threading.Thread(target=target, name=f"{name}-{self.run_id}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self) -> StopResult | None:
+        """Stop the process group and verify it is gone. Idempotent."""
+        if self.ref is None or self.stop_result is not None:
+            return self.stop_result
+        self._closing.set()
+        try:
+            self.stop_result = self.host.stop(self.ref, grace=self.stop_grace)
+        finally:
+            stream = self._stream
+            if stream is not None:
+                stream.close()
+            for t in self._threads:
+                t.join(timeout=5)
+        if self.exit_code is None:
+            try:
+                self.exit_code = self.host.exit_code(self.ref)
+            except RunnerError:
+                pass
+        return self.stop_result
+
+    # ---- watching ------------------------------------------------------------------------------
+
+    def _follow(self) -> None:
+        assert self.ref is not None
+        skip = 0
+        while not self._closing.is_set():
+            try:
+                stream = self.host.follow(self.ref)
+            except RunnerError:
+                self._mark_lost()
+                return
+            self._stream = stream
+            seen = 0
+            for line in stream:
+                seen += 1
+                if seen <= skip:
+                    continue  # a re-attached tail replays the log from its start
+                self._feed(line)
+            skip = max(skip, seen)
+            if self._closing.is_set():
+                return
+            if stream.exit_code is not None:
+                # tail --pid ended: the wrapper (process-group leader) has exited.
+                try:
+                    code = self.host.exit_code(self.ref)
+                except RunnerError:
+                    code = None
+                with self._changed:
+                    self.exit_code = code
+                    self.died_at = time.monotonic()
+                    self._dead.set()
+                    self._changed.notify_all()
+                return
+            # Stream lost (connection dropped). Is the host still there?
+            try:
+                alive = self.host.alive(self.ref)
+            except RunnerError:
+                self._mark_lost()
+                return
+            if not alive:
+                with self._changed:
+                    self.exit_code = self.host.exit_code(self.ref)
+                    self.died_at = time.monotonic()
+                    self._dead.set()
+                    self._changed.notify_all()
+                return
+
+    def _mark_lost(self) -> None:
+        with self._changed:
+            self._lost.set()
+            self._changed.notify_all()
+
+    def _feed(self, line: str) -> None:
+        with self._changed:
+            before_phase, before_fatal = self.parser.phase, self.parser.fatal
+            self.lines.append(line)
+            self.parser.feed(line)
+            phase, fatal = self.parser.phase, self.parser.fatal
+            if fatal is not None and before_fatal is None:
+                self._fatal_seen_at = time.monotonic()
+            self._changed.notify_all()
+        if phase != before_phase:
+            self.hook("phase", phase)
+        if fatal is not None and before_fatal is None:
+            self.hook("fatal", fatal)
+
+    def _sample_smi(self) -> None:
+        while not self._closing.wait(self.smi_interval):
+            if self._dead.is_set():
+                return
+            try:
+                sample = self.host.smi_sample()
+            except (RunnerError, ValueError):
+                continue
+            with self._lock:
+                self.smi_samples.append(sample)
+
+    @property
+    def dead(self) -> bool:
+        return self._dead.is_set()
+
+    @property
+    def lost(self) -> bool:
+        return self._lost.is_set()
+
+    def _dying(self) -> bool:
+        """Dead, or a fatal line was logged long enough ago that the server is as good as dead."""
+        if self._dead.is_set():
+            return True
+        return self._fatal_seen_at is not None and time.monotonic() - self._fatal_seen_at > _FATAL_TO_EXIT
+
+    def failure(self) -> Failure:
+        """Classify the death from the parsed log, the exit code and the log tail."""
+        with self._lock:
+            tail = "\n".join(self.lines[-400:])
+        failure = self.engine.classify(self.parser, self.exit_code, tail)
+        if failure.phase is None:
+            failure = Failure(failure.kind, self.parser.phase, failure.reason, failure.exit_code)
+        return failure
+
+    def log_text(self) -> str:
+        with self._lock:
+            return "\n".join(self.lines) + ("\n" if self.lines else "")
+
+    def log_tail(self, n: int = 80) -> str:
+        with self._lock:
+            return "\n".join(self.lines[-n:])
+
+    def smi_peak_mib(self) -> float | None:
+        """Highest memory.used of any GPU over all samples."""
+        with self._lock:
+            per_gpu = [max((g.used_mib or 0) for g in gpus) for _, gpus in self.smi_samples if gpus]
+        return max(per_gpu) if per_gpu else None
+
+    def smi_csv(self) -> str:
+        rows = ["timestamp,index,name,memory.total [MiB],memory.used [MiB],memory.free [MiB],utilization.gpu [%]"]
+        with self._lock:
+            for ts, gpus in self.smi_samples:
+                for g in gpus:
+                    rows.append(f"{ts:.3f},{g.index},{g.name},{_n(g.total_mib)},{_n(g.used_mib)},"
+                                f"{_n(g.free_mib)},{_n(g.utilization_pct)}")
+        return "\n".join(rows) + "\n"
+
+    # ---- HTTP on the host ----------------------------------------------------------------------
+
+    def http_get(self, path: str, *, timeout: float = 10.0) -> tuple[int, str]:
+        """GET ``path`` from the server *on the host* (bash /dev/tcp), so it works behind SSH too."""
+        script = (
+            f"exec 3<>/dev/tcp/127.0.0.1/{int(self.launch.port)} || exit 7; "
+            f"printf 'GET {path} HTTP/1.0\\r\\nHost: 127.0.0.1\\r\\n\\r\\n' >&3; "
+            f"timeout {timeout:g} cat <&3"
+        )
+        res = self.host.run(script, timeout=timeout + 10)
+        if res.rc == 7 or not res.stdout:
+            return 0, ""
+        head, _, body = res.stdout.partition("\r\n\r\n")
+        try:
+            status = int(head.split()[1])
+        except (IndexError, ValueError):
+            return 0, ""
+        return status, body
+
+    # ---- readiness -----------------------------------------------------------------------------
+
+    def wait_ready(self, timeout: float, *, poll: float = 0.25) -> Failure | None:
+        """Block until ready (None) or return why it never got there.
+
+        Ready = the engine's readiness line (when it has one) and ``/health`` 200. A dead server, a fatal
+        line, a lost host or the timeout each return a Failure.
+        """
+        deadline = time.monotonic() + timeout
+        next_health = 0.0
+        while True:
+            with self._changed:
+                if not (self._dying() or self._lost.is_set()):
+                    wait = 0.1 if self._fatal_seen_at is not None else poll
+                    self._changed.wait(timeout=wait)
+                dying, lost = self._dying(), self._lost.is_set()
+                ready_line = self.parser.ready_line
+            if dying:
+                return self.failure()
+            if lost:
+                return Failure(FailureKind.HOST_UNREACHABLE, self.parser.phase,
+                               f"lost {self.host.name} while the server was starting")
+            now = time.monotonic()
+            if now > deadline:
+                return Failure(FailureKind.STARTUP_TIMEOUT, self.parser.phase,
+                               f"not ready after {timeout:g}s (last phase: {self.parser.phase.value})")
+            if self._fatal_seen_at is not None:
+                continue
+            if self.engine.needs_ready_line and not ready_line:
+                continue
+            if now < next_health:
+                continue
+            next_health = now + poll
+            try:
+                status, _ = self.http_get(self.engine.health_path, timeout=5)
+            except HostUnreachable:
+                return Failure(FailureKind.HOST_UNREACHABLE, self.parser.phase,
+                               f"lost {self.host.name} while waiting for /health")
+            if status == 200:
+                self._read_server_info()
+                if self.parser.phase in (Phase.STARTING, Phase.WARMUP, Phase.CUDA_GRAPH, Phase.KV_POOL):
+                    self.parser.phase = Phase.READY
+                self.hook("ready", self.server_info)
+                return None
+
+    def _read_server_info(self) -> None:
+        for path in ("/get_server_info", "/server_info"):
+            try:
+                status, body = self.http_get(path, timeout=10)
+            except RunnerError:
+                return
+            if status == 200:
+                try:
+                    self.server_info = json.loads(body)
+                except ValueError:
+                    continue
+                break
+        info = self.server_info
+        if not info:
+            return
+        tele = self.parser.telemetry
+        for key in ("max_total_num_tokens", "max_running_requests", "chunked_prefill_size", "mem_fraction_static"):
+            if getattr(tele, key) is None and isinstance(info.get(key), int | float):
+                setattr(tele, key, info[key])
+        if info.get("simulated"):
+            tele.simulated = True
+            tele.extra["sim_speed"] = info.get("sim_speed")
+
+    # ---- benchmark -----------------------------------------------------------------------------
+
+    def benchmark(self, plan: BenchPlan, *, timeout: float) -> BenchResult:
+        """Run the load generator on the host; stop at once if the server dies or the host is lost."""
+        assert self.ref is not None
+        args = [
+            self.python, "loadgen.py",
+            "--base-url", f"http://127.0.0.1:{int(self.launch.port)}",
+            "--api", plan.api, "--model", plan.model,
+            "--levels", ",".join(map(str, plan.levels)),
+            "--requests", ",".join(map(str, plan.requests)),
+            "--input-len", str(plan.input_len), "--output-len", str(plan.output_len),
+            "--warmup", str(plan.warmup), "--timeout", f"{plan.timeout:g}",
+            "--out", "bench.jsonl", "--time-scale", "auto",
+        ]
+        cmd = f"cd {shlex.quote(self.ref.run_dir)} && exec " + " ".join(shlex.quote(a) for a in args)
+        result = BenchResult()
+        try:
+            stream = self.host.stream(cmd)
+        except RunnerError as exc:
+            result.failure = Failure(FailureKind.HOST_UNREACHABLE, Phase.SERVING, str(exc))
+            return result
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def pump() -> None:
+            try:
+                for line in stream:
+                    lines.put(line)
+            finally:
+                lines.put(None)
+
+        pumper = threading.Thread(target=pump, name=f"bench-{self.run_id}", daemon=True)
+        pumper.start()
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                if self._dying():
+                    result.failure = self.failure()
+                    break
+                if self._lost.is_set():
+                    result.failure = Failure(FailureKind.HOST_UNREACHABLE, self.parser.phase,
+                                             f"lost {self.host.name} during the benchmark")
+                    break
+                if time.monotonic() > deadline:
+                    result.failure = Failure(FailureKind.BENCHMARK_TIMEOUT, self.parser.phase,
+                                             f"benchmark did not finish in {timeout:g}s")
+                    break
+                try:
+                    line = lines.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if line is None:
+                    result.failure = self._bench_end(stream.exit_code, result)
+                    break
+                record = _json_record(line)
+                if record is not None:
+                    result.levels.append(record)
+                    self.hook("level", record)
+        finally:
+            stream.close()
+            pumper.join(timeout=5)
+        return result
+
+    def _bench_end(self, code: int | None, result: BenchResult) -> Failure | None:
+        if code == 0 and result.levels:
+            return None
+        # The load generator stopped early: most likely the server died under load. Give the log a
+        # moment to deliver the fatal lines and the exit.
+        with self._changed:
+            self._changed.wait_for(lambda: self._dead.is_set(), timeout=3.0)
+        if self._dying() or self.parser.fatal is not None:
+            with self._changed:
+                self._changed.wait_for(lambda: self._dead.is_set(), timeout=_FATAL_TO_EXIT)
+            return self.failure()
+        if code is None:
+            return Failure(FailureKind.HOST_UNREACHABLE, self.parser.phase, "load generator connection lost")
+        return Failure(FailureKind.INFRA, self.parser.phase, f"load generator exited with {code}")
+
+
+def _json_record(line: str) -> dict[str, Any] | None:
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and "max_concurrency" in data else None
+
+
+def _n(value: float | None) -> str:
+    return "" if value is None else f"{value:g}"
+
+
+def merge_smi_peak(session: ServerSession, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The session's telemetry as a dict, with the nvidia-smi peak folded in."""
+    tele = session.parser.telemetry
+    peak = session.smi_peak_mib()
+    if peak is not None:
+        tele.smi_peak_used_mib = peak
+    out = tele.to_dict()
+    out.update(extra or {})
+    return out

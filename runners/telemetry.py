@@ -1,0 +1,128 @@
+"""What a trial's server did, as values: phases, failure kinds, memory telemetry.
+
+A server that dies is data, not an exception. :class:`Failure` says how it died; :class:`Telemetry`
+holds every memory figure read from its log and from nvidia-smi. Both serialise to plain dicts so the
+search layer can store them as Optuna user attrs and MLflow params/metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Phase(StrEnum):
+    """Where a server is in its life (and so where it died)."""
+
+    STARTING = "starting"
+    LOAD_WEIGHTS = "load_weights"
+    KV_POOL = "kv_pool"
+    CUDA_GRAPH = "cuda_graph"
+    WARMUP = "warmup"
+    READY = "ready"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    SERVING = "serving"
+
+
+class FailureKind(StrEnum):
+    """Why a trial did not produce a value.
+
+    Config-caused kinds become PRUNED trials (the sampler should learn from them); the others are
+    infrastructure trouble and become FAIL (the sampler must learn nothing from them).
+    """
+
+    OOM = "oom"
+    NCCL_ERROR = "nccl_error"
+    BAD_FLAG = "bad_flag"
+    CRASH = "crash"
+    STARTUP_TIMEOUT = "startup_timeout"
+    BENCHMARK_TIMEOUT = "benchmark_timeout"
+    HOST_UNREACHABLE = "host_unreachable"
+    HOST_BUSY = "host_busy"
+    INTERRUPTED = "interrupted"
+    INFRA = "infra"
+
+    @property
+    def config_caused(self) -> bool:
+        return self in _CONFIG_CAUSED
+
+
+_CONFIG_CAUSED = frozenset({FailureKind.OOM, FailureKind.NCCL_ERROR, FailureKind.BAD_FLAG, FailureKind.CRASH})
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a server or trial failed: kind, phase, one-line reason, and the exit code when known."""
+
+    kind: FailureKind
+    phase: Phase | None = None
+    reason: str = ""
+    exit_code: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "phase": self.phase.value if self.phase else None,
+            "reason": self.reason,
+            "exit_code": self.exit_code,
+        }
+
+
+@dataclass
+class Telemetry:
+    """Memory figures of one server run. GiB unless the name says otherwise; None = not seen.
+
+    Filled line by line by an engine's log parser while the server runs, then by nvidia-smi samples.
+    """
+
+    mem_fraction_static: float | None = None
+    cuda_graph_max_bs: int | None = None
+    gpu_total_gib: float | None = None
+    avail_before_weights_gib: float | None = None
+    avail_after_weights_gib: float | None = None
+    weights_gib: float | None = None
+    kv_tokens: int | None = None
+    kv_gib: float | None = None
+    avail_after_kv_gib: float | None = None
+    graph_gib: float | None = None
+    free_after_capture_gib: float | None = None
+    max_total_num_tokens: int | None = None
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    context_len: int | None = None
+    oom_phase: str | None = None
+    tried_to_allocate_gib: float | None = None
+    free_at_oom_gib: float | None = None
+    smi_peak_used_mib: float | None = None
+    simulated: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Only the figures that were seen (None dropped), ``extra`` flattened in."""
+        data = asdict(self)
+        extra = data.pop("extra")
+        out = {k: v for k, v in data.items() if v is not None}
+        out.update({k: v for k, v in extra.items() if v is not None})
+        return out
+
+    def merge(self, other: dict[str, Any]) -> None:
+        for key, value in other.items():
+            if value is None:
+                continue
+            if hasattr(self, key) and key != "extra":
+                setattr(self, key, value)
+            else:
+                self.extra[key] = value
+
+
+def parse_size_gib(text: str) -> float:
+    """``'3.94 GiB'`` / ``'158.62 MiB'`` / ``'512 bytes'`` (torch ``format_size``) to GiB."""
+    number, _, unit = text.strip().partition(" ")
+    value = float(number)
+    scale = {"bytes": 1 / 2**30, "KiB": 1 / 2**20, "MiB": 1 / 2**10, "GiB": 1.0, "TiB": 1024.0}
+    try:
+        return value * scale[unit.strip()]
+    except KeyError as exc:
+        raise ValueError(f"unknown size unit in {text!r}") from exc
