@@ -1,0 +1,293 @@
+"""``servetune``: a thin CLI over the library. Each command parses, validates, calls one function.
+
+An expected error (bad space file, unknown study, unreachable storage or host) is one line on stderr and
+a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from runners.errors import ConfigError, ServetuneError
+from spaces.schema import load_space, parse_duration
+
+app = typer.Typer(
+    name="servetune",
+    help="Find the fastest SGLang/vLLM launch settings that do not run out of memory.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+hosts_app = typer.Typer(help="Check GPU hosts.", no_args_is_help=True)
+app.add_typer(hosts_app, name="hosts")
+
+console = Console()
+err_console = Console(stderr=True)
+
+StudyOpt = Annotated[str, typer.Option("--study", "-s", help="Study name.")]
+StorageOpt = Annotated[str | None, typer.Option("--storage", help="SQLAlchemy URL of the Optuna storage.")]
+MlflowOpt = Annotated[str | None, typer.Option("--mlflow-uri", help="MLflow tracking URI.")]
+
+
+def _settings(**cli: Any) -> Any:
+    from search.settings import load_settings
+
+    return load_settings(**cli)
+
+
+def _open(study: str, storage: str | None) -> Any:
+    from search.study import load, open_storage
+
+    settings = _settings(storage=storage)
+    return load(open_storage(settings.storage, heartbeat=False), study)
+
+
+@app.command()
+def run(
+    space_file: Annotated[Path, typer.Argument(help="Space file (YAML).", show_default=False)],
+    study: Annotated[str | None, typer.Option("--study", "-s", help="Study name [default: the space's name].")] = None,
+    storage: StorageOpt = None,
+    n_trials: Annotated[int | None, typer.Option("--n-trials", "-n", min=1,
+                                                 help="Trials (COMPLETE+PRUNED) the study should hold.")] = None,
+    timeout: Annotated[str | None, typer.Option("--timeout", help="Wall-clock budget, e.g. 8h, 90m.")] = None,
+    host: Annotated[list[str] | None, typer.Option("--host", help="user@name[:port]; repeatable.")] = None,
+    inventory: Annotated[Path | None, typer.Option("--inventory", help="Hosts inventory YAML.")] = None,
+    accept_new_host_key: Annotated[bool, typer.Option(help="Add unknown host keys to known_hosts.")] = False,
+    mlflow_uri: MlflowOpt = None,
+    no_mlflow: Annotated[bool, typer.Option("--no-mlflow", help="Do not log to MLflow.")] = False,
+    artifacts_dir: Annotated[Path | None, typer.Option(help="Where trial artifacts are kept.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
+    live: Annotated[bool, typer.Option("--live/--no-live", help="Live display.")] = True,
+) -> None:
+    """Run (or resume) a search: launch, benchmark and record one trial after another."""
+    from search.hosts import build_hosts
+    from search.progress import Progress, summary_table
+    from search.records import records
+    from search.run import RunOptions, run_search
+
+    space = load_space(space_file)
+    settings = _settings(storage=storage, mlflow_uri=mlflow_uri, artifacts_dir=artifacts_dir)
+    seconds = _duration("--timeout", timeout) if timeout else space.budget.timeout
+    trials_budget = n_trials if n_trials is not None else space.budget.n_trials
+    name = study or space.name
+    hosts = build_hosts(space, host_args=host or [], inventory=inventory, runs_root=settings.runs_root,
+                        sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key)
+    callbacks: list[Any] = []
+    tracker = None
+    if not no_mlflow:
+        from search.tracking import MlflowTracker
+
+        tracker = MlflowTracker(settings.mlflow_uri)
+        callbacks.append(tracker.callback())
+    from search.notes import notes_callback
+
+    callbacks.append(notes_callback())
+    progress = Progress(console, n_trials=trials_budget, already=0, metric=space.objective.metric, live=live)
+    callbacks.append(progress.callback)
+    options = RunOptions(
+        study_name=name, storage_url=settings.storage, artifacts_dir=settings.artifacts_dir,
+        n_trials=trials_budget, timeout=seconds, seed=seed, smi_interval=settings.smi_interval,
+        callbacks=callbacks, hook=progress.hook,
+    )
+    console.print(f"study [bold]{name}[/] on {', '.join(h.name for h in hosts)} "
+                  f"(storage {settings.storage}; budget {trials_budget or 'unlimited'} trials)")
+    with progress:
+        summary = run_search(space, hosts, options)
+    if tracker is not None:
+        tracker.finish_study(summary.study)
+    recs = records(summary.study)
+    console.print(summary_table(recs, space.objective.metric))
+    console.print(f"ran {summary.ran} trial(s) in this run; stopped by: {summary.stopped_by}")
+    from search.records import best_record
+
+    best = best_record(summary.study)
+    if best is not None:
+        params = ", ".join(f"{k}={v}" for k, v in best.params.items())
+        console.print(f"[green]best[/]: trial {best.number}, {space.objective.metric}={best.value:.1f} "
+                      f"at C={space.target_level}  [{params}]")
+    else:
+        console.print("[yellow]no COMPLETE trial yet[/]")
+    for h in hosts:
+        h.close()
+
+
+app.command(name="worker", help="Join a (shared) study as one more controller; same options as run.")(run)
+
+
+@app.command()
+def validate(space_file: Annotated[Path, typer.Argument(help="Space file (YAML).")]) -> None:
+    """Check a space file and print what would be searched."""
+    from search.sampling import distributions
+
+    space = load_space(space_file)
+    console.print(f"{space_file}: ok — study {space.name}, engine {space.engine.kind}, "
+                  f"target C={space.target_level}")
+    for name, dist in distributions(space).items():
+        console.print(f"  {name}: {dist}")
+
+
+@app.command()
+def trials(
+    study: StudyOpt,
+    storage: StorageOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List a study's trials: state, outcome, key telemetry, objective."""
+    from search.progress import summary_table
+    from search.records import records
+
+    st = _open(study, storage)
+    recs = records(st)
+    if as_json:
+        sys.stdout.write(json.dumps([r.summary() for r in recs], indent=2, default=str) + "\n")
+    else:
+        console.print(summary_table(recs, "objective"))
+
+
+@app.command()
+def export(
+    study: StudyOpt,
+    trial: Annotated[int | None, typer.Option("--trial", help="Trial number [default: the best].")] = None,
+    min_free_gib: Annotated[float | None, typer.Option("--min-free-gib", min=0,
+                                                       help="Only trials with this much free GPU memory after "
+                                                            "graph capture.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here [default: stdout].")] = None,
+    storage: StorageOpt = None,
+) -> None:
+    """Write the launch script of the best (or a given) trial."""
+    from search.export import export_script
+
+    script = export_script(_open(study, storage), trial=trial, min_free_gib=min_free_gib)
+    if output is None:
+        sys.stdout.write(script)
+        return
+    tmp = output.with_name(output.name + ".tmp")
+    tmp.write_text(script)
+    tmp.chmod(0o755)
+    tmp.replace(output)
+    err_console.print(f"wrote {output}")
+
+
+@app.command(name="sync-mlflow")
+def sync_mlflow(study: StudyOpt, storage: StorageOpt = None, mlflow_uri: MlflowOpt = None) -> None:
+    """Back-fill MLflow with every finished trial it is missing (idempotent)."""
+    from search.tracking import MlflowTracker
+
+    settings = _settings(storage=storage, mlflow_uri=mlflow_uri)
+    st = _open(study, settings.storage)
+    result = MlflowTracker(settings.mlflow_uri).sync(st)
+    console.print(f"mlflow: {result.added} run(s) added, {result.present} already present")
+
+
+@app.command()
+def report(
+    study: StudyOpt,
+    storage: StorageOpt = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output")] = None,
+) -> None:
+    """The morning summary as Markdown."""
+    from search.report import report_markdown
+
+    text = report_markdown(_open(study, storage))
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
+        err_console.print(f"wrote {output}")
+
+
+@app.command()
+def status(
+    study: StudyOpt,
+    storage: StorageOpt = None,
+    n_trials: Annotated[int | None, typer.Option("--n-trials", help="The budget, for the time-left estimate.")]
+    = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Where a study stands (works while the search runs elsewhere)."""
+    from search.report import status_data
+
+    data = status_data(_open(study, storage), n_trials=n_trials)
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+        return
+    for key, value in data.items():
+        console.print(f"{key}: {value}")
+
+
+@app.command()
+def dashboard(
+    storage: StorageOpt = None,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int | None, typer.Option(help="Port.")] = None,
+    artifacts_dir: Annotated[Path | None, typer.Option(help="Trial artifacts directory.")] = None,
+) -> None:
+    """Start optuna-dashboard on the study storage and its artifact store."""
+    settings = _settings(storage=storage, artifacts_dir=artifacts_dir, dashboard_port=port)
+    store = Path(settings.artifacts_dir) / "optuna-artifacts"
+    store.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "optuna_dashboard", settings.storage, "--host", host,
+           "--port", str(settings.dashboard_port), "--artifact-dir", str(store)]
+    console.print(f"optuna-dashboard on http://{host}:{settings.dashboard_port} (Ctrl-C to stop)")
+    raise typer.Exit(subprocess.call(cmd))
+
+
+@hosts_app.command("check")
+def hosts_check(
+    space_file: Annotated[Path, typer.Option("--space", help="Space file (engine and python to check).")],
+    host: Annotated[list[str] | None, typer.Option("--host", help="user@name[:port]; repeatable.")] = None,
+    inventory: Annotated[Path | None, typer.Option("--inventory")] = None,
+    accept_new_host_key: Annotated[bool, typer.Option()] = False,
+) -> None:
+    """Preflight each host and print a table: reachable, engine and version, GPUs, free memory, busy."""
+    from rich.table import Table
+
+    from search.hosts import build_hosts
+    from spaces.launch import LaunchConfig
+
+    space = load_space(space_file)
+    settings = _settings()
+    hosts = build_hosts(space, host_args=host or [], inventory=inventory, runs_root=settings.runs_root,
+                        sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key)
+    engine = LaunchConfig.from_params(space, {}).engine_impl()
+    table = Table(title="servetune hosts")
+    for col in ("host", "reachable", "engine", "version", "GPUs", "free MiB", "busy"):
+        table.add_column(col)
+    bad = 0
+    for h in hosts:
+        try:
+            info = h.preflight(space.engine.kind, space.engine.python, engine.version_command(space.engine.python))
+            gpus = f"{len(info.gpus)}x {info.gpu_name}"
+            table.add_row(h.name, "yes", info.engine, info.engine_version, gpus, f"{info.free_mib:.0f}",
+                          info.reason if info.busy else "no")
+            bad += int(info.busy)
+        except ServetuneError as exc:
+            table.add_row(h.name, "no", "-", "-", "-", "-", str(exc))
+            bad += 1
+        finally:
+            h.close()
+    console.print(table)
+    if bad:
+        raise typer.Exit(1)
+
+
+def _duration(flag: str, value: str) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
+def main() -> None:
+    try:
+        app()
+    except ServetuneError as exc:
+        err_console.print(f"servetune: error: {exc}", highlight=False, markup=False)
+        sys.exit(1)

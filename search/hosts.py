@@ -1,0 +1,64 @@
+"""Which hosts a run uses: ``--host user@name[:port]`` (repeatable), an inventory file, or this machine.
+
+For a ``sim`` space on this machine, the simulated host's ``nvidia-smi`` is installed into the working
+directory's ``.servetune/simhost/bin`` and put on PATH for every host command, with its state directory.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from runners.errors import ConfigError
+from runners.host import Host
+from runners.transport import LocalTransport
+from spaces.schema import Space
+
+
+def sim_env(space: Space, sim_dir: Path, python: str | None = None) -> dict[str, str]:
+    """Install the simulated nvidia-smi for ``space``'s profile; return the env a host needs for it."""
+    assert space.engine.sim is not None
+    sim_dir = sim_dir.resolve()
+    bin_dir = sim_dir / "bin"
+    state = sim_dir / "state"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    state.mkdir(parents=True, exist_ok=True)
+    cmd = [python or sys.executable, "-m", "runners.simhost", "install-smi", "--sim-profile",
+           space.engine.sim.profile, "--state-dir", str(state), "--bin-dir", str(bin_dir)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(f"cannot set up the simulated host for {space.engine.sim.profile}: {last}")
+    return {"PATH": f"{bin_dir}:$PATH", "SERVETUNE_SIM_STATE": str(state)}
+
+
+def local_host(space: Space, *, runs_root: str, sim_dir: Path) -> Host:
+    env = sim_env(space, sim_dir) if space.engine.kind == "sim" else {}
+    return Host(LocalTransport("local"), runs_root=runs_root, env=env)
+
+
+def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path | None = None,
+                runs_root: str, sim_dir: Path, accept_new_host_key: bool = False) -> list[Host]:
+    """Hosts from the CLI and/or an inventory file; this machine when neither is given."""
+    if not host_args and inventory is None:
+        return [local_host(space, runs_root=runs_root, sim_dir=sim_dir)]
+    from runners.inventory import HostSpec, load_inventory, open_host
+
+    specs = list(load_inventory(inventory)) if inventory is not None else []
+    for arg in host_args:
+        spec = HostSpec.parse(arg)
+        if accept_new_host_key:
+            spec = spec.model_copy(update={"accept_new_host_key": True})
+        specs.append(spec)
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"the same host is listed twice: {sorted(n for n in names if names.count(n) > 1)[0]}")
+    hosts = []
+    for spec in specs:
+        if spec.address == "local" and space.engine.kind == "sim" and not spec.env:
+            hosts.append(local_host(space, runs_root=spec.runs_root, sim_dir=sim_dir))
+        else:
+            hosts.append(open_host(spec))
+    return hosts

@@ -1,0 +1,344 @@
+"""The Optuna objective: sample, launch, wait, sweep, record, stop — and map the outcome to a trial state.
+
+* success returns the objective (the metric at the target concurrency level); each level's throughput is
+  also reported as an intermediate value (step = concurrency);
+* a config-caused death (OOM anywhere, an illegal NCCL combination, a flag the engine rejects, a crash)
+  records its telemetry and raises :class:`optuna.TrialPruned` -> PRUNED;
+* infrastructure trouble (host unreachable, timeouts, a GPU busy with a foreign process, interruption)
+  records its reason and raises :class:`TrialFailed` -> FAIL, so the sampler learns no false lesson;
+* a configuration already measured (COMPLETE or PRUNED) is not run again: its result is reused.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.artifacts import upload_artifact
+from optuna.artifacts._protocol import ArtifactStore
+from optuna.trial import TrialState
+
+from runners.errors import RunnerError, ServetuneError
+from runners.host import HostInfo
+from runners.server import BenchPlan, ServerSession, merge_smi_peak
+from runners.telemetry import Failure, FailureKind, Phase
+from search.pool import HostPool, HostSlot
+from search.records import MEM_PREFIX
+from search.sampling import sample
+from spaces.launch import LaunchConfig, render_script
+from spaces.schema import Space
+
+ProgressHook = Callable[[int, str, Any], None]
+"""``hook(trial_number, kind, value)``: kinds ``host``, ``phase``, ``level``, ``outcome``."""
+
+
+class TrialFailed(ServetuneError):
+    """Raised out of the objective for infrastructure trouble: Optuna records the trial as FAIL."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(f"{failure.kind.value}: {failure.reason}")
+        self.failure = failure
+
+
+@dataclass
+class TrialEnv:
+    """Everything a trial needs besides the trial itself."""
+
+    space: Space
+    study_name: str
+    pool: HostPool
+    artifacts_dir: Path
+    artifact_store: ArtifactStore | None = None
+    hook: ProgressHook | None = None
+    abort: threading.Event = field(default_factory=threading.Event)
+    smi_interval: float = 1.0
+    preflight_cache: dict[str, HostInfo] = field(default_factory=dict)
+
+
+class Objective:
+    """Callable objective bound to a :class:`TrialEnv`."""
+
+    def __init__(self, env: TrialEnv) -> None:
+        self.env = env
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        env = self.env
+        params = sample(trial, env.space)
+        reused = _reuse(trial, params)
+        if reused is not None:
+            return reused
+        launch = LaunchConfig.from_params(env.space, params)
+        trial.set_user_attr("launch_config", launch.model_dump(mode="json"))
+        trial.set_user_attr("engine", launch.engine)
+        trial.set_user_attr("objective_metric", env.space.objective.metric)
+        trial.set_user_attr("objective_level", env.space.target_level)
+        slot = env.pool.acquire(stop=env.abort)
+        infra = False
+        error = ""
+        try:
+            return self._run(trial, launch, slot)
+        except TrialFailed as exc:
+            infra, error = True, str(exc)
+            raise
+        finally:
+            env.pool.release(slot, infra_failure=infra, error=error)
+
+    # ------------------------------------------------------------------------------------------
+
+    def _emit(self, trial: optuna.Trial, kind: str, value: Any) -> None:
+        if self.env.hook is not None:
+            self.env.hook(trial.number, kind, value)
+
+    def _preflight(self, slot: HostSlot) -> HostInfo:
+        """Stop orphans, check the host is reachable, the engine present and the GPUs free."""
+        env = self.env
+        host = slot.host
+        host.cleanup_orphans(grace=env.space.budget.stop_grace)
+        engine = LaunchConfig.from_params(env.space, {}).engine_impl()
+        cached = env.preflight_cache.get(host.name)
+        if cached is None:
+            info = host.preflight(env.space.engine.kind, env.space.engine.python,
+                                  engine.version_command(env.space.engine.python))
+            env.preflight_cache[host.name] = info
+        else:
+            # Engine and python do not change between trials; the GPUs do.
+            info = HostInfo(cached.name, cached.python, cached.engine, cached.engine_version,
+                            host.gpus(), host.compute_apps())
+            host._judge_busy(info)
+        slot.info = info
+        if info.busy:
+            # Our own previous server may still be releasing memory: give it a moment.
+            try:
+                host.wait_gpus_free(timeout=10)
+                info.busy, info.reason = False, ""
+            except RunnerError:
+                pass
+        host.require_free(info)
+        return info
+
+    def _run(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot) -> float:
+        env = self.env
+        space = env.space
+        self._emit(trial, "host", slot.name)
+        trial.set_user_attr("host", slot.name)
+        try:
+            info = self._preflight(slot)
+        except RunnerError as exc:
+            kind = FailureKind.HOST_BUSY if type(exc).__name__ == "HostBusy" else FailureKind.HOST_UNREACHABLE
+            self._fail(trial, Failure(kind, None, str(exc)))
+        version = space.engine.version or info.engine_version
+        trial.set_user_attr("engine_version", version)
+        trial.set_user_attr("gpu_name", info.gpu_name)
+        trial.set_user_attr("gpu_count", len(info.gpus))
+        engine = launch.engine_impl()
+        header = [f"servetune trial {trial.number} of study {env.study_name}"]
+        script = render_script(launch, version, header=header)
+        trial.set_user_attr("argv", launch.argv(version))
+        trial.set_user_attr("env", launch.environment(version))
+        run_id = f"{env.study_name}-{trial.number}-{uuid.uuid4().hex[:8]}"
+        run_dir = slot.host.run_dir(env.study_name, str(trial.number))
+        trial.set_user_attr("run_id", run_id)
+
+        def hook(kind: str, value: Any) -> None:
+            if kind == "phase":
+                self._emit(trial, "phase", value.value if isinstance(value, Phase) else value)
+            elif kind == "level":
+                self._emit(trial, "level", value)
+
+        session = ServerSession(
+            slot.host, engine, launch, script=script, run_dir=run_dir, run_id=run_id,
+            python=space.engine.python, stop_grace=space.budget.stop_grace,
+            smi_interval=env.smi_interval, hook=hook,
+        )
+        failure: Failure | None = None
+        levels: list[dict[str, Any]] = []
+        started = time.monotonic()
+        try:
+            session.start()
+        except RunnerError as exc:
+            self._fail(trial, Failure(FailureKind.HOST_UNREACHABLE, Phase.STARTING, str(exc)))
+        try:
+            failure = self._wait_ready(session)
+            trial.set_user_attr("startup_s", round(time.monotonic() - started, 3))
+            if failure is None:
+                self._emit(trial, "phase", "benchmarking")
+                plan = BenchPlan(
+                    api=engine.bench_api,
+                    levels=tuple(space.workload.concurrency),
+                    requests=tuple(space.workload.requests()),
+                    input_len=space.workload.input_len,
+                    output_len=space.workload.output_len,
+                    warmup=space.workload.warmup_requests,
+                    model=launch.model_path,
+                    timeout=space.budget.benchmark_timeout,
+                )
+                bench = self._benchmark(session, plan)
+                levels, failure = bench.levels, bench.failure
+        finally:
+            try:
+                stop = session.stop()
+                if stop is not None:
+                    trial.set_user_attr("stop_method", stop.method)
+                    trial.set_user_attr("stop_s", round(stop.seconds, 3))
+            except RunnerError as exc:
+                trial.set_user_attr("stop_error", str(exc))
+            self._record(trial, session, levels, script)
+        if failure is None:
+            return self._complete(trial, levels)
+        if failure.kind.config_caused:
+            self._prune(trial, failure)
+        self._fail(trial, failure)
+        raise AssertionError("unreachable")
+
+    def _wait_ready(self, session: ServerSession) -> Failure | None:
+        space = self.env.space
+        deadline = time.monotonic() + space.budget.startup_timeout
+        while True:
+            if self.env.abort.is_set():
+                return Failure(FailureKind.INTERRUPTED, session.parser.phase, "interrupted")
+            left = deadline - time.monotonic()
+            failure = session.wait_ready(min(left, 1.0)) if left > 0 else session.wait_ready(0)
+            if failure is None:
+                return None
+            if failure.kind != FailureKind.STARTUP_TIMEOUT or left <= 1.0:
+                if failure.kind == FailureKind.STARTUP_TIMEOUT:
+                    return Failure(FailureKind.STARTUP_TIMEOUT, failure.phase,
+                                   f"not ready after {space.budget.startup_timeout:g}s "
+                                   f"(last phase: {session.parser.phase.value})")
+                return failure
+
+    def _benchmark(self, session: ServerSession, plan: BenchPlan) -> Any:
+        # The abort event is honoured by running the sweep in a thread and stopping the server.
+        result: dict[str, Any] = {}
+
+        def run() -> None:
+            result["bench"] = session.benchmark(plan, timeout=self.env.space.budget.benchmark_timeout)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        while t.is_alive():
+            t.join(timeout=0.1)
+            if self.env.abort.is_set():
+                session.stop()
+                t.join(timeout=10)
+                bench = result.get("bench")
+                levels = bench.levels if bench else []
+                from runners.server import BenchResult
+                return BenchResult(levels, Failure(FailureKind.INTERRUPTED, session.parser.phase, "interrupted"))
+        return result["bench"]
+
+    # ---- recording -----------------------------------------------------------------------------
+
+    def _record(self, trial: optuna.Trial, session: ServerSession, levels: list[dict[str, Any]],
+                script: str) -> None:
+        env = self.env
+        memory = merge_smi_peak(session)
+        simulated = bool(memory.pop("simulated", False))
+        trial.set_user_attr("simulated", simulated)
+        for key, value in memory.items():
+            if isinstance(value, int | float | str | bool):
+                trial.set_user_attr(MEM_PREFIX + key, value)
+        trial.set_user_attr("levels", [_slim(level) for level in levels])
+        done = [lv["max_concurrency"] for lv in levels if lv.get("completed", 0) > 0 and not lv.get("failed")]
+        trial.set_user_attr("level_reached", max(done) if done else 0)
+        for lv in levels:
+            if lv.get("output_throughput") is not None:
+                trial.report(float(lv["output_throughput"]), step=int(lv["max_concurrency"]))
+        trial.set_user_attr("log_tail", session.log_tail(60))
+        if session.exit_code is not None:
+            trial.set_user_attr("exit_code", session.exit_code)
+        out = env.artifacts_dir / env.study_name / str(trial.number)
+        out.mkdir(parents=True, exist_ok=True)
+        files = {
+            "server.log": session.log_text(),
+            "launch.sh": script,
+            "bench.json": json.dumps(levels, indent=2),
+            "nvidia-smi.csv": session.smi_csv(),
+        }
+        for name, text in files.items():
+            (out / name).write_text(text)
+        trial.set_user_attr("artifacts_dir", str(out))
+        if env.artifact_store is not None:
+            ids = {}
+            for name in files:
+                mimetype = "text/plain" if not name.endswith(".json") else "application/json"
+                ids[name] = upload_artifact(artifact_store=env.artifact_store, file_path=str(out / name),
+                                            study_or_trial=trial, mimetype=mimetype, encoding="utf-8")
+            trial.set_user_attr("artifact_ids", ids)
+
+    def _complete(self, trial: optuna.Trial, levels: list[dict[str, Any]]) -> float:
+        space = self.env.space
+        target = space.target_level
+        row = next((lv for lv in levels if lv.get("max_concurrency") == target), None)
+        if row is None or row.get(space.objective.metric) is None:
+            self._fail(trial, Failure(FailureKind.INFRA, Phase.SERVING, f"no result at concurrency {target}"))
+        assert row is not None
+        slo = space.objective.slo
+        if slo.p99_ttft_ms is not None:
+            trial.set_constraint("p99_ttft_ms", float(row.get("p99_ttft_ms") or 0) - slo.p99_ttft_ms)
+        if slo.p99_tpot_ms is not None:
+            trial.set_constraint("p99_tpot_ms", float(row.get("p99_tpot_ms") or 0) - slo.p99_tpot_ms)
+        trial.set_user_attr("outcome", "ok")
+        trial.set_user_attr("phase", None)
+        trial.set_user_attr("reason", "")
+        self._emit(trial, "outcome", "ok")
+        return float(row[space.objective.metric])
+
+    def _set_failure(self, trial: optuna.Trial, failure: Failure) -> None:
+        trial.set_user_attr("outcome", failure.kind.value)
+        trial.set_user_attr("phase", failure.phase.value if failure.phase else None)
+        trial.set_user_attr("reason", failure.reason)
+        if failure.exit_code is not None:
+            trial.set_user_attr("exit_code", failure.exit_code)
+        if failure.kind == FailureKind.OOM and failure.phase is not None:
+            trial.set_user_attr(MEM_PREFIX + "oom_phase", failure.phase.value)
+        self._emit(trial, "outcome", failure.kind.value)
+
+    def _prune(self, trial: optuna.Trial, failure: Failure) -> None:
+        self._set_failure(trial, failure)
+        raise optuna.TrialPruned(f"{failure.kind.value} in {failure.phase.value if failure.phase else '?'}: "
+                                 f"{failure.reason}")
+
+    def _fail(self, trial: optuna.Trial, failure: Failure) -> None:
+        self._set_failure(trial, failure)
+        raise TrialFailed(failure)
+
+
+_SLIM_KEYS = (
+    "max_concurrency", "completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
+    "request_throughput", "input_throughput", "output_throughput", "total_throughput",
+    "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+    "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2e_latency_ms", "median_e2e_latency_ms",
+    "p99_e2e_latency_ms", "simulated", "time_scale", "errors",
+)
+
+
+def _slim(level: dict[str, Any]) -> dict[str, Any]:
+    return {k: level[k] for k in _SLIM_KEYS if k in level}
+
+
+def _reuse(trial: optuna.Trial, params: dict[str, Any]) -> float | None:
+    """If these params were already measured (COMPLETE or PRUNED), reuse that result instead of rerunning."""
+    study = trial.study
+    for past in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        if past.number == trial.number or past.params != params:
+            continue
+        origin = past.user_attrs.get("duplicate_of", past.number)
+        for key, value in past.user_attrs.items():
+            if key not in ("duplicate_of", "artifact_ids"):
+                trial.set_user_attr(key, value)
+        trial.set_user_attr("duplicate_of", origin)
+        if past.state == TrialState.COMPLETE:
+            for key, value in past.constraints.items() if isinstance(past.constraints, dict) else []:
+                trial.set_constraint(key, value)
+            assert past.value is not None
+            return float(past.value)
+        raise optuna.TrialPruned(f"same configuration as trial {origin}: {past.user_attrs.get('outcome')}")
+    return None

@@ -1,0 +1,146 @@
+"""The live view of ``servetune run``: trial n of N, each running trial's host and phase, best so far,
+OOMs so far; and the summary table at the end."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from search.records import TrialRecord
+
+_PHASE_WORDS = {
+    "starting": "starting",
+    "load_weights": "loading weights",
+    "kv_pool": "allocating KV cache",
+    "cuda_graph": "capturing graphs",
+    "warmup": "warming up",
+    "ready": "ready",
+    "benchmarking": "benchmarking",
+    "prefill": "serving (prefill)",
+    "decode": "serving (decode)",
+}
+
+
+class Progress:
+    """Receives trial events from the objective and trial results from a study callback."""
+
+    def __init__(self, console: Console, *, n_trials: int | None, already: int, metric: str,
+                 live: bool = True) -> None:
+        self.console = console
+        self.n_trials = n_trials
+        self.done = already
+        self.metric = metric
+        self.live_enabled = live and console.is_terminal
+        self.running: dict[int, dict[str, Any]] = {}
+        self.best: tuple[float, int] | None = None
+        self.ooms = 0
+        self.pruned = 0
+        self.failed = 0
+        self._lock = threading.Lock()
+        self._live: Live | None = None
+        self._started = time.monotonic()
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def hook(self, number: int, kind: str, value: Any) -> None:
+        with self._lock:
+            row = self.running.setdefault(number, {"host": "", "phase": "waiting for a host", "since": time.monotonic()})
+            if kind == "host":
+                row["host"] = value
+                row["phase"] = "preflight"
+            elif kind == "phase":
+                row["phase"] = _PHASE_WORDS.get(str(value), str(value))
+            elif kind == "level":
+                row["phase"] = (f"benchmarked C={value.get('max_concurrency')}: "
+                                f"{value.get('output_throughput', 0):.1f} tok/s")
+        if not self.live_enabled and kind in ("host",):
+            self.console.print(f"trial {number}: on {value}")
+        self._refresh()
+
+    def callback(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        rec = TrialRecord.from_trial(trial)
+        with self._lock:
+            self.running.pop(trial.number, None)
+            self.done += 1
+            if rec.outcome == "oom":
+                self.ooms += 1
+            if rec.state == "PRUNED":
+                self.pruned += 1
+            elif rec.state == "FAIL":
+                self.failed += 1
+            if rec.value is not None and rec.feasible and (self.best is None or rec.value > self.best[0]):
+                self.best = (rec.value, trial.number)
+        if not self.live_enabled:
+            self.console.print(_line(rec, self.metric))
+        self._refresh()
+
+    # -- rendering -----------------------------------------------------------------------------
+
+    def _render(self) -> Group:
+        total = f" of {self.n_trials}" if self.n_trials else ""
+        head = Text.assemble(
+            ("servetune ", "bold"), f"trials done {self.done}{total}",
+            "  best ", (f"{self.best[0]:.1f} (trial {self.best[1]})" if self.best else "-", "green"),
+            "  OOMs ", (str(self.ooms), "red" if self.ooms else ""),
+            f"  failed {self.failed}",
+            f"  elapsed {time.monotonic() - self._started:.0f}s",
+        )
+        table = Table(box=None, padding=(0, 2))
+        table.add_column("trial")
+        table.add_column("host")
+        table.add_column("phase")
+        with self._lock:
+            rows = sorted(self.running.items())
+        for number, row in rows:
+            table.add_row(str(number), str(row["host"]), str(row["phase"]))
+        return Group(head, table)
+
+    def _refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+
+    def __enter__(self) -> Progress:
+        if self.live_enabled:
+            self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+            self._live = None
+
+
+def _line(rec: TrialRecord, metric: str) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in rec.params.items())
+    if rec.state == "COMPLETE":
+        return f"trial {rec.number}: COMPLETE {metric}={rec.value:.1f}  [{params}]"
+    where = f" in {rec.phase}" if rec.phase else ""
+    return f"trial {rec.number}: {rec.state} {rec.outcome}{where}  [{params}]  {rec.reason}"
+
+
+def summary_table(records: list[TrialRecord], metric: str) -> Table:
+    table = Table(title="servetune trials")
+    for col in ("#", "state", "outcome", metric, "params", "free after capture", "reason"):
+        table.add_column(col, overflow="fold")
+    for rec in records:
+        free = rec.free_after_capture_gib
+        style = {"COMPLETE": "green", "PRUNED": "yellow", "FAIL": "red"}.get(rec.state, "")
+        table.add_row(
+            str(rec.number),
+            Text(rec.state, style=style),
+            rec.outcome + (f" ({rec.phase})" if rec.phase else ""),
+            f"{rec.value:.1f}" if rec.value is not None else "-",
+            ", ".join(f"{k.removeprefix('nccl.')}={v}" for k, v in rec.params.items()),
+            f"{free:.2f} GiB" if free is not None else "-",
+            (rec.reason or "")[:80],
+        )
+    return table

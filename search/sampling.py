@@ -1,0 +1,33 @@
+"""Turn a space's knobs into Optuna suggestions (the only place that maps knobs to distributions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from spaces.schema import BoolChoices, FloatRange, IntChoices, Space
+
+
+def distributions(space: Space) -> dict[str, optuna.distributions.BaseDistribution]:
+    out: dict[str, optuna.distributions.BaseDistribution] = {}
+    for name, spec in space.knobs.searched().items():
+        if isinstance(spec, FloatRange):
+            out[name] = optuna.distributions.FloatDistribution(spec.low, spec.high, step=spec.step)
+        elif isinstance(spec, IntChoices | BoolChoices):
+            out[name] = optuna.distributions.CategoricalDistribution(list(spec.choices))
+        else:
+            out[name] = optuna.distributions.CategoricalDistribution(list(spec))
+    return out
+
+
+def sample(trial: optuna.Trial, space: Space) -> dict[str, Any]:
+    """Suggest every knob of the space; NCCL variables are named ``nccl.NAME``."""
+    params: dict[str, Any] = {}
+    for name, dist in distributions(space).items():
+        if isinstance(dist, optuna.distributions.FloatDistribution):
+            value = trial.suggest_float(name, dist.low, dist.high, step=dist.step)
+            params[name] = round(value, 6)
+        else:
+            params[name] = trial.suggest_categorical(name, dist.choices)  # type: ignore[arg-type]
+    return params

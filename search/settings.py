@@ -1,0 +1,62 @@
+"""Controller settings, with one stated precedence: CLI > environment > file > default.
+
+* CLI: options given on the command line (passed to :func:`load_settings` as overrides);
+* environment: ``SERVETUNE_STORAGE``, ``SERVETUNE_MLFLOW_URI``, ``SERVETUNE_ARTIFACTS_DIR``, ...;
+* file: ``servetune.toml`` in the working directory (or ``SERVETUNE_CONFIG``), top-level keys;
+* defaults below.
+
+Searched knobs (NCCL variables included) are part of the launch config, never of the settings.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from runners.errors import ConfigError
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SERVETUNE_", extra="forbid", toml_file="servetune.toml")
+
+    storage: str = "sqlite:///servetune.db"
+    mlflow_uri: str = "sqlite:///mlruns/mlflow.db"
+    artifacts_dir: Path = Path("servetune-artifacts")
+    runs_root: str = "~/.servetune/runs"
+    sim_dir: Path = Path(".servetune/simhost")
+    dashboard_port: int = Field(default=8080, ge=1, le=65535)
+    smi_interval: float = Field(default=1.0, ge=0)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = os.environ.get("SERVETUNE_CONFIG", "servetune.toml")
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+
+
+def load_settings(**cli: Any) -> Settings:
+    """Settings with CLI overrides (None means "not given on the command line")."""
+    given = {k: v for k, v in cli.items() if v is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "settings"
+        raise ConfigError(f"setting {where}: {err['msg']}") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"settings file: {exc}") from None
