@@ -6,7 +6,7 @@ path with the allowed range, in one line). Example (see ``spaces/demo-sim.yaml``
     name: dsv4-tp4                      # default study name
     engine:
       kind: sglang                      # sglang | vllm | sim
-      python: /root/venv/bin/python     # the engine's python on the host
+      python: /root/venv/bin/python     # the engine's python on the host ("servetune": this one, sim only)
       version: null                     # null: detected on the host (decides flag spellings)
       sim: {profile: FILE, speed: 200}  # only for kind: sim
     model_path: /models/DeepSeek-V4-Flash
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -41,6 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from runners.errors import ConfigError
 
 UNSET = "unset"
+CONTROLLER_PYTHON = "servetune"
+"""``engine.python: servetune`` (sim only): the interpreter servetune itself runs in."""
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
@@ -392,6 +395,9 @@ def load_space(path: str | Path) -> Space:
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         raise ConfigError(f"{p}: {where}: {msg}") from None
+    if space.engine.kind == "sim" and space.engine.python == CONTROLLER_PYTHON:
+        engine = space.engine.model_copy(update={"python": sys.executable})
+        space = space.model_copy(update={"engine": engine})
     if space.engine.sim is not None and not Path(space.engine.sim.profile).is_absolute():
         # Profiles are found relative to the space file, then to the working directory.
         beside = (p.parent / space.engine.sim.profile).resolve()

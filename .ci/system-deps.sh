@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the test suite starts for real: sshd and PostgreSQL. Idempotent.
+set -euo pipefail
+need=()
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "system-deps: need ${need[*]} (run as root or install them)" >&2
+    exit 1
+  fi
+  echo "system-deps: installing ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+mkdir -p /run/sshd 2>/dev/null || true

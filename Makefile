@@ -1,0 +1,39 @@
+# One Makefile that humans and CI both call.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEMO_STUDY ?= demo-sim-dsv4
+
+.PHONY: demo test test-engines lint typecheck setup system-deps clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Test prerequisites from Debian's packages: OpenSSH server (real sshd on 127.0.0.1) and PostgreSQL
+# (throwaway clusters in temp dirs). Installed only when missing.
+system-deps:
+	@bash .ci/system-deps.sh
+
+demo: $(STAMP)
+	$(VPY) -m search.demo --study $(DEMO_STUDY)
+
+test: $(STAMP) system-deps
+	$(VENV)/bin/ruff check search spaces runners tests benchmarks
+	$(VENV)/bin/mypy
+	$(VPY) -m pytest -q -m "not engines"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check search spaces runners tests benchmarks
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf servetune.db servetune-artifacts .servetune demo-out mlruns/mlflow.db mlruns/artifacts

@@ -1,0 +1,118 @@
+"""Space files: validation, one-line errors naming the path and the allowed range."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runners.errors import ConfigError
+from spaces.schema import check_nccl, load_space, parse_duration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+BASE = {
+    "name": "t",
+    "engine": {"kind": "sglang", "python": "/usr/bin/python3"},
+    "model_path": "/models/m",
+    "knobs": {"mem_fraction_static": {"low": 0.6, "high": 0.9, "step": 0.01}},
+}
+
+
+def write(tmp_path: Path, data: dict) -> Path:
+    p = tmp_path / "space.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def with_(path: str, value: object) -> dict:
+    data = yaml.safe_load(yaml.safe_dump(BASE))
+    node = data
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+    node[keys[-1]] = value
+    return data
+
+
+def test_shipped_spaces_load() -> None:
+    for name in ("demo-sim.yaml", "example-sglang-dsv4-tp4.yaml"):
+        space = load_space(ROOT / "spaces" / name)
+        assert space.target_level == 64
+
+
+def test_demo_space_resolves_profile_beside_it() -> None:
+    space = load_space(ROOT / "spaces" / "demo-sim.yaml")
+    assert space.engine.sim is not None
+    assert Path(space.engine.sim.profile).is_absolute()
+    assert Path(space.engine.sim.profile).exists()
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "needle"),
+    [
+        ("knobs.mem_fraction_static", {"low": 0.6, "high": 1.2}, "knobs.mem_fraction_static: range [0.6, 1.2] must lie within (0, 1]"),
+        ("knobs.mem_fraction_static", {"low": 0.9, "high": 0.6}, "low (0.9) must be <= high (0.6)"),
+        ("knobs.bogus", {"choices": [1]}, "knobs.bogus: unknown key"),
+        ("surprise", 1, "surprise: unknown key"),
+        ("knobs.nccl", {"NCCL_ALGO": ["unset", "Rnig"]}, "NCCL_ALGO=Rnig"),
+        ("knobs.nccl", {"NCCL_PROTO": ["LL", "Fast"]}, "NCCL_PROTO value 'fast' is not one of"),
+        ("knobs.nccl", {"NCCL_WHATEVER": ["1"]}, "unknown NCCL variable 'NCCL_WHATEVER'"),
+        ("knobs.cuda_graph_max_bs", {"choices": [0, 32]}, "choice 0 must be >= 1"),
+        ("workload.concurrency", [16, 1], "distinct and increasing"),
+        ("objective.level", 128, "objective.level 128 is not one of workload.concurrency"),
+        ("budget.timeout", "eight hours", "is not a duration"),
+        ("port", 80, "port: Input should be greater than or equal to 1024"),
+        ("engine.kind", "tgi", "engine.kind: Input should be 'sglang', 'vllm' or 'sim'"),
+        ("fixed_args", ["--port", "1"], "fixed_args must not set --port"),
+        ("knobs.gpu_memory_utilization", {"low": 0.5, "high": 0.9}, "not a sglang knob"),
+    ],
+)
+def test_bad_values_are_one_line_with_path(tmp_path: Path, path: str, value: object, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_space(write(tmp_path, with_(path, value)))
+    message = str(info.value)
+    assert "\n" not in message
+    assert needle in message, message
+    assert message.startswith(str(tmp_path))
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such space file"):
+        load_space(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_space(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="a space file is a YAML mapping"):
+        load_space(bad)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "ok"),
+    [
+        ("NCCL_PROTO", "LL,LL128", True), ("NCCL_PROTO", "^LL128", True), ("NCCL_PROTO", "simple", True),
+        ("NCCL_ALGO", "Ring", True), ("NCCL_ALGO", "NVLS", True), ("NCCL_ALGO", "allreduce:tree;broadcast:ring", True),
+        ("NCCL_ALGO", "Rings", False), ("NCCL_P2P_LEVEL", "PHB", True), ("NCCL_P2P_LEVEL", "5", True),
+        ("NCCL_P2P_LEVEL", "FAR", False), ("NCCL_NTHREADS", "256", True), ("NCCL_NTHREADS", "100", False),
+        ("NCCL_MIN_NCHANNELS", "33", False), ("NCCL_P2P_DISABLE", "1", True), ("NCCL_P2P_DISABLE", "yes", False),
+        ("NCCL_NVLS_ENABLE", "2", True),
+    ],
+)
+def test_nccl_legal_values(name: str, value: str, ok: bool) -> None:
+    if ok:
+        check_nccl(name, value)
+    else:
+        with pytest.raises(ValueError):
+            check_nccl(name, value)
+
+
+def test_durations() -> None:
+    assert parse_duration("8h") == 8 * 3600
+    assert parse_duration("90s") == 90
+    assert parse_duration("1.5m") == 90
+    assert parse_duration(300) == 300
+    with pytest.raises(ValueError):
+        parse_duration("0s")
