@@ -34,6 +34,10 @@ _WRAPPER = """#!/usr/bin/env bash
 # servetune run wrapper: records the process group and the server's exit code.
 cd "$(dirname "$0")" || exit 97
 echo $$ > pgid.tmp && mv pgid.tmp pgid
+# Per-trial scratch directories (TMPDIR and engine caches), removed by servetune after the stop.
+for var in $(cat scratch_vars 2>/dev/null); do
+  mkdir -p "scratch/$var" && export "$var=$PWD/scratch/$var"
+done
 trap ':' TERM INT HUP
 bash ./launch.sh > server.log 2>&1 < /dev/null
 rc=$?
@@ -258,8 +262,12 @@ class Host:
         return f"{self.runs_root}/{_safe(study)}/{_safe(trial)}"
 
     def start(self, run_dir: str, launch_script: str, run_id: str, *, files: Mapping[str, str] | None = None,
-              timeout: float = 30.0) -> RunRef:
-        """Start ``launch_script`` detached in ``run_dir`` (created fresh) and return its reference."""
+              scratch_vars: tuple[str, ...] = ("TMPDIR",), timeout: float = 30.0) -> RunRef:
+        """Start ``launch_script`` detached in ``run_dir`` (created fresh) and return its reference.
+
+        Each variable in ``scratch_vars`` points at its own directory under ``run_dir/scratch`` for the
+        server's whole process tree; :meth:`remove_scratch` deletes them once the server is stopped.
+        """
         abs_dir = self.resolve(run_dir)
         mk = self.run(f"rm -rf {shlex.quote(abs_dir)} && mkdir -p {shlex.quote(abs_dir)}", timeout=timeout)
         if not mk.ok:
@@ -267,6 +275,7 @@ class Host:
         self.transport.put(f"{abs_dir}/launch.sh", launch_script.encode(), mode=0o755)
         self.transport.put(f"{abs_dir}/run.sh", _WRAPPER.encode(), mode=0o755)
         self.transport.put(f"{abs_dir}/owner", f"{self.name}\n{run_id}\n".encode())
+        self.transport.put(f"{abs_dir}/scratch_vars", "".join(f"{v}\n" for v in scratch_vars).encode())
         for name, text in (files or {}).items():
             self.transport.put(f"{abs_dir}/{name}", text.encode(), mode=0o644)
         d = shlex.quote(abs_dir)
@@ -320,6 +329,10 @@ class Host:
         if survivors:
             raise RunnerError(f"processes {survivors} survived SIGKILL on {self.name}", host=self.name)
         return StopResult(data.get("method", "gone"), float(data.get("ms", 0)) / 1000, survivors)
+
+    def remove_scratch(self, ref: RunRef) -> None:
+        """Delete the run's scratch directories (call only once its process group is gone)."""
+        self.run(f"rm -rf {shlex.quote(ref.run_dir)}/scratch", timeout=60)
 
     def read(self, path: str, *, tail_bytes: int | None = None) -> str:
         cmd = f"tail -c {tail_bytes} {shlex.quote(path)}" if tail_bytes else f"cat {shlex.quote(path)}"

@@ -124,7 +124,8 @@ class ServerSession:
 
     def start(self) -> None:
         self.ref = self.host.start(self.run_dir, self.script, self.run_id,
-                                   files={"loadgen.py": loadgen_source().decode()})
+                                   files={"loadgen.py": loadgen_source().decode()},
+                                   scratch_vars=tuple(getattr(self.engine, "scratch_vars", ("TMPDIR",))))
         self._spawn(self._follow, "follow")
         if self.smi_interval > 0:
             self._spawn(self._sample_smi, "smi")
@@ -141,6 +142,7 @@ class ServerSession:
         self._closing.set()
         try:
             self.stop_result = self.host.stop(self.ref, grace=self.stop_grace)
+            self.host.remove_scratch(self.ref)
         finally:
             stream = self._stream
             if stream is not None:

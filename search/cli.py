@@ -286,6 +286,9 @@ def _duration(flag: str, value: str) -> float:
 
 
 def main() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         app()
     except ServetuneError as exc:

@@ -179,7 +179,9 @@ class Objective:
                     model=launch.model_path,
                     timeout=space.budget.benchmark_timeout,
                 )
+                bench_started = time.monotonic()
                 bench = self._benchmark(session, plan)
+                trial.set_user_attr("bench_s", round(time.monotonic() - bench_started, 3))
                 levels, failure = bench.levels, bench.failure
         finally:
             try:

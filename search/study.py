@@ -8,6 +8,7 @@ FAIL and is re-queued with the same parameters by Optuna's ``RetryHeartbeatStale
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import optuna
@@ -62,7 +63,9 @@ def create_or_load(storage: RDBStorage, name: str, *, direction: str = "maximize
     except SQLAlchemyError as exc:
         raise StudyError(f"cannot create study {name!r}: {_first_line(exc)}") from None
     if study.metric_names is None:
-        study.set_metric_names(METRIC_NAMES)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(METRIC_NAMES)
     return study
 
 

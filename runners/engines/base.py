@@ -79,6 +79,9 @@ class Engine(Protocol):
     health_path: str
     needs_ready_line: bool
     """True when ``/health`` 200 alone is not readiness (SGLang: wait for the fired-up line too)."""
+    scratch_vars: tuple[str, ...]
+    """Environment variables pointed at per-trial scratch directories, removed after the stop
+    (e.g. ``TMPDIR``; vLLM adds ``VLLM_CACHE_ROOT``). Leave shared compile caches out of it."""
 
     def version_command(self, python: str) -> str:
         """Shell command that prints the engine version as its last stdout line."""

@@ -1,0 +1,53 @@
+"""The simulated SGLang host (``runners.simhost.server``) as an engine.
+
+It takes SGLang's flags for the emulated version and prints SGLang's log lines, so everything but the
+module, the leading ``--sim-*`` flags and the version probe is :class:`~runners.engines.sglang.SGLangEngine`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from typing import ClassVar
+
+from runners.engines.base import LaunchLike
+from runners.engines.sglang import SGLangEngine, SimulatedLogParser, parse_version
+from runners.errors import ConfigError
+
+__all__ = ["SimEngine"]
+
+
+class SimEngine(SGLangEngine):
+    """``python -m runners.simhost.server --sim-profile F --sim-speed K --sim-version X.Y.Z [SGLang flags]``.
+
+    ``extra`` holds further simulator flags, rendered as ``--NAME VALUE`` after the standard ones
+    (``{"sim-seed": "3"}`` -> ``--sim-seed 3``).
+    """
+
+    name: str = "sim"
+    module: ClassVar[str] = "runners.simhost.server"
+
+    def __init__(self, profile: str, speed: float = 1.0, version: str = "0.5.10",
+                 extra: Mapping[str, str] | None = None) -> None:
+        if not profile:
+            raise ConfigError("the simulated host needs a profile file (engine.sim.profile)")
+        if isinstance(speed, bool) or not isinstance(speed, int | float) or speed <= 0:
+            raise ConfigError(f"sim speed must be a number > 0, got {speed!r}")
+        parse_version(version)
+        self.profile = str(profile)
+        self.speed = float(speed)
+        self.version = str(version)
+        self.extra = {str(k): str(v) for k, v in (extra or {}).items()}
+
+    def version_command(self, python: str) -> str:
+        code = f"import runners.simhost.server; print({self.version!r})"
+        return f"{shlex.quote(python)} -c {shlex.quote(code)}"
+
+    def _leading_args(self, launch: LaunchLike, version: str) -> list[str]:
+        args = ["--sim-profile", self.profile, "--sim-speed", repr(self.speed), "--sim-version", version]
+        for key, value in self.extra.items():
+            args += ["--" + key.lstrip("-").replace("_", "-"), value]
+        return args
+
+    def parser(self) -> SimulatedLogParser:
+        return SimulatedLogParser()

@@ -1,0 +1,559 @@
+#!/usr/bin/env python3
+"""servetune's load generator: a concurrency sweep of streaming requests against one server.
+
+Standalone on purpose: standard library only, Python 3.8+, no servetune imports. servetune copies this file
+to the GPU host and runs it there with the host's python, next to the server, so network latency between
+servetune and the host never enters the figures::
+
+    python loadgen.py --base-url http://127.0.0.1:30000 --api sglang --model NAME \\
+        --levels 1,16,64 --requests 4,32,128 --input-len 256 --output-len 128 --warmup 1 \\
+        --timeout 600 --vocab-size 400 --seed 1 [--out results.jsonl] [--time-scale auto|FLOAT]
+
+For each level it sends exactly ``requests`` streaming requests with at most ``level`` in flight (random
+token-id prompts, ``ignore_eos``), then prints one JSON line named like ``sglang.bench_serving``'s result
+(``max_concurrency``, ``output_throughput``, ``p99_ttft_ms``, ...) plus ``failed``, ``errors``, ``simulated``
+and ``time_scale``, and appends it to ``--out``. Warm-up requests run before the sweep and are not counted.
+
+Exit codes: 0 done; 2 bad arguments; 3 every request of a level failed (the server is gone): that level's
+record is printed and the sweep stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import random
+import sys
+import threading
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+EXIT_OK = 0
+EXIT_BAD_ARGS = 2
+EXIT_LEVEL_FAILED = 3
+
+MAX_ERRORS = 5
+
+RECORD_KEYS = (
+    "backend", "max_concurrency", "num_prompts", "random_input_len", "random_output_len",
+    "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+    "request_throughput", "input_throughput", "output_throughput", "total_throughput",
+    "mean_e2e_latency_ms", "median_e2e_latency_ms", "p99_e2e_latency_ms",
+    "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+    "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+    "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
+    "concurrency", "errors", "simulated", "time_scale",
+)
+"""Keys of one level's record, in order."""
+
+_THROUGHPUT_KEYS = ("request_throughput", "input_throughput", "output_throughput", "total_throughput")
+
+
+# ---- one request -----------------------------------------------------------------------------------
+
+
+class RequestResult:
+    """One streamed request. Times in seconds (wall clock of this machine)."""
+
+    __slots__ = ("e2e", "error", "input_tokens", "itl", "ok", "output_tokens", "ttft")
+
+    def __init__(self) -> None:
+        self.ok = False
+        self.ttft: float | None = None
+        self.itl: list[float] = []
+        self.e2e = 0.0
+        self.output_tokens = 0
+        self.input_tokens = 0
+        self.error = ""
+
+
+class Target:
+    """Where the server listens: ``http(s)://host:port[/prefix]``."""
+
+    def __init__(self, base_url: str) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"base URL must look like http://HOST:PORT, got {base_url!r}")
+        self.scheme = parts.scheme
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.prefix = parts.path.rstrip("/")
+
+    def connect(self, timeout: float) -> http.client.HTTPConnection:
+        if self.scheme == "https":
+            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout)
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+
+def request_body(api: str, model: str, prompt: list[int], output_len: int) -> tuple[str, dict[str, Any]]:
+    """The path and JSON body of one streaming request for ``api`` (``sglang`` or ``openai``)."""
+    if api == "sglang":
+        return "/generate", {
+            "input_ids": prompt,
+            "sampling_params": {"max_new_tokens": output_len, "ignore_eos": True, "temperature": 0.0},
+            "stream": True,
+        }
+    body: dict[str, Any] = {
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if model:
+        body["model"] = model
+    return "/v1/completions", body
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def stream_request(target: Target, api: str, model: str, prompt: list[int], output_len: int,
+                   timeout: float) -> RequestResult:
+    """Send one streaming request and time it. Never raises: a failure is ``ok=False`` with ``error``."""
+    result = RequestResult()
+    result.input_tokens = len(prompt)
+    path, body = request_body(api, model, prompt, output_len)
+    start = time.perf_counter()
+    deadline = start + timeout
+    last_token_at = start
+    chunk_tokens = 0
+    reported_tokens: int | None = None
+    conn = target.connect(timeout)
+    try:
+        conn.request("POST", target.prefix + path, body=json.dumps(body).encode("utf-8"),
+                     headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            detail = resp.read(300).decode("utf-8", "replace").strip()
+            result.error = f"HTTP {resp.status}: {detail}"[:300]
+            return result
+        while True:
+            raw = resp.readline()
+            if not raw:
+                break
+            now = time.perf_counter()
+            if now > deadline:
+                result.error = f"timeout after {timeout:g}s"
+                return result
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                continue
+            if not isinstance(chunk, dict):
+                continue
+            if chunk.get("error"):
+                err = chunk["error"]
+                msg = err.get("message", err) if isinstance(err, dict) else err
+                result.error = f"server error: {msg}"[:300]
+                return result
+            new_tokens, exact, completion, prompt_tokens = _read_chunk(api, chunk, reported_tokens)
+            if prompt_tokens is not None:
+                result.input_tokens = prompt_tokens
+            if completion is not None:
+                reported_tokens = completion
+            if new_tokens <= 0:
+                continue
+            if result.ttft is None:
+                result.ttft = now - start
+            else:
+                gap = now - last_token_at
+                # SGLang says how many tokens a chunk carries: spread the gap like bench_serving does.
+                result.itl.extend([gap / new_tokens] * new_tokens if exact else [gap])
+            last_token_at = now
+            chunk_tokens += new_tokens
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        result.error = _error_text(exc)[:300]
+        return result
+    finally:
+        conn.close()
+    result.e2e = time.perf_counter() - start
+    result.output_tokens = reported_tokens if reported_tokens is not None else chunk_tokens
+    if result.ttft is None or result.output_tokens <= 0:
+        result.error = "no tokens in the response stream"
+        return result
+    result.ok = True
+    return result
+
+
+def _read_chunk(api: str, chunk: dict[str, Any],
+                reported: int | None) -> tuple[int, bool, int | None, int | None]:
+    """(tokens this chunk carries, whether that count is exact, cumulative completion tokens if reported,
+    prompt tokens if reported)."""
+    if api == "sglang":
+        meta = chunk.get("meta_info")
+        meta = meta if isinstance(meta, dict) else {}
+        completion = meta.get("completion_tokens")
+        prompt_tokens = meta.get("prompt_tokens")
+        prompt_tokens = prompt_tokens if isinstance(prompt_tokens, int) else None
+        if isinstance(completion, int) and not isinstance(completion, bool):
+            return completion - (reported or 0), True, completion, prompt_tokens
+        carries = bool(chunk.get("text")) or bool(chunk.get("output_ids"))
+        return (1 if carries else 0), False, None, prompt_tokens
+    usage = chunk.get("usage")
+    completion = prompt_tokens = None
+    if isinstance(usage, dict):
+        c, p = usage.get("completion_tokens"), usage.get("prompt_tokens")
+        completion = c if isinstance(c, int) else None
+        prompt_tokens = p if isinstance(p, int) else None
+    choices = chunk.get("choices")
+    text = ""
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        text = choices[0].get("text") or ""
+    # OpenAI chunks do not say how many tokens they carry (vLLM may coalesce); the usage chunk does.
+    return (1 if text else 0), False, completion, prompt_tokens
+
+
+# ---- statistics ------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Linear-interpolated percentile (numpy's default method)."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("percentile of nothing")
+    k = (len(ordered) - 1) * pct / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def _stats(record: dict[str, Any], name: str, seconds: list[float]) -> None:
+    if seconds:
+        record["mean_" + name] = round(sum(seconds) / len(seconds) * 1000.0, 4)
+        record["median_" + name] = round(percentile(seconds, 50) * 1000.0, 4)
+        record["p99_" + name] = round(percentile(seconds, 99) * 1000.0, 4)
+    else:
+        record["mean_" + name] = record["median_" + name] = record["p99_" + name] = None
+
+
+def summarize(results: list[RequestResult], duration: float, *, level: int, api: str, input_len: int,
+              output_len: int, time_scale: float = 1.0, simulated: bool = False,
+              output_usage: dict[str, int] | None = None) -> dict[str, Any]:
+    """One level's record from its requests; every time multiplied by ``time_scale``."""
+    ok = [r for r in results if r.ok]
+    duration = duration * time_scale
+    total_in = sum(r.input_tokens for r in ok)
+    total_out = sum(r.output_tokens for r in ok)
+    errors: list[str] = []
+    for r in results:
+        if not r.ok and r.error and r.error not in errors and len(errors) < MAX_ERRORS:
+            errors.append(r.error)
+    record: dict[str, Any] = {
+        "backend": api,
+        "max_concurrency": level,
+        "num_prompts": len(results),
+        "random_input_len": input_len,
+        "random_output_len": output_len,
+        "duration": round(duration, 6),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+    }
+    per_s = 1.0 / duration if duration > 0 else 0.0
+    record["request_throughput"] = round(len(ok) * per_s, 6)
+    record["input_throughput"] = round(total_in * per_s, 6)
+    record["output_throughput"] = round(total_out * per_s, 6)
+    record["total_throughput"] = round((total_in + total_out) * per_s, 6)
+    _stats(record, "e2e_latency_ms", [r.e2e * time_scale for r in ok])
+    _stats(record, "ttft_ms", [r.ttft * time_scale for r in ok if r.ttft is not None])
+    _stats(record, "tpot_ms", [(r.e2e - r.ttft) * time_scale / (r.output_tokens - 1)
+                               for r in ok if r.ttft is not None and r.output_tokens > 1])
+    _stats(record, "itl_ms", [gap * time_scale for r in ok for gap in r.itl])
+    record["concurrency"] = round(sum(r.e2e * time_scale for r in ok) * per_s, 4)
+    record["errors"] = errors
+    record["simulated"] = simulated
+    record["time_scale"] = time_scale
+    return {key: record[key] for key in RECORD_KEYS}
+
+
+# ---- sweep -----------------------------------------------------------------------------------------
+
+
+def make_prompts(rng: random.Random, count: int, input_len: int, vocab_size: int) -> list[list[int]]:
+    """``count`` prompts of ``input_len`` random token ids in ``[1, vocab_size)``."""
+    low = 1 if vocab_size > 1 else 0
+    return [[rng.randrange(low, max(vocab_size, low + 1)) for _ in range(input_len)] for _ in range(count)]
+
+
+def run_level(target: Target, api: str, model: str, prompts: list[list[int]], level: int, output_len: int,
+              timeout: float) -> tuple[list[RequestResult], float]:
+    """Send every prompt with at most ``level`` in flight; the results (in prompt order) and wall time."""
+    results: list[RequestResult | None] = [None] * len(prompts)
+    lock = threading.Lock()
+    cursor = [0]
+
+    def worker() -> None:
+        while True:
+            with lock:
+                index = cursor[0]
+                if index >= len(prompts):
+                    return
+                cursor[0] += 1
+            results[index] = stream_request(target, api, model, prompts[index], output_len, timeout)
+
+    threads = [threading.Thread(target=worker, name=f"loadgen-{i}", daemon=True)
+               for i in range(max(1, min(level, len(prompts))))]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    duration = time.perf_counter() - start
+    done: list[RequestResult] = []
+    for r in results:
+        if r is None:
+            r = RequestResult()
+            r.error = "request was not run"
+        done.append(r)
+    return done, duration
+
+
+def server_info(target: Target, timeout: float = 10.0) -> dict[str, Any] | None:
+    """``GET /get_server_info`` (or ``/server_info``) as a dict, None when neither answers JSON."""
+    for path in ("/get_server_info", "/server_info"):
+        conn = target.connect(timeout)
+        try:
+            conn.request("GET", target.prefix + path)
+            resp = conn.getresponse()
+            body = resp.read()
+            if resp.status != 200:
+                continue
+            data = json.loads(body.decode("utf-8", "replace"))
+            if isinstance(data, dict):
+                return data
+        except (OSError, http.client.HTTPException, ValueError):
+            continue
+        finally:
+            conn.close()
+    return None
+
+
+def detect_time_scale(info: dict[str, Any] | None) -> tuple[float, bool]:
+    """(factor, simulated): a simulated host running ``sim_speed`` times faster than real time."""
+    if not info or info.get("simulated") is not True:
+        return 1.0, False
+    speed = info.get("sim_speed")
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or speed <= 0:
+        return 1.0, True
+    return float(speed), True
+
+
+class Sweep:
+    """A whole run: warm-up, then one level after another until done or a level fails entirely."""
+
+    def __init__(self, args: argparse.Namespace, out: Any = None) -> None:
+        self.args = args
+        self.target = Target(args.base_url)
+        self.out = out if out is not None else sys.stdout
+        self.rng = random.Random(args.seed)
+
+    def time_scale(self) -> tuple[float, bool]:
+        if self.args.time_scale == "auto":
+            return detect_time_scale(server_info(self.target, min(10.0, self.args.timeout)))
+        factor = float(self.args.time_scale)
+        return factor, factor != 1.0
+
+    def run(self) -> int:
+        a = self.args
+        scale, simulated = self.time_scale()
+        if a.warmup > 0:
+            prompts = make_prompts(self.rng, a.warmup, a.input_len, a.vocab_size)
+            results, _ = run_level(self.target, a.api, a.model, prompts, 1, a.output_len, a.timeout)
+            errors = sorted({r.error for r in results if not r.ok})[:MAX_ERRORS]
+            sys.stderr.write(json.dumps({"warmup": len(results), "ok": sum(r.ok for r in results),
+                                         "errors": errors}) + "\n")
+            sys.stderr.flush()
+        for index, level in enumerate(a.levels):
+            prompts = make_prompts(self.rng, a.requests[index], a.input_len, a.vocab_size)
+            results, duration = run_level(self.target, a.api, a.model, prompts, level, a.output_len,
+                                          a.timeout)
+            record = summarize(results, duration, level=level, api=a.api, input_len=a.input_len,
+                               output_len=a.output_len, time_scale=scale, simulated=simulated)
+            self.emit(record)
+            if record["completed"] == 0:
+                return EXIT_LEVEL_FAILED
+        return EXIT_OK
+
+    def emit(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record)
+        self.out.write(line + "\n")
+        self.out.flush()
+        if self.args.out:
+            with open(self.args.out, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+
+
+# ---- sglang.bench_serving ------------------------------------------------------------------------------
+
+_BENCH_ALIASES = {
+    # vLLM ``bench serve`` spellings of the same figures.
+    "total_throughput": ("total_token_throughput",),
+    "mean_e2e_latency_ms": ("mean_e2el_ms",),
+    "median_e2e_latency_ms": ("median_e2el_ms",),
+    "p99_e2e_latency_ms": ("p99_e2el_ms",),
+}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def scale_record(record: dict[str, Any], factor: float) -> dict[str, Any]:
+    """A copy with every time multiplied and every throughput divided by ``factor``."""
+    out = dict(record)
+    for key, value in record.items():
+        if not _number(value):
+            continue
+        if key == "duration" or key.endswith("_ms"):
+            out[key] = value * factor
+        elif key in _THROUGHPUT_KEYS:
+            out[key] = value / factor
+    out["time_scale"] = factor
+    return out
+
+
+def from_bench_serving(line: str) -> dict[str, Any]:
+    """Map one JSON line written by ``python -m sglang.bench_serving`` (0.5.2, 0.5.10 or 0.5.23 keys; vLLM's
+    ``bench serve`` spellings too) into a level record. Missing figures are None; raises ValueError."""
+    data = json.loads(line)
+    if not isinstance(data, dict):
+        raise ValueError("a bench_serving result line is a JSON object")
+    record: dict[str, Any] = {}
+    for key in RECORD_KEYS:
+        value = data.get(key)
+        for alias in _BENCH_ALIASES.get(key, ()):
+            if value is None:
+                value = data.get(alias)
+        record[key] = value
+    duration = record["duration"]
+    if record["total_throughput"] is None:
+        if _number(record["input_throughput"]) and _number(record["output_throughput"]):
+            record["total_throughput"] = record["input_throughput"] + record["output_throughput"]
+        elif _number(duration) and duration > 0 and _number(record["total_input_tokens"]):
+            tokens = record["total_input_tokens"] + (record["total_output_tokens"] or 0)
+            record["total_throughput"] = tokens / duration
+    if record["input_throughput"] is None and _number(duration) and duration > 0 \
+            and _number(record["total_input_tokens"]):
+        record["input_throughput"] = record["total_input_tokens"] / duration
+    raw_errors = data.get("errors")
+    errors: list[str] = []
+    if isinstance(raw_errors, list):
+        for err in raw_errors:
+            if err and str(err) not in errors and len(errors) < MAX_ERRORS:
+                errors.append(str(err))
+        if record["failed"] is None:
+            record["failed"] = sum(1 for err in raw_errors if err)
+    record["errors"] = errors
+    if record["num_prompts"] is None and _number(record["completed"]) and _number(record["failed"]):
+        record["num_prompts"] = record["completed"] + record["failed"]
+    record["simulated"] = False
+    record["time_scale"] = 1.0
+    factor, simulated = detect_time_scale(data.get("server_info") if isinstance(data.get("server_info"), dict)
+                                          else None)
+    if simulated:
+        record = scale_record(record, factor)
+        record["simulated"] = True
+    return record
+
+
+# ---- command line ----------------------------------------------------------------------------------
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _time_scale(text: str) -> str:
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number, got {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"time scale must be > 0, got {text!r}")
+    return text
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="loadgen.py", description="Concurrency sweep of streaming requests.")
+    p.add_argument("--base-url", required=True, help="http://HOST:PORT of the server")
+    p.add_argument("--api", choices=("sglang", "openai"), default="sglang",
+                   help="sglang: POST /generate; openai: POST /v1/completions")
+    p.add_argument("--model", default="", help="model name for the OpenAI API")
+    p.add_argument("--levels", type=_int_list, required=True, help="concurrency levels, e.g. 1,16,64")
+    p.add_argument("--requests", type=_int_list, required=True,
+                   help="requests per level: one per level, or one number for all")
+    p.add_argument("--input-len", type=_positive(int), default=256)
+    p.add_argument("--output-len", type=_positive(int), default=128)
+    p.add_argument("--warmup", type=int, default=1, help="warm-up requests before the sweep (not counted)")
+    p.add_argument("--timeout", type=_positive(float), default=600.0, help="seconds per request")
+    p.add_argument("--vocab-size", type=_positive(int), default=400, help="prompt token ids are below this")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", default=None, help="append each level's record to this JSONL file")
+    p.add_argument("--time-scale", type=_time_scale, default="auto",
+                   help="'auto' (ask the server whether it is simulated) or a factor for every time")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if len(args.requests) == 1:
+        args.requests = args.requests * len(args.levels)
+    elif len(args.requests) != len(args.levels):
+        parser.error(f"--requests needs one number or one per level ({len(args.levels)} levels, "
+                     f"{len(args.requests)} numbers)")
+    if args.warmup < 0:
+        parser.error("--warmup must be >= 0")
+    try:
+        Target(args.base_url)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_BAD_ARGS
+    try:
+        return Sweep(args).run()
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

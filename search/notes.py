@@ -1,0 +1,113 @@
+"""optuna-dashboard notes: one Markdown note per finished trial, saved in the study's storage.
+
+The note says what happened (outcome, phase, reason), the memory figures, the per-level results and the OOM
+lines of the server's log tail, so a trial can be read in the dashboard without opening its files. Notes are
+written from a study callback (:func:`notes_callback`) that never raises: a note is a convenience, the study
+must go on without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+from optuna_dashboard import save_note
+
+from search.records import TrialRecord
+from search.report import THIN_HEADROOM_GIB, levels_table, memory_table
+
+__all__ = ["NotesCallback", "note_markdown", "notes_callback", "oom_lines", "write_note"]
+
+logger = logging.getLogger(__name__)
+
+_OOM_LINE = re.compile(
+    r"out of memory|OutOfMemoryError|Tried to allocate|CUBLAS_STATUS_ALLOC_FAILED|Not enough memory"
+    r"|Memory pool size is too small|leave no GPU memory|alloc_req_slots|\bOOM\b",
+    re.IGNORECASE,
+)
+_MAX_OOM_LINES = 20
+
+
+class _TrialRef:
+    """What ``save_note`` reads of a trial (``storage``, ``study``, ``_trial_id``).
+
+    NOTE: ``optuna_dashboard.save_note`` takes a live ``optuna.Trial``, but a callback holds a FrozenTrial,
+    and building an ``optuna.Trial`` for a finished trial would call the sampler's ``before_trial``. The note
+    is stored in study system attrs keyed by trial id, so these three attributes are all it needs.
+    """
+
+    def __init__(self, study: optuna.Study, trial_id: int) -> None:
+        self.study = study
+        self.storage = study._storage
+        self._trial_id = trial_id
+
+
+def write_note(study: optuna.Study, trial: FrozenTrial | optuna.Trial) -> None:
+    """Save (replace) the trial's dashboard note."""
+    frozen = trial if isinstance(trial, FrozenTrial) else study._storage.get_trial(trial._trial_id)
+    ref: Any = trial if isinstance(trial, optuna.Trial) else _TrialRef(study, frozen._trial_id)
+    save_note(ref, note_markdown(frozen))
+
+
+def note_markdown(trial: FrozenTrial) -> str:
+    """The note's Markdown for one trial."""
+    rec = TrialRecord.from_trial(trial)
+    title = f"## Trial {rec.number}: {rec.state}"
+    if rec.outcome not in ("ok", rec.state.lower()):
+        title += f", {rec.outcome}" + (f" in {rec.phase}" if rec.phase else "")
+    out = [title, ""]
+    facts = [
+        f"**outcome** `{rec.outcome}`",
+        f"**phase** `{rec.phase}`" if rec.phase else "",
+        f"**value** {rec.value:g}" if rec.value is not None else "",
+        f"host `{rec.host}`" if rec.host else "",
+        f"{rec.gpu_name} x {rec.attrs.get('gpu_count')}" if rec.gpu_name else "",
+        f"{rec.engine} {rec.engine_version or ''}".strip() if rec.engine else "",
+        "**simulated**" if rec.simulated else "",
+    ]
+    out += [" · ".join(f for f in facts if f), ""]
+    if rec.reason:
+        out += [f"> {' '.join(rec.reason.split())}", ""]
+    if rec.attrs.get("duplicate_of") is not None:
+        out += [f"Same configuration as trial {rec.attrs['duplicate_of']}: its result was reused.", ""]
+    free = rec.free_after_capture_gib
+    if free is not None and free < THIN_HEADROOM_GIB and rec.outcome == "ok":
+        out += [f"**Thin headroom:** {free:.2f} GiB free after CUDA graph capture "
+                f"(below {THIN_HEADROOM_GIB:g} GiB).", ""]
+    if rec.memory:
+        out += ["### Memory", "", *memory_table(rec.memory), ""]
+    if rec.levels:
+        out += ["### Results per concurrency level", "", *levels_table(rec.levels), ""]
+    lines = oom_lines(str(rec.attrs.get("log_tail") or ""))
+    if lines:
+        out += ["### OOM lines from the log tail", "", "```text", *lines, "```", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def oom_lines(log_tail: str) -> list[str]:
+    """The lines of a log tail that speak of running out of memory (the last few, ``\\r`` fragments split)."""
+    found = [line.rstrip() for line in re.split(r"[\r\n]+", log_tail) if _OOM_LINE.search(line)]
+    return [line.replace("```", "'''") for line in found[-_MAX_OOM_LINES:]]
+
+
+class NotesCallback:
+    """Optuna study callback that writes the finished trial's note; logs a warning and carries on on error."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        try:
+            write_note(study, trial)
+        except Exception as exc:  # a note is a convenience: the study goes on without it
+            self.failures += 1
+            log = logger.warning if self.failures == 1 else logger.debug
+            log("dashboard note for trial %d not saved: %s", trial.number, exc)
+
+
+def notes_callback() -> NotesCallback:
+    """A study callback ``(study, frozen_trial) -> None`` that saves each trial's note and never raises."""
+    return NotesCallback()

@@ -1,0 +1,452 @@
+"""The morning summary of a study (``servetune report``) and the live figures of ``servetune status``.
+
+Both read the trial records of :mod:`search.records` only. :func:`report_markdown` says what was tried and
+what was learned: counts, the best configuration with its figures per concurrency level, the OOM boundary
+(which ``mem_fraction_static`` x ``cuda_graph_max_bs`` combinations died, where, with how much headroom, and
+which survived), failures by cause, and the time spent. :func:`status_data` is a JSON-friendly dict: trials
+done/running/pruned/failed, each host's state, the best so far and an estimate of the time left.
+
+The Markdown helpers (:func:`levels_table`, :func:`memory_table`) are shared with the dashboard notes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import optuna
+
+from search.records import TrialRecord, best_record, records
+
+__all__ = [
+    "THIN_HEADROOM_GIB",
+    "format_duration",
+    "levels_table",
+    "memory_table",
+    "report_markdown",
+    "status_data",
+]
+
+#: Free GPU memory after CUDA graph capture below which a configuration is called thin (seed 001: 0.82 GB
+#: of headroom was a crash waiting for a prefill burst).
+THIN_HEADROOM_GIB = 2.0
+
+FRACTION_KNOBS = ("mem_fraction_static", "gpu_memory_utilization")
+GRAPH_KNOBS = ("cuda_graph_max_bs", "cuda_graph_sizes", "max_num_seqs")
+
+LEVEL_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("max_concurrency", "concurrency"),
+    ("output_throughput", "output tok/s"),
+    ("request_throughput", "req/s"),
+    ("mean_ttft_ms", "mean TTFT ms"),
+    ("p99_ttft_ms", "p99 TTFT ms"),
+    ("mean_tpot_ms", "mean TPOT ms"),
+    ("p99_tpot_ms", "p99 TPOT ms"),
+    ("completed", "completed"),
+    ("failed", "failed"),
+)
+
+MEMORY_LABELS: dict[str, str] = {
+    "gpu_total_gib": "GPU total (GiB)",
+    "mem_fraction_static": "mem_fraction_static (as run)",
+    "cuda_graph_max_bs": "cuda_graph_max_bs (as run)",
+    "avail_before_weights_gib": "available before weights (GiB)",
+    "weights_gib": "weights (GiB)",
+    "avail_after_weights_gib": "available after weights (GiB)",
+    "kv_tokens": "KV cache tokens",
+    "kv_gib": "KV cache (GiB)",
+    "avail_after_kv_gib": "available after KV pool (GiB)",
+    "graph_gib": "CUDA graphs (GiB)",
+    "free_after_capture_gib": "free after CUDA graph capture (GiB)",
+    "max_total_num_tokens": "max_total_num_tokens",
+    "max_running_requests": "max_running_requests",
+    "chunked_prefill_size": "chunked_prefill_size",
+    "context_len": "context_len",
+    "oom_phase": "OOM phase",
+    "tried_to_allocate_gib": "OOM: tried to allocate (GiB)",
+    "free_at_oom_gib": "OOM: free at the time (GiB)",
+    "smi_peak_used_mib": "nvidia-smi peak used (MiB)",
+}
+
+_INFRA_TROUBLE = frozenset({"host_unreachable", "host_busy"})
+
+
+# ---- the report ----------------------------------------------------------------------------------
+
+
+def report_markdown(study: optuna.Study) -> str:
+    """The study's summary as Markdown (see the module docstring for what it holds)."""
+    recs = records(study)
+    out: list[str] = [f"# servetune report: {study.study_name}", ""]
+    target = _objective_text(study, recs)
+    if target:
+        out += [target, ""]
+    if any(r.simulated for r in recs):
+        out += ["> Figures marked simulated come from the simulated GPU host, not from real hardware.", ""]
+    out += _counts_section(recs)
+    out += _best_section(study)
+    out += _boundary_section(recs)
+    out += _failures_section(recs)
+    out += _time_section(recs)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _objective_text(study: optuna.Study, recs: Sequence[TrialRecord]) -> str:
+    metric = next((r.attrs["objective_metric"] for r in recs if r.attrs.get("objective_metric")), None)
+    level = next((r.attrs["objective_level"] for r in recs if r.attrs.get("objective_level")), None)
+    if metric is None:
+        return ""
+    at = f" at concurrency {level}" if level is not None else ""
+    return f"Objective: {study.direction.name.lower()} `{metric}`{at}."
+
+
+def _counts(recs: Iterable[TrialRecord]) -> Counter[str]:
+    return Counter(r.state for r in recs)
+
+
+def _counts_section(recs: Sequence[TrialRecord]) -> list[str]:
+    counts = _counts(recs)
+    out = ["## Trials", "", "| complete | pruned | failed | running | waiting | total |",
+           "|---:|---:|---:|---:|---:|---:|",
+           f"| {counts['COMPLETE']} | {counts['PRUNED']} | {counts['FAIL']} | {counts['RUNNING']} | "
+           f"{counts['WAITING']} | {len(recs)} |", ""]
+    duplicates = sum(1 for r in recs if r.attrs.get("duplicate_of") is not None)
+    if duplicates:
+        out += [f"{duplicates} trial(s) repeated a measured configuration and reused its result.", ""]
+    return out
+
+
+def _best_section(study: optuna.Study) -> list[str]:
+    best = best_record(study)
+    out = ["## Best configuration", ""]
+    if best is None:
+        return [*out, "No COMPLETE feasible trial yet.", ""]
+    metric = best.attrs.get("objective_metric", "objective")
+    level = best.attrs.get("objective_level")
+    at = f" at concurrency {level}" if level is not None else ""
+    where = ", ".join(x for x in (
+        f"host `{best.host}`" if best.host else "",
+        f"{best.gpu_name} x {best.attrs.get('gpu_count')}" if best.gpu_name else "",
+        f"{best.engine} {best.engine_version}" if best.engine else "",
+        "simulated" if best.simulated else "",
+    ) if x)
+    out += [f"Trial {best.number}: `{metric}` = {_fmt(best.value)}{at} ({where}).", ""]
+    out += [_headroom_line(best.free_after_capture_gib, THIN_HEADROOM_GIB), ""]
+    if best.params:
+        out += ["| knob | value |", "|---|---|"]
+        out += [f"| `{k}` | {_cell(v)} |" for k, v in sorted(best.params.items())]
+        out.append("")
+    if best.levels:
+        out += ["### Figures per concurrency level", "", *levels_table(best.levels), ""]
+    return out
+
+
+def _headroom_line(free: float | None, bar: float) -> str:
+    if free is None:
+        return "Free GPU memory after CUDA graph capture: not measured."
+    line = f"Free GPU memory after CUDA graph capture: {free:.2f} GiB."
+    if free < bar:
+        line += (f" **Thin** (below {bar:g} GiB): a prefill burst may run out of memory; "
+                 f"consider `servetune export --min-free-gib {bar:g}`.")
+    return line
+
+
+def _knob(rec: TrialRecord, names: Sequence[str]) -> tuple[str, Any] | None:
+    """The first of ``names`` this trial has: as searched, else as launched, else as the engine logged it."""
+    knobs = (rec.launch_config or {}).get("knobs") or {}
+    for source in (rec.params, knobs, rec.memory):
+        for name in names:
+            if source.get(name) is not None:
+                return name, source[name]
+    return None
+
+
+def _boundary_section(recs: Sequence[TrialRecord]) -> list[str]:
+    out = ["## OOM boundary", ""]
+    measured = [r for r in recs if r.state in ("COMPLETE", "PRUNED") and r.attrs.get("duplicate_of") is None]
+    if not any(r.outcome == "oom" for r in measured):
+        survivors = sum(1 for r in measured if r.outcome == "ok")
+        return [*out, f"No trial ran out of memory ({survivors} survived).", ""]
+    fraction_name = graph_name = None
+    groups: dict[tuple[Any, Any], list[TrialRecord]] = defaultdict(list)
+    for rec in measured:
+        if rec.outcome not in ("ok", "oom"):
+            continue
+        fraction = _knob(rec, FRACTION_KNOBS)
+        graph = _knob(rec, GRAPH_KNOBS)
+        fraction_name = fraction_name or (fraction[0] if fraction else None)
+        graph_name = graph_name or (graph[0] if graph else None)
+        groups[(fraction[1] if fraction else None, graph[1] if graph else None)].append(rec)
+    fname, gname = fraction_name or "mem_fraction_static", graph_name or "cuda_graph_max_bs"
+    keys = sorted(groups, key=lambda k: (_sort_key(k[0]), _sort_key(k[1])))
+    fractions = sorted({k[0] for k in keys}, key=_sort_key)
+    graphs = sorted({k[1] for k in keys}, key=_sort_key)
+    if len(fractions) > 1 and len(graphs) > 1 and len(fractions) * len(graphs) <= 400:
+        out += [f"`{fname}` down, `{gname}` across: ok = survived the benchmark, OOM = died (phase).", ""]
+        out.append(f"| {fname} \\ {gname} | " + " | ".join(_cell(g) for g in graphs) + " |")
+        out.append("|---:|" + "---|" * len(graphs))
+        for fraction in fractions:
+            cells = [_verdict(groups.get((fraction, g), [])) for g in graphs]
+            out.append(f"| {_cell(fraction)} | " + " | ".join(cells) + " |")
+        out.append("")
+    out += [f"| {fname} | {gname} | outcome | phase | free after capture (GiB) | tried to allocate (GiB) "
+            "| free at OOM (GiB) | trials |", "|---:|---:|---|---|---:|---:|---:|---|"]
+    for key in keys:
+        by_outcome: dict[tuple[str, str], list[TrialRecord]] = defaultdict(list)
+        for rec in groups[key]:
+            by_outcome[(rec.outcome, rec.phase or "")].append(rec)
+        for (outcome, phase), group in sorted(by_outcome.items(), key=lambda kv: (kv[0][0] != "oom", kv[0])):
+            out.append(
+                f"| {_cell(key[0])} | {_cell(key[1])} | {'OOM' if outcome == 'oom' else outcome} | "
+                f"{phase or '-'} | {_span(group, 'free_after_capture_gib')} | "
+                f"{_span(group, 'tried_to_allocate_gib')} | {_span(group, 'free_at_oom_gib')} | "
+                + ", ".join(f"#{r.number}" for r in group) + " |"
+            )
+    out.append("")
+    thin = [r for r in measured if r.outcome == "ok" and r.free_after_capture_gib is not None
+            and r.free_after_capture_gib < THIN_HEADROOM_GIB]
+    if thin:
+        out += [f"{len(thin)} surviving trial(s) kept less than {THIN_HEADROOM_GIB:g} GiB free after capture "
+                f"({', '.join(f'#{r.number}' for r in thin)}): they may still die of a prefill burst.", ""]
+    return out
+
+
+def _verdict(group: Sequence[TrialRecord]) -> str:
+    if not group:
+        return ""
+    labels = Counter("ok" if r.outcome == "ok" else f"OOM {r.phase or '?'}" for r in group)
+    return ", ".join(label if n == 1 else f"{label} x{n}" for label, n in sorted(labels.items()))
+
+
+def _span(group: Sequence[TrialRecord], figure: str) -> str:
+    values = sorted(float(r.memory[figure]) for r in group if _is_number(r.memory.get(figure)))
+    if not values:
+        return "-"
+    if values[0] == values[-1]:
+        return f"{values[0]:.2f}"
+    return f"{values[0]:.2f}-{values[-1]:.2f}"
+
+
+def _failures_section(recs: Sequence[TrialRecord]) -> list[str]:
+    out = ["## Failures by cause", ""]
+    failed = [r for r in recs if r.state in ("PRUNED", "FAIL") and r.attrs.get("duplicate_of") is None]
+    if not failed:
+        return [*out, "None.", ""]
+    by_cause: dict[str, list[TrialRecord]] = defaultdict(list)
+    for rec in failed:
+        by_cause[rec.outcome].append(rec)
+    out += ["| cause | state | count | phases | example reasons |", "|---|---|---:|---|---|"]
+    for cause, group in sorted(by_cause.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        states = "/".join(sorted({r.state for r in group}))
+        phases = Counter(r.phase for r in group if r.phase)
+        phase_text = ", ".join(f"{p} x{n}" if n > 1 else p for p, n in phases.most_common()) or "-"
+        seen: set[str] = set()
+        examples: list[str] = []
+        for rec in group:
+            reason = _short(rec.reason, 120)
+            if reason and reason not in seen and len(examples) < 2:
+                seen.add(reason)
+                examples.append(f"#{rec.number}: {reason}")
+        example_text = _escape("; ".join(examples) or "-")
+        out.append(f"| {cause} | {states} | {len(group)} | {phase_text} | {example_text} |")
+    out.append("")
+    infra = sum(1 for r in failed if r.state == "FAIL")
+    if infra:
+        out += [f"{infra} FAIL trial(s) were infrastructure trouble: the sampler learns nothing from them.",
+                ""]
+    return out
+
+
+def _time_section(recs: Sequence[TrialRecord]) -> list[str]:
+    durations = _durations(recs)
+    starts = [datetime.fromisoformat(r.datetime_start) for r in recs if r.datetime_start]
+    ends = [datetime.fromisoformat(r.datetime_complete) for r in recs if r.datetime_complete]
+    out = ["## Time spent", ""]
+    if not durations:
+        return [*out, "No trial has finished yet.", ""]
+    total = sum(durations)
+    out.append(f"- trials ran for {format_duration(total)} in all, {format_duration(total / len(durations))} "
+               f"per trial on average ({len(durations)} measured)")
+    by_outcome: dict[str, float] = defaultdict(float)
+    for rec in recs:
+        if rec.duration_s is not None and rec.attrs.get("duplicate_of") is None:
+            by_outcome[rec.outcome] += rec.duration_s
+    out.append("- by outcome: " + ", ".join(
+        f"{k} {format_duration(v)}" for k, v in sorted(by_outcome.items(), key=lambda kv: -kv[1])))
+    if starts and ends:
+        out.append(f"- wall clock: {min(starts).isoformat(sep=' ')} to {max(ends).isoformat(sep=' ')} "
+                   f"({format_duration((max(ends) - min(starts)).total_seconds())})")
+    out.append("")
+    return out
+
+
+# ---- servetune status ----------------------------------------------------------------------------
+
+
+def status_data(study: optuna.Study, *, n_trials: int | None = None, workers: int | None = None,
+                now: datetime | None = None) -> dict[str, Any]:
+    """Live figures for ``servetune status`` (JSON-friendly).
+
+    ``n_trials`` is the study's whole budget in COMPLETE+PRUNED trials (as ``servetune run --n-trials``: a
+    FAIL trial is infrastructure trouble and is run again). The time left is the mean duration of a finished
+    (not reused) trial x the trials left / ``workers`` (default: the trials running now, at least 1).
+    ``now`` is for tests; Optuna stores local naive times.
+    """
+    now = now or datetime.now()
+    recs = records(study)
+    counts = _counts(recs)
+    finished = counts["COMPLETE"] + counts["PRUNED"] + counts["FAIL"]
+    running = [r for r in recs if r.state == "RUNNING"]
+    durations = _durations(recs)
+    mean = sum(durations) / len(durations) if durations else None
+    remaining = max(0, n_trials - counts["COMPLETE"] - counts["PRUNED"]) if n_trials is not None else None
+    parallel = max(1, workers if workers is not None else len(running))
+    eta = mean * remaining / parallel if mean is not None and remaining is not None else None
+    best = best_record(study)
+    starts = [datetime.fromisoformat(r.datetime_start) for r in recs if r.datetime_start]
+    return {
+        "study": study.study_name,
+        "direction": study.direction.name.lower(),
+        "trials": {
+            "total": len(recs),
+            "done": finished,
+            "complete": counts["COMPLETE"],
+            "pruned": counts["PRUNED"],
+            "failed": counts["FAIL"],
+            "running": counts["RUNNING"],
+            "waiting": counts["WAITING"],
+            "oom": sum(1 for r in recs if r.outcome == "oom"),
+        },
+        "running": [
+            {"number": r.number, "host": r.host, "params": r.params,
+             "elapsed_s": _elapsed(r, now)}
+            for r in running
+        ],
+        "hosts": _hosts(recs, now),
+        "best": None if best is None else {
+            "number": best.number,
+            "value": best.value,
+            "params": best.params,
+            "host": best.host,
+            "free_after_capture_gib": best.free_after_capture_gib,
+            "simulated": best.simulated,
+        },
+        "elapsed_s": round((now - min(starts)).total_seconds(), 1) if starts else None,
+        "mean_trial_s": round(mean, 1) if mean is not None else None,
+        "n_trials": n_trials,
+        "remaining_trials": remaining,
+        "workers": parallel,
+        "eta_s": round(eta, 1) if eta is not None else None,
+    }
+
+
+def _durations(recs: Iterable[TrialRecord]) -> list[float]:
+    """Durations of finished trials that ran (a reused duplicate took no time)."""
+    return [r.duration_s for r in recs
+            if r.duration_s is not None and r.state != "RUNNING" and r.attrs.get("duplicate_of") is None]
+
+
+def _elapsed(rec: TrialRecord, now: datetime) -> float | None:
+    if rec.datetime_start is None:
+        return None
+    return round((now - datetime.fromisoformat(rec.datetime_start)).total_seconds(), 1)
+
+
+def _hosts(recs: Sequence[TrialRecord], now: datetime) -> dict[str, dict[str, Any]]:
+    hosts: dict[str, dict[str, Any]] = {}
+    for rec in sorted(recs, key=lambda r: r.number):
+        if not rec.host:
+            continue
+        entry = hosts.setdefault(rec.host, {
+            "state": "idle", "trial": None, "elapsed_s": None, "trials": 0, "complete": 0, "pruned": 0,
+            "failed": 0, "last_outcome": None, "last_reason": None, "gpu_name": None,
+        })
+        entry["trials"] += 1
+        entry["gpu_name"] = rec.gpu_name or entry["gpu_name"]
+        if rec.state == "RUNNING":
+            entry.update(state="running", trial=rec.number, elapsed_s=_elapsed(rec, now))
+            continue
+        key = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"}.get(rec.state)
+        if key is None:
+            continue
+        entry[key] += 1
+        entry["last_outcome"] = rec.outcome
+        entry["last_reason"] = rec.reason or None
+    for entry in hosts.values():
+        if entry["state"] != "running" and entry["last_outcome"] in _INFRA_TROUBLE:
+            entry["state"] = "unavailable"
+    return hosts
+
+
+# ---- Markdown helpers (shared with search.notes) ---------------------------------------------------
+
+
+def levels_table(levels: Sequence[dict[str, Any]]) -> list[str]:
+    """Per-level bench_serving figures as Markdown table lines (columns present in any level)."""
+    columns = [(k, label) for k, label in LEVEL_COLUMNS if any(k in lv for lv in levels)]
+    if not columns:
+        return []
+    out = ["| " + " | ".join(label for _, label in columns) + " |", "|" + "---:|" * len(columns)]
+    for level in sorted(levels, key=lambda lv: _sort_key(lv.get("max_concurrency"))):
+        out.append("| " + " | ".join(_cell(level.get(k)) for k, _ in columns) + " |")
+    return out
+
+
+def memory_table(memory: dict[str, Any]) -> list[str]:
+    """The ``mem.*`` figures as Markdown table lines, in the order a server allocates memory."""
+    if not memory:
+        return []
+    order = list(MEMORY_LABELS)
+    keys = sorted(memory, key=lambda k: (order.index(k) if k in order else len(order), k))
+    out = ["| figure | value |", "|---|---:|"]
+    out += [f"| {MEMORY_LABELS.get(k, k)} | {_cell(memory[k])} |" for k in keys]
+    return out
+
+
+def format_duration(seconds: float) -> str:
+    """``3725`` -> ``'1h 02m 05s'``; ``42.5`` -> ``'42.5s'``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 1e15:
+            return f"{value:.1f}"
+        return f"{value:.4g}" if abs(value) < 1 else f"{value:,.2f}".replace(",", "")
+    return str(value)
+
+
+def _cell(value: Any) -> str:
+    return _escape(_fmt(value))
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _short(text: str, limit: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _sort_key(value: Any) -> tuple[int, float, str]:
+    if value is None:
+        return (2, 0.0, "")
+    if _is_number(value):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))

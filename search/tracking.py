@@ -1,0 +1,537 @@
+"""MLflow tracking: one experiment per study, a parent run for the study, a child run per finished trial.
+
+Only :class:`mlflow.MlflowClient` with explicit experiment and run ids is used, never MLflow's fluent API (it
+keeps a process-wide active run). mlflow is imported on first use: it takes a second or more to import, and
+``servetune --help`` must stay fast.
+
+What a child run holds (read from the trial record, :mod:`search.records`):
+
+* params: every searched knob (the trial's params), ``fixed_args``, ``engine``, ``engine_version``, ``host``,
+  ``gpu_name``, ``gpu_count``, ``model_path``;
+* metrics: each concurrency level's bench_serving figures (``output_throughput``, ``p99_ttft_ms``...) with
+  ``step`` = concurrency, the numeric ``mem.*`` figures, ``objective`` (COMPLETE only), ``level_reached``;
+* tags: ``servetune.study``, ``servetune.trial``, ``servetune.state``, ``servetune.outcome``,
+  ``servetune.phase``, ``servetune.oom_phase``, ``engine``, ``servetune.simulated``, ``mlflow.parentRunId``;
+* artifacts: the files of the trial's ``artifacts_dir``, or, when that directory is gone, the same files
+  fetched from Optuna's artifact store by the ids in ``artifact_ids``.
+
+Logging is idempotent: a trial's run is found by its ``servetune.trial`` tag and never logged twice, so the
+study callback may fail (MLflow down) and :meth:`MlflowTracker.sync` back-fills later. A run left RUNNING by
+an attempt that broke half-way is deleted and logged again. Two processes logging the same trial at the same
+moment may still race; servetune logs from one callback per trial and ``sync`` is run by hand.
+
+MLflow's errors (``MlflowException``, ``requests``, SQLAlchemy, ``OSError``) become one-line
+:class:`~runners.errors.StudyError` here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shlex
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.artifacts import download_artifact
+from optuna.trial import FrozenTrial, TrialState
+
+from runners.errors import ServetuneError, StudyError
+from search.records import MEM_PREFIX, TrialRecord, best_record, records
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
+    from optuna.artifacts._protocol import ArtifactStore
+
+__all__ = ["DEFAULT_ARTIFACT_ROOT", "DEFAULT_TRACKING_URI", "MlflowCallback", "MlflowTracker", "SyncResult"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
+DEFAULT_ARTIFACT_ROOT = "mlruns/artifacts"
+
+TAG_STUDY = "servetune.study"
+TAG_KIND = "servetune.kind"
+TAG_TRIAL = "servetune.trial"
+TAG_STATE = "servetune.state"
+TAG_OUTCOME = "servetune.outcome"
+TAG_PHASE = "servetune.phase"
+TAG_OOM_PHASE = "servetune.oom_phase"
+TAG_SIMULATED = "servetune.simulated"
+TAG_REASON = "servetune.reason"
+TAG_ARTIFACTS = "servetune.artifacts"
+TAG_PARENT = "mlflow.parentRunId"
+
+#: Fail fast against an http tracking server: the callback runs inside the study loop, and ``sync``
+#: back-fills whatever was missed. Set only where the environment does not already say otherwise.
+HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
+
+_RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
+_FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+_MAX_PARAM = 6000
+_MAX_TAG = 5000
+_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """What :meth:`MlflowTracker.sync` did: runs ``added`` now, runs already ``present``."""
+
+    added: int
+    present: int
+
+
+class MlflowTracker:
+    """Logs a study's trials to MLflow (a local SQLite store by default, or an ``http://`` tracking server).
+
+    ``artifact_root`` is where a new experiment keeps its artifacts: a path (made a ``file://`` URI) or a URI.
+    For a local store it defaults to ``mlruns/artifacts``; for an http server the server's own default
+    (``mlflow-artifacts:``, proxied) is used. ``optuna_artifact_store`` is where trial files are fetched from
+    when their local ``artifacts_dir`` is gone.
+    """
+
+    def __init__(self, tracking_uri: str = DEFAULT_TRACKING_URI, artifact_root: str | None = None, *,
+                 optuna_artifact_store: ArtifactStore | None = None) -> None:
+        self.tracking_uri = tracking_uri
+        self.remote = tracking_uri.startswith(("http://", "https://"))
+        self.artifact_location = _artifact_location(artifact_root, remote=self.remote)
+        self.optuna_artifact_store = optuna_artifact_store
+        self._client_obj: MlflowClient | None = None
+        self._experiments: dict[str, str] = {}
+        self._parents: dict[str, str] = {}
+        self._lock = threading.RLock()
+
+    # ---- public ------------------------------------------------------------------------------------
+
+    def log_trial(self, study_name: str, trial: FrozenTrial) -> bool:
+        """Log one finished trial as a child run; True if a run was added, False if it was already there
+        (or the trial is not finished). Raises StudyError."""
+        if trial.state not in _FINISHED:
+            return False
+        with self._lock, self._boundary(f"logging trial {trial.number} of study {study_name!r}"):
+            experiment_id = self._experiment_id(study_name)
+            existing = self._find_trial_run(experiment_id, trial.number)
+            if existing is not None:
+                if existing.info.status != "RUNNING":
+                    return False
+                self._discard_partial(existing)
+            self._log(study_name, experiment_id, trial)
+            return True
+
+    def callback(self) -> MlflowCallback:
+        """An Optuna study callback that logs each finished trial and never raises."""
+        return MlflowCallback(self)
+
+    def sync(self, study: optuna.Study) -> SyncResult:
+        """Log every finished trial that MLflow lacks (``servetune sync-mlflow``). Raises StudyError."""
+        name = study.study_name
+        with self._lock, self._boundary(f"syncing study {name!r}"):
+            experiment_id = self._experiment_id(name)
+            logged: set[int] = set()
+            for run in self._trial_runs(experiment_id):
+                number = _int(run.data.tags.get(TAG_TRIAL))
+                if number is None:
+                    continue
+                if run.info.status == "RUNNING":
+                    self._discard_partial(run)
+                else:
+                    logged.add(number)
+            added = present = 0
+            for trial in study.get_trials(deepcopy=False, states=_FINISHED):
+                if trial.number in logged:
+                    present += 1
+                    continue
+                self._log(name, experiment_id, trial)
+                logged.add(trial.number)
+                added += 1
+            return SyncResult(added=added, present=present)
+
+    def finish_study(self, study: optuna.Study) -> None:
+        """Mark the study's parent run FINISHED with summary metrics (counts, best value).
+
+        Raises StudyError.
+        """
+        name = study.study_name
+        recs = records(study)
+        counts = {state: sum(1 for r in recs if r.state == state)
+                  for state in ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")}
+        best = best_record(study)
+        finished = counts["COMPLETE"] + counts["PRUNED"] + counts["FAIL"]
+        now = _now_ms()
+        from mlflow.entities import Metric, RunTag
+
+        metrics = [
+            Metric("n_trials", float(len(recs)), now, finished),
+            Metric("n_complete", float(counts["COMPLETE"]), now, finished),
+            Metric("n_pruned", float(counts["PRUNED"]), now, finished),
+            Metric("n_failed", float(counts["FAIL"]), now, finished),
+            Metric("n_running", float(counts["RUNNING"]), now, finished),
+            Metric("n_oom", float(sum(1 for r in recs if r.outcome == "oom")), now, finished),
+        ]
+        tags = [RunTag("servetune.direction", study.direction.name.lower())]
+        if best is not None and best.value is not None:
+            metrics.append(Metric("best_value", float(best.value), now, finished))
+            tags.append(RunTag("servetune.best_trial", str(best.number)))
+            if best.free_after_capture_gib is not None:
+                metrics.append(Metric("best_free_after_capture_gib", best.free_after_capture_gib, now,
+                                      finished))
+        with self._lock, self._boundary(f"finishing study {name!r}"):
+            client = self._client()
+            parent = self._parent_run_id(name, self._experiment_id(name))
+            client.log_batch(parent, metrics=metrics, tags=tags)
+            client.set_terminated(parent, "FINISHED", end_time=now)
+
+    def experiment_id(self, study_name: str) -> str:
+        """The study's experiment id (created on first use). Raises StudyError."""
+        with self._lock, self._boundary(f"opening the experiment of study {study_name!r}"):
+            return self._experiment_id(study_name)
+
+    def trial_runs(self, study_name: str) -> dict[int, Run]:
+        """The study's trial runs by trial number (the first found when there is more than one)."""
+        with self._lock, self._boundary(f"listing the runs of study {study_name!r}"):
+            out: dict[int, Run] = {}
+            for run in self._trial_runs(self._experiment_id(study_name)):
+                number = _int(run.data.tags.get(TAG_TRIAL))
+                if number is not None:
+                    out.setdefault(number, run)
+            return out
+
+    # ---- MLflow plumbing ---------------------------------------------------------------------------
+
+    def _client(self) -> MlflowClient:
+        if self._client_obj is None:
+            if self.remote:
+                for key, value in HTTP_ENV_DEFAULTS.items():
+                    os.environ.setdefault(key, value)
+            db = _sqlite_path(self.tracking_uri)
+            if db is not None:
+                db.parent.mkdir(parents=True, exist_ok=True)
+            from mlflow import MlflowClient
+
+            self._client_obj = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._client_obj
+
+    @contextmanager
+    def _boundary(self, what: str) -> Iterator[None]:
+        """Map MLflow's (and its transports') errors to a one-line StudyError."""
+        try:
+            yield
+        except ServetuneError:
+            raise
+        except Exception as exc:
+            if not _is_mlflow_error(exc):
+                raise
+            where = _redact(self.tracking_uri)
+            raise StudyError(f"MLflow at {where}: {what} failed: {_one_line(exc)}") from None
+
+    def _experiment_id(self, name: str) -> str:
+        cached = self._experiments.get(name)
+        if cached is not None:
+            return cached
+        from mlflow.exceptions import MlflowException
+
+        client = self._client()
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            try:
+                experiment_id = client.create_experiment(
+                    name, artifact_location=self.artifact_location,
+                    tags={TAG_STUDY: name, TAG_KIND: "study"},
+                )
+            except MlflowException as exc:
+                # NOTE: another controller of the same study may have created it a moment ago.
+                if getattr(exc, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                experiment = client.get_experiment_by_name(name)
+                if experiment is None:
+                    raise
+                experiment_id = experiment.experiment_id
+        elif experiment.lifecycle_stage == "deleted":
+            raise StudyError(
+                f"MLflow experiment {name!r} (id {experiment.experiment_id}) is deleted: restore it "
+                f"(mlflow experiments restore -x {experiment.experiment_id}) or remove it (mlflow gc)"
+            )
+        else:
+            experiment_id = experiment.experiment_id
+        self._experiments[name] = experiment_id
+        return experiment_id
+
+    def _parent_run_id(self, name: str, experiment_id: str) -> str:
+        cached = self._parents.get(name)
+        if cached is not None:
+            return cached
+        client = self._client()
+        found = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_KIND}` = 'study'",
+                                   max_results=1, order_by=["attributes.start_time ASC"])
+        if found:
+            run_id = found[0].info.run_id
+        else:
+            run = client.create_run(experiment_id, run_name=name, tags={TAG_STUDY: name, TAG_KIND: "study"})
+            run_id = run.info.run_id
+        self._parents[name] = run_id
+        return run_id
+
+    def _find_trial_run(self, experiment_id: str, number: int) -> Run | None:
+        found = self._client().search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{TAG_KIND}` = 'trial' and tags.`{TAG_TRIAL}` = '{number}'",
+            max_results=10,
+        )
+        done = [run for run in found if run.info.status != "RUNNING"]
+        runs = done or list(found)
+        return runs[0] if runs else None
+
+    def _trial_runs(self, experiment_id: str) -> Iterator[Run]:
+        client = self._client()
+        token: str | None = None
+        while True:
+            page = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_KIND}` = 'trial'",
+                                      max_results=_PAGE, page_token=token)
+            yield from page
+            token = page.token
+            if not token:
+                return
+
+    def _discard_partial(self, run: Run) -> None:
+        """A run left RUNNING by an attempt that broke half-way: delete it so the trial is logged whole."""
+        logger.info("deleting partial MLflow run %s of trial %s", run.info.run_id,
+                    run.data.tags.get(TAG_TRIAL))
+        self._client().delete_run(run.info.run_id)
+
+    def _log(self, study_name: str, experiment_id: str, trial: FrozenTrial) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        client = self._client()
+        parent = self._parent_run_id(study_name, experiment_id)
+        rec = TrialRecord.from_trial(trial)
+        start = _ms(trial.datetime_start) or _now_ms()
+        end = _ms(trial.datetime_complete) or start
+        tags = _tags(study_name, rec)
+        tags[TAG_PARENT] = parent
+        run = client.create_run(experiment_id, start_time=start, tags=tags, run_name=f"trial-{trial.number}")
+        run_id = run.info.run_id
+        try:
+            params = [Param(k, v) for k, v in _params(rec).items()]
+            metrics = [Metric(k, v, end, step) for k, v, step in _metrics(rec)]
+            # MLflow takes at most 100 params and 1000 entities per batch.
+            for i in range(0, len(params), 100):
+                client.log_batch(run_id, params=params[i:i + 100])
+            for i in range(0, len(metrics), 1000):
+                client.log_batch(run_id, metrics=metrics[i:i + 1000])
+            note = self._log_artifacts(run_id, rec)
+            if note:
+                client.log_batch(run_id, tags=[RunTag(TAG_ARTIFACTS, note)])
+            client.set_terminated(run_id, _RUN_STATUS[rec.state], end_time=end)
+        except BaseException:
+            # NOTE: a half-logged run would hide the trial from ``sync``; remove it (best effort), and if that
+            # fails too, the run stays RUNNING, which the next log_trial/sync treats as missing.
+            with suppress(Exception):
+                client.delete_run(run_id)
+            raise
+
+    def _log_artifacts(self, run_id: str, rec: TrialRecord) -> str:
+        """Upload the trial's files; returns a note (tag ``servetune.artifacts``) when some are missing."""
+        client = self._client()
+        local = rec.attrs.get("artifacts_dir")
+        if local and Path(local).is_dir():
+            files = sorted(p for p in Path(local).iterdir() if p.is_file())
+            if files:
+                for path in files:
+                    client.log_artifact(run_id, str(path))
+                return ""
+        ids = rec.attrs.get("artifact_ids") or {}
+        if not ids:
+            return "none recorded" if not local else f"{local} is gone and no artifact ids were recorded"
+        if self.optuna_artifact_store is None:
+            return f"{local} is gone; no Optuna artifact store given to fetch {len(ids)} file(s)"
+        missing = []
+        with tempfile.TemporaryDirectory(prefix="servetune-artifacts-") as tmp:
+            for name, artifact_id in sorted(ids.items()):
+                target = Path(tmp) / Path(str(name)).name
+                try:
+                    download_artifact(artifact_store=self.optuna_artifact_store, file_path=str(target),
+                                      artifact_id=str(artifact_id))
+                except Exception as exc:  # a lost file must not stop the rest of the trial's record
+                    logger.warning("trial %d: artifact %s (%s) not fetched: %s", rec.number, name,
+                                   artifact_id, _one_line(exc))
+                    missing.append(str(name))
+                    continue
+                client.log_artifact(run_id, str(target))
+        return f"missing: {', '.join(missing)}" if missing else ""
+
+
+class MlflowCallback:
+    """Optuna study callback ``(study, frozen_trial) -> None`` that logs the trial and never raises.
+
+    When MLflow is unreachable or broken it logs one warning (python ``logging``) and carries on; nothing is
+    lost, ``MlflowTracker.sync`` back-fills later. After MLflow recovers, a later outage warns again.
+    """
+
+    def __init__(self, tracker: MlflowTracker) -> None:
+        self.tracker = tracker
+        self.failures = 0
+        self._broken = False
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        try:
+            self.tracker.log_trial(study.study_name, trial)
+        except Exception as exc:  # a tracking outage must never stop the study
+            self.failures += 1
+            if not self._broken:
+                self._broken = True
+                logger.warning("MLflow logging failed at trial %d, the study goes on (back-fill later with "
+                               "`servetune sync-mlflow`): %s", trial.number, _one_line(exc))
+            else:
+                logger.debug("MLflow logging of trial %d failed: %s", trial.number, _one_line(exc))
+        else:
+            if self._broken:
+                self._broken = False
+                logger.info("MLflow logging works again (trial %d)", trial.number)
+
+
+# ---- what a run holds ------------------------------------------------------------------------------
+
+
+def _params(rec: TrialRecord) -> dict[str, str]:
+    launch = rec.launch_config or {}
+    out: dict[str, str] = {str(k): _str(v) for k, v in rec.params.items()}
+    extra: dict[str, Any] = {
+        "engine": rec.engine or launch.get("engine"),
+        "engine_version": rec.engine_version,
+        "host": rec.host,
+        "gpu_name": rec.gpu_name,
+        "gpu_count": rec.attrs.get("gpu_count"),
+        "model_path": launch.get("model_path"),
+        "fixed_args": shlex.join(str(a) for a in launch["fixed_args"]) if launch.get("fixed_args") else None,
+    }
+    for key, value in extra.items():
+        if value is not None and key not in out:
+            out[key] = _str(value)
+    return {k: v[:_MAX_PARAM] for k, v in out.items()}
+
+
+def _metrics(rec: TrialRecord) -> list[tuple[str, float, int]]:
+    out: list[tuple[str, float, int]] = []
+    for level in rec.levels:
+        step = _int(level.get("max_concurrency"))
+        if step is None:
+            continue
+        for key, value in level.items():
+            if key != "max_concurrency" and _number(value):
+                out.append((str(key), float(value), step))
+    for key, value in rec.memory.items():
+        if _number(value):
+            out.append((MEM_PREFIX + key, float(value), 0))
+    if rec.state == "COMPLETE" and rec.value is not None and math.isfinite(rec.value):
+        out.append(("objective", float(rec.value), 0))
+    for key in ("level_reached", "startup_s", "stop_s"):
+        if _number(rec.attrs.get(key)):
+            out.append((key, float(rec.attrs[key]), 0))
+    if rec.duration_s is not None:
+        out.append(("duration_s", rec.duration_s, 0))
+    return out
+
+
+def _tags(study_name: str, rec: TrialRecord) -> dict[str, str]:
+    oom_phase = rec.memory.get("oom_phase") or (rec.phase if rec.outcome == "oom" else None)
+    tags: dict[str, Any] = {
+        TAG_STUDY: study_name,
+        TAG_KIND: "trial",
+        TAG_TRIAL: str(rec.number),
+        TAG_STATE: rec.state,
+        TAG_OUTCOME: rec.outcome,
+        TAG_PHASE: rec.phase,
+        TAG_OOM_PHASE: oom_phase,
+        TAG_REASON: rec.reason or None,
+        TAG_SIMULATED: "true" if rec.simulated else "false",
+        "engine": rec.engine or (rec.launch_config or {}).get("engine"),
+        "servetune.duplicate_of": rec.attrs.get("duplicate_of"),
+        "servetune.retried_from": rec.attrs.get("retried_from"),
+    }
+    return {k: _str(v)[:_MAX_TAG] for k, v in tags.items() if v is not None and v != ""}
+
+
+# ---- small helpers ---------------------------------------------------------------------------------
+
+
+def _artifact_location(root: str | None, *, remote: bool) -> str | None:
+    if root is None:
+        if remote:
+            return None
+        root = DEFAULT_ARTIFACT_ROOT
+    if "://" in root or root.startswith("mlflow-artifacts:"):
+        return root
+    return Path(root).expanduser().resolve().as_uri()
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri.removeprefix("sqlite:///").split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
+def _is_mlflow_error(exc: BaseException) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    kinds: list[type[BaseException]] = [MlflowException, OSError]
+    with suppress(ImportError):
+        from requests import RequestException
+
+        kinds.append(RequestException)
+    with suppress(ImportError):
+        from sqlalchemy.exc import SQLAlchemyError
+
+        kinds.append(SQLAlchemyError)
+    return isinstance(exc, tuple(kinds))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for cause in ("Connection refused", "timed out", "Name or service not known", "No route to host"):
+        if cause in text:
+            return f"unreachable ({cause.lower()})"
+    line = text.splitlines()[0] if text else type(exc).__name__
+    return line if len(line) <= 240 else line[:237] + "..."
+
+
+def _redact(uri: str) -> str:
+    if "://" in uri and "@" in uri:
+        scheme, rest = uri.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
+    return uri
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _str(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _ms(when: datetime | None) -> int | None:
+    return int(when.timestamp() * 1000) if when is not None else None
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,393 @@
+"""The load generator against a real (small, threaded, stdlib) HTTP server streaming SSE for both APIs."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runners import loadgen
+
+LOADGEN = Path(loadgen.__file__)
+
+
+class FakeServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.ttft = 0.0
+        self.gap = 0.0
+        self.tokens_per_chunk = 1
+        self.sim_speed: float | None = None
+        self.fail_every: int = 0
+        self.bodies: list[tuple[str, dict[str, Any]]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: FakeServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _json(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+        self.close_connection = True
+
+    def do_GET(self) -> None:
+        if self.path == "/get_server_info" and self.server.sim_speed is not None:
+            self._json(200, {"simulated": True, "sim_speed": self.server.sim_speed, "version": "0.5.10"})
+        else:
+            self._json(404, {"detail": "Not Found"})
+
+    def _chunk(self, payload: Any) -> None:
+        data = ("data: " + (payload if isinstance(payload, str) else json.dumps(payload)) + "\n\n").encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def do_POST(self) -> None:
+        srv = self.server
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with srv.lock:
+            srv.bodies.append((self.path, body))
+            count = len(srv.bodies)
+            srv.in_flight += 1
+            srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
+        try:
+            if srv.fail_every and count % srv.fail_every == 0:
+                self._json(500, {"error": "boom"})
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            if self.path == "/generate":
+                self._generate(body)
+            else:
+                self._completions(body)
+            self._chunk("[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+        finally:
+            with srv.lock:
+                srv.in_flight -= 1
+
+    def _generate(self, body: dict[str, Any]) -> None:
+        n = body["sampling_params"]["max_new_tokens"]
+        prompt = len(body["input_ids"])
+        time.sleep(self.server.ttft)
+        done = 0
+        while done < n:
+            if done:
+                time.sleep(self.server.gap)
+            done = min(n, done + self.server.tokens_per_chunk)
+            meta = {"completion_tokens": done, "prompt_tokens": prompt}
+            self._chunk({"text": "x" * done, "meta_info": meta})
+
+    def _completions(self, body: dict[str, Any]) -> None:
+        n = body["max_tokens"]
+        time.sleep(self.server.ttft)
+        done = 0
+        while done < n:
+            if done:
+                time.sleep(self.server.gap)
+            step = min(self.server.tokens_per_chunk, n - done)
+            done += step
+            choice = {"index": 0, "text": "ab" * step, "finish_reason": None}
+            self._chunk({"choices": [choice], "usage": None})
+        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n}
+        self._chunk({"choices": [], "usage": usage})
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    srv = FakeServer()
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=5)
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[dict[str, Any]]]:
+    code = loadgen.main(args)
+    out = capsys.readouterr().out
+    return code, [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def common(url: str, api: str, **over: str) -> list[str]:
+    opts = {"--levels": "1,4", "--requests": "3,8", "--input-len": "16", "--output-len": "5", "--warmup": "1",
+            "--timeout": "20", "--vocab-size": "400", "--seed": "1", "--model": "tiny"}
+    opts.update(over)
+    args = ["--base-url", url, "--api", api]
+    for key, value in opts.items():
+        args += [key, value]
+    return args
+
+
+# ---- both APIs end to end ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["sglang", "openai"])
+def test_sweep_counts_tokens_and_keeps_warmup_apart(api: str, server: FakeServer, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    server.tokens_per_chunk = 2  # coalesced chunks: token counts must come from usage / meta_info
+    out = tmp_path / "bench.jsonl"
+    code, records = run_main(common(server.url, api, **{"--out": str(out)}), capsys)
+    assert code == 0
+    assert [r["max_concurrency"] for r in records] == [1, 4]
+    assert [json.loads(line) for line in out.read_text().splitlines()] == records
+    assert len(server.bodies) == 1 + 3 + 8  # warm-up request sent, but not counted below
+    assert server.max_in_flight <= 4
+    for rec, n in zip(records, (3, 8), strict=True):
+        assert list(rec) == list(loadgen.RECORD_KEYS)
+        assert (rec["completed"], rec["failed"], rec["num_prompts"]) == (n, 0, n)
+        assert rec["total_output_tokens"] == 5 * n
+        assert rec["total_input_tokens"] == 16 * n
+        assert rec["output_throughput"] == pytest.approx(5 * n / rec["duration"], rel=1e-3)
+        assert rec["total_throughput"] == pytest.approx(21 * n / rec["duration"], rel=1e-3)
+        assert rec["errors"] == [] and rec["simulated"] is False and rec["time_scale"] == 1.0
+        assert rec["backend"] == api
+    path, body = server.bodies[-1]
+    if api == "sglang":
+        assert path == "/generate"
+        assert len(body["input_ids"]) == 16 and all(0 < t < 400 for t in body["input_ids"])
+        assert body["sampling_params"] == {"max_new_tokens": 5, "ignore_eos": True, "temperature": 0.0}
+    else:
+        assert path == "/v1/completions"
+        assert body["model"] == "tiny" and len(body["prompt"]) == 16 and body["max_tokens"] == 5
+        assert body["ignore_eos"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["stream"] is True
+
+
+@pytest.mark.parametrize("api", ["sglang", "openai"])
+def test_ttft_and_tpot_from_a_paced_stream(api: str, server: FakeServer,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    server.ttft, server.gap = 0.15, 0.04
+    code, records = run_main(common(server.url, api, **{"--levels": "1", "--requests": "2",
+                                                        "--warmup": "0"}), capsys)
+    assert code == 0
+    rec = records[0]
+    assert 150 <= rec["mean_ttft_ms"] < 250
+    assert 40 <= rec["mean_tpot_ms"] < 70
+    assert 40 <= rec["median_itl_ms"] < 70
+    assert 150 + 4 * 40 <= rec["mean_e2e_latency_ms"] < 600
+
+
+def test_failed_requests_are_counted_with_their_errors(server: FakeServer,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    server.fail_every = 2
+    code, records = run_main(common(server.url, "sglang", **{"--levels": "1", "--requests": "4",
+                                                             "--warmup": "0"}), capsys)
+    assert code == 0
+    rec = records[0]
+    assert (rec["completed"], rec["failed"]) == (2, 2)
+    assert len(rec["errors"]) == 1 and rec["errors"][0].startswith("HTTP 500")
+
+
+def test_time_scale_auto_reads_a_simulated_host(server: FakeServer,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    server.sim_speed = 10.0
+    server.ttft, server.gap = 0.02, 0.005
+    code, records = run_main(common(server.url, "sglang", **{"--levels": "2", "--requests": "4",
+                                                             "--warmup": "0"}), capsys)
+    assert code == 0
+    rec = records[0]
+    assert rec["simulated"] is True and rec["time_scale"] == 10.0
+    assert 200 <= rec["mean_ttft_ms"] < 800
+    assert rec["duration"] >= 10 * 2 * (0.02 + 4 * 0.005)
+    assert rec["output_throughput"] == pytest.approx(rec["total_output_tokens"] / rec["duration"], rel=1e-3)
+
+
+def test_time_scale_auto_on_a_real_server_is_one(server: FakeServer) -> None:
+    target = loadgen.Target(server.url)
+    assert loadgen.detect_time_scale(loadgen.server_info(target)) == (1.0, False)
+
+
+def test_all_failed_level_exits_3_after_printing_it(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # Run the file itself, as servetune does on a host: a standalone script.
+    res = subprocess.run(
+        [sys.executable, str(LOADGEN), "--base-url", f"http://127.0.0.1:{port}", "--levels", "1,4",
+         "--requests", "2", "--warmup", "1", "--timeout", "5"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert res.returncode == 3, res.stderr
+    records = [json.loads(line) for line in res.stdout.splitlines()]
+    assert len(records) == 1
+    rec = records[0]
+    assert (rec["max_concurrency"], rec["completed"], rec["failed"]) == (1, 0, 2)
+    assert rec["errors"] and "ConnectionRefusedError" in rec["errors"][0]
+    assert rec["mean_ttft_ms"] is None and rec["output_throughput"] == 0.0
+
+
+@pytest.mark.parametrize("args", [
+    ["--levels", "1,2", "--requests", "1,2,3"],
+    ["--levels", "x"],
+    ["--levels", "0"],
+    ["--levels", "1", "--api", "grpc"],
+    ["--levels", "1", "--time-scale", "fast"],
+    ["--levels", "1", "--time-scale", "0"],
+    ["--levels", "1", "--warmup", "-1"],
+])
+def test_bad_args_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--base-url", "http://127.0.0.1:1", "--requests", "1"]
+    assert loadgen.main(base + args) == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_bad_base_url_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert loadgen.main(["--base-url", "127.0.0.1:30000", "--levels", "1", "--requests", "1"]) == 2
+
+
+# ---- pure logic --------------------------------------------------------------------------------------
+
+
+def fake(ttft: float, e2e: float, tokens: int, itl: list[float], prompt: int = 10) -> loadgen.RequestResult:
+    r = loadgen.RequestResult()
+    r.ok, r.ttft, r.e2e, r.output_tokens, r.itl, r.input_tokens = True, ttft, e2e, tokens, itl, prompt
+    return r
+
+
+def test_summary_math_on_a_deterministic_fake() -> None:
+    failed = loadgen.RequestResult()
+    failed.error = "ConnectionResetError: reset"
+    results = [fake(0.1, 0.5, 5, [0.1] * 4), fake(0.3, 1.1, 9, [0.1] * 8), failed, failed]
+    rec = loadgen.summarize(results, 2.0, level=2, api="sglang", input_len=10, output_len=9)
+    assert (rec["completed"], rec["failed"], rec["num_prompts"]) == (2, 2, 4)
+    assert (rec["total_input_tokens"], rec["total_output_tokens"]) == (20, 14)
+    assert rec["request_throughput"] == 1.0
+    assert (rec["input_throughput"], rec["output_throughput"], rec["total_throughput"]) == (10.0, 7.0, 17.0)
+    assert rec["mean_ttft_ms"] == pytest.approx(200.0)
+    assert rec["median_ttft_ms"] == pytest.approx(200.0)
+    assert rec["p99_ttft_ms"] == pytest.approx(100 + 200 * 0.99)
+    assert rec["mean_tpot_ms"] == pytest.approx(100.0)  # (0.5-0.1)/4 and (1.1-0.3)/8
+    assert rec["mean_itl_ms"] == pytest.approx(100.0)
+    assert rec["mean_e2e_latency_ms"] == pytest.approx(800.0)
+    assert rec["concurrency"] == pytest.approx(0.8)
+    assert rec["errors"] == ["ConnectionResetError: reset"]
+
+    scaled = loadgen.summarize(results, 2.0, level=2, api="sglang", input_len=10, output_len=9,
+                               time_scale=10.0, simulated=True)
+    assert scaled["duration"] == 20.0 and scaled["output_throughput"] == 0.7
+    assert scaled["mean_ttft_ms"] == pytest.approx(2000.0) and scaled["mean_tpot_ms"] == pytest.approx(1000.0)
+    assert scaled["simulated"] is True and scaled["time_scale"] == 10.0
+
+
+def test_one_token_outputs_have_no_tpot() -> None:
+    rec = loadgen.summarize([fake(0.1, 0.1, 1, [])], 1.0, level=1, api="openai", input_len=10, output_len=1)
+    assert rec["mean_tpot_ms"] is None and rec["mean_itl_ms"] is None and rec["mean_ttft_ms"] == 100.0
+
+
+def test_percentile_matches_numpy_linear() -> None:
+    assert loadgen.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert loadgen.percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
+    assert loadgen.percentile([5.0], 99) == 5.0
+
+
+def test_emit_writes_stdout_and_file(tmp_path: Path) -> None:
+    args = loadgen.parse_args(["--base-url", "http://127.0.0.1:1", "--levels", "1,2,3", "--requests", "4",
+                               "--out", str(tmp_path / "r.jsonl")])
+    assert args.requests == [4, 4, 4]
+    buf = io.StringIO()
+    sweep = loadgen.Sweep(args, out=buf)
+    sweep.emit({"max_concurrency": 1})
+    sweep.emit({"max_concurrency": 2})
+    expected = '{"max_concurrency": 1}\n{"max_concurrency": 2}\n'
+    assert buf.getvalue() == (tmp_path / "r.jsonl").read_text() == expected
+
+
+def test_loadgen_is_standalone_stdlib() -> None:
+    tree = ast.parse(LOADGEN.read_text())
+    modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module.split(".")[0])
+    assert modules <= set(sys.stdlib_module_names) | {"__future__"}, modules
+    ast.parse(LOADGEN.read_text(), feature_version=(3, 8))  # no syntax newer than 3.8
+
+
+# ---- sglang.bench_serving lines ----------------------------------------------------------------------
+
+BENCH_0_5_2 = {
+    "backend": "sglang", "dataset_name": "random", "request_rate": float("inf"), "max_concurrency": 16,
+    "sharegpt_output_len": None, "random_input_len": 256, "random_output_len": 128, "random_range_ratio": 1.0,
+    "duration": 10.0, "completed": 64, "total_input_tokens": 16384, "total_output_tokens": 8192,
+    "total_output_tokens_retokenized": 8190, "request_throughput": 6.4, "input_throughput": 1638.4,
+    "output_throughput": 819.2, "mean_e2e_latency_ms": 2400.0, "median_e2e_latency_ms": 2390.0,
+    "std_e2e_latency_ms": 10.0, "p99_e2e_latency_ms": 2500.0, "mean_ttft_ms": 100.0, "median_ttft_ms": 95.0,
+    "std_ttft_ms": 5.0, "p99_ttft_ms": 180.0, "mean_tpot_ms": 18.0, "median_tpot_ms": 18.0,
+    "std_tpot_ms": 1.0, "p99_tpot_ms": 21.0, "mean_itl_ms": 18.0, "median_itl_ms": 17.5, "std_itl_ms": 2.0,
+    "p95_itl_ms": 20.0,
+    "p99_itl_ms": 25.0, "concurrency": 15.4, "accept_length": None,
+}
+BENCH_0_5_10 = {"tag": None, **BENCH_0_5_2, "server_info": {"mem_fraction_static": 0.83, "version": "0.5.10"},
+                "total_input_text_tokens": 16384, "total_input_vision_tokens": 0, "total_throughput": 2457.6,
+                "p90_e2e_latency_ms": 2450.0, "max_output_tokens_per_s": 900.0, "max_concurrent_requests": 16}
+BENCH_0_5_23 = {**BENCH_0_5_10, "p95_e2e_latency_ms": 2480.0, "p90_ttft_ms": 150.0, "p95_ttft_ms": 170.0,
+                "p90_tpot_ms": 20.0, "p95_tpot_ms": 20.5, "p90_itl_ms": 19.0,
+                "errors": ["", "", "ConnectionResetError", ""]}
+
+
+@pytest.mark.parametrize("data", [BENCH_0_5_2, BENCH_0_5_10, BENCH_0_5_23], ids=["0.5.2", "0.5.10", "0.5.23"])
+def test_from_bench_serving(data: dict[str, Any]) -> None:
+    rec = loadgen.from_bench_serving(json.dumps(data))
+    assert list(rec) == list(loadgen.RECORD_KEYS)
+    assert rec["max_concurrency"] == 16 and rec["completed"] == 64
+    assert rec["total_throughput"] == pytest.approx(2457.6)
+    assert rec["p99_ttft_ms"] == 180.0 and rec["median_itl_ms"] == 17.5
+    assert rec["mean_e2e_latency_ms"] == 2400.0
+    assert rec["simulated"] is False and rec["time_scale"] == 1.0
+    if "errors" in data:
+        assert rec["failed"] == 1 and rec["errors"] == ["ConnectionResetError"] and rec["num_prompts"] == 65
+    else:
+        assert rec["failed"] is None and rec["errors"] == []
+
+
+def test_from_bench_serving_simulated_host_and_vllm_names() -> None:
+    data = {**BENCH_0_5_10, "server_info": {"simulated": True, "sim_speed": 100}}
+    rec = loadgen.from_bench_serving(json.dumps(data))
+    assert rec["simulated"] is True and rec["time_scale"] == 100.0
+    assert rec["duration"] == 1000.0 and rec["mean_ttft_ms"] == 10000.0
+    assert rec["output_throughput"] == pytest.approx(8.192)
+    vllm = loadgen.from_bench_serving(json.dumps({"max_concurrency": 4, "duration": 2.0, "completed": 8,
+                                                  "failed": 0, "total_input_tokens": 100,
+                                                  "total_output_tokens": 50, "total_token_throughput": 75.0,
+                                                  "mean_e2el_ms": 900.0}))
+    assert vllm["total_throughput"] == 75.0 and vllm["input_throughput"] == 50.0
+    assert vllm["mean_e2e_latency_ms"] == 900.0
+    with pytest.raises(ValueError):
+        loadgen.from_bench_serving("[1, 2]")

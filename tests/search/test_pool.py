@@ -1,0 +1,60 @@
+"""The host pool: one trial per host, flapping hosts set aside, the search ends when none is left."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from runners.host import Host
+from runners.transport import LocalTransport
+from search.pool import HostPool, NoHostsLeft
+
+
+def hosts(n: int) -> list[Host]:
+    return [Host(LocalTransport(f"h{i}")) for i in range(n)]
+
+
+def test_one_trial_per_host_at_a_time() -> None:
+    pool = HostPool(hosts(2))
+    a = pool.acquire()
+    b = pool.acquire()
+    assert {a.name, b.name} == {"h0", "h1"}
+    got: list[str] = []
+    t = threading.Thread(target=lambda: got.append(pool.acquire().name))
+    t.start()
+    t.join(timeout=0.3)
+    assert t.is_alive() and not got  # blocked: both hosts busy
+    pool.release(a, infra_failure=False)
+    t.join(timeout=2)
+    assert got == [a.name]
+
+
+def test_flapping_host_is_set_aside_and_others_carry_on() -> None:
+    pool = HostPool(hosts(2), max_consecutive_failures=2, cooldown=60)
+    for _ in range(2):
+        slot = next(s for s in pool.slots if s.name == "h0")
+        slot.busy = True
+        pool.release(slot, infra_failure=True, error="ssh refused")
+    states = {s["host"]: s["state"] for s in pool.states()}
+    assert states == {"h0": "set aside", "h1": "idle"}
+    assert pool.acquire().name == "h1"
+
+
+def test_success_resets_the_failure_count() -> None:
+    pool = HostPool(hosts(1), max_consecutive_failures=2)
+    slot = pool.acquire()
+    pool.release(slot, infra_failure=True, error="x")
+    slot = pool.acquire()
+    pool.release(slot, infra_failure=False)
+    slot = pool.acquire()
+    pool.release(slot, infra_failure=True, error="x")
+    assert pool.acquire().name == "h0"
+
+
+def test_no_hosts_left_ends_the_search() -> None:
+    pool = HostPool(hosts(1), max_consecutive_failures=1, cooldown=60)
+    slot = pool.acquire()
+    pool.release(slot, infra_failure=True, error="GPU busy")
+    with pytest.raises(NoHostsLeft, match="GPU busy"):
+        pool.acquire()
