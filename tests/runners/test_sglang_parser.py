@@ -215,8 +215,6 @@ FATAL_LINES: list[tuple[str, str, FailureKind]] = [
      "invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.21.5", FailureKind.NCCL_ERROR),
     ("nccl invalid usage", "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.",
      FailureKind.NCCL_ERROR),
-    ("nccl warn", "node:77292:77410 [1] init.cc:1701 NCCL WARN Invalid config blocking attribute value",
-     FailureKind.NCCL_ERROR),
     ("unhandled cuda error", "RuntimeError: NCCL communicator: unhandled cuda error (run with NCCL_DEBUG=INFO "
      "for details)", FailureKind.NCCL_ERROR),
     ("ambiguous option",
@@ -610,3 +608,10 @@ ValueError: Unsupported architecture: FooForCausalLM
     failure = SGLangEngine().classify(parse(log), 137, log)
     assert failure.kind is FailureKind.CRASH
     assert failure.reason == "server crashed in load_weights: ValueError: Unsupported architecture: FooForCausalLM"
+
+
+def test_nccl_warn_alone_is_not_fatal() -> None:
+    # NCCL_DEBUG=WARN/INFO prints WARN lines on healthy servers; only an NCCL *error* is fatal evidence.
+    parser = SGLangLogParser()
+    parser.feed("node:77292:77410 [1] init.cc:1701 NCCL WARN Invalid config blocking attribute value")
+    assert parser.fatal is None
