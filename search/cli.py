@@ -84,7 +84,10 @@ def run(
     if not no_mlflow:
         from search.tracking import MlflowTracker
 
-        tracker = MlflowTracker(settings.mlflow_uri)
+        from search.study import artifact_store
+
+        tracker = MlflowTracker(settings.mlflow_uri,
+                                optuna_artifact_store=artifact_store(settings.artifacts_dir / "optuna-artifacts"))
         callbacks.append(tracker.callback())
     from search.notes import notes_callback
 
@@ -182,7 +185,10 @@ def sync_mlflow(study: StudyOpt, storage: StorageOpt = None, mlflow_uri: MlflowO
 
     settings = _settings(storage=storage, mlflow_uri=mlflow_uri)
     st = _open(study, settings.storage)
-    result = MlflowTracker(settings.mlflow_uri).sync(st)
+    from search.study import artifact_store
+
+    store = artifact_store(settings.artifacts_dir / "optuna-artifacts")
+    result = MlflowTracker(settings.mlflow_uri, optuna_artifact_store=store).sync(st)
     console.print(f"mlflow: {result.added} run(s) added, {result.present} already present")
 
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
-from optuna_dashboard import save_note
 
 from search.records import TrialRecord
 from search.report import THIN_HEADROOM_GIB, levels_table, memory_table
@@ -47,6 +46,9 @@ class _TrialRef:
 
 def write_note(study: optuna.Study, trial: FrozenTrial | optuna.Trial) -> None:
     """Save (replace) the trial's dashboard note."""
+    # optuna_dashboard imports its web app (about a second): only when a note is written.
+    from optuna_dashboard import save_note
+
     frozen = trial if isinstance(trial, FrozenTrial) else study._storage.get_trial(trial._trial_id)
     ref: Any = trial if isinstance(trial, optuna.Trial) else _TrialRef(study, frozen._trial_id)
     save_note(ref, note_markdown(frozen))

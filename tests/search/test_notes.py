@@ -1,0 +1,104 @@
+"""optuna-dashboard notes: one per trial, with outcome, memory figures, levels and the OOM lines."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import optuna
+import optuna_dashboard
+import pytest
+from optuna_dashboard._note import get_note_from_system_attrs
+
+from search.notes import note_markdown, notes_callback, oom_lines, write_note
+from tests.search.test_report import OOM_CUDA_GRAPH_TAIL, build_study, standard_trials
+
+
+def read_note(study: optuna.Study, number: int) -> str:
+    # NOTE: get_note() wants a live optuna.Trial; read the stored note the way the dashboard does.
+    trial_id = study.trials[number]._trial_id
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    return str(get_note_from_system_attrs(attrs, trial_id)["body"])
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
+    url = f"sqlite:///{tmp_path_factory.mktemp('notes') / 'optuna.db'}"
+    return build_study(url, "qwen-h100", standard_trials())
+
+
+def test_oom_note(study: optuna.Study) -> None:
+    write_note(study, study.trials[2])
+    body = read_note(study, 2)
+    assert body.startswith("## Trial 2: PRUNED, oom in cuda_graph\n")
+    assert "**outcome** `oom` · **phase** `cuda_graph` · host `gpu-a`" in body
+    assert "> CUDA out of memory in cuda_graph: tried to allocate 3.94 GiB with 2.80 GiB free" in body
+    assert "| OOM: tried to allocate (GiB) | 3.94 |" in body
+    assert "| OOM: free at the time (GiB) | 2.80 |" in body
+    assert "| OOM phase | cuda_graph |" in body
+    section = body.split("### OOM lines from the log tail", 1)[1]
+    assert "Capture cuda graph failed: CUDA out of memory. Tried to allocate 3.94 GiB." in section
+    assert "torch.OutOfMemoryError" in section
+    assert "Load weight end" not in section and "Received sigquit" not in section
+    # Levels: none ran.
+    assert "### Results per concurrency level" not in body
+
+
+def test_complete_note_and_rewrite(study: optuna.Study) -> None:
+    write_note(study, study.trials[1])
+    write_note(study, study.trials[1])  # a second save replaces the note
+    body = read_note(study, 1)
+    assert body.count("## Trial 1: COMPLETE") == 1
+    assert "**value** 2400" in body and "sglang 0.5.23" in body
+    assert "**Thin headroom:** 0.82 GiB free after CUDA graph capture" in body
+    assert "| free after CUDA graph capture (GiB) | 0.82 |" in body
+    assert "| 16 | 2400.0 | 9.38 | 640.0 | 1440.0 | 9.0 | 17.0 | 64 | 0 |" in body
+    assert "### OOM lines" not in body
+
+
+def test_failed_note_without_telemetry(study: optuna.Study) -> None:
+    body = note_markdown(study.trials[4])
+    assert body.startswith("## Trial 4: FAIL, host_busy\n")
+    assert "> GPU 0 on gpu-b is busy" in body
+    assert "### Memory" not in body
+
+
+def test_oom_lines_split_progress_fragments() -> None:
+    tail = "Capturing batches (bs=8 avail_mem=1.0 GB)\rCUDA out of memory. Tried to allocate 2 GiB\nok line"
+    assert oom_lines(tail) == ["CUDA out of memory. Tried to allocate 2 GiB"]
+    last = oom_lines(OOM_CUDA_GRAPH_TAIL)[-1]
+    assert last == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.94 GiB."
+
+
+def test_callback_in_a_real_study(tmp_path: Path) -> None:
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}", direction="maximize")
+
+    def objective(trial: optuna.Trial) -> float:
+        x = trial.suggest_float("mem_fraction_static", 0.6, 0.95)
+        trial.set_user_attr("outcome", "ok")
+        trial.set_user_attr("mem.free_after_capture_gib", 3.5)
+        if trial.number == 1:
+            trial.set_user_attr("outcome", "oom")
+            trial.set_user_attr("phase", "decode")
+            trial.set_user_attr("log_tail", "Decode out of memory. Try to lower your batch size.")
+            raise optuna.TrialPruned("oom in decode")
+        return x
+
+    study.optimize(objective, n_trials=2, callbacks=[notes_callback()])
+    assert "## Trial 0: COMPLETE" in read_note(study, 0)
+    assert "Decode out of memory." in read_note(study, 1)
+
+
+def test_callback_never_raises(study: optuna.Study, monkeypatch: pytest.MonkeyPatch,
+                               caplog: pytest.LogCaptureFixture) -> None:
+    def broken(*_: object) -> None:
+        raise RuntimeError("storage went away")
+
+    monkeypatch.setattr(optuna_dashboard, "save_note", broken)
+    callback = notes_callback()
+    with caplog.at_level(logging.DEBUG, logger="search.notes"):
+        callback(study, study.trials[0])
+        callback(study, study.trials[1])
+    assert callback.failures == 2
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "storage went away" in warnings[0].getMessage()

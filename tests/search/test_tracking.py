@@ -1,0 +1,336 @@
+"""MLflow tracking against a real SQLite store and a real ``mlflow server`` on loopback.
+
+One child run per finished trial with params, per-level metrics and tags; logging and ``sync`` are
+idempotent; a callback that cannot reach MLflow never stops the study, and ``sync`` back-fills afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities import Run
+from optuna.artifacts import FileSystemArtifactStore
+from optuna.trial import TrialState
+
+from runners.errors import StudyError
+from search.tracking import MlflowTracker, SyncResult
+from tests.search.test_report import (
+    artifact_files,
+    build_study,
+    launch_config,
+    level,
+    make_trial,
+    standard_trials,
+    store_artifacts,
+)
+
+ARTIFACTS = ["bench.json", "launch.sh", "nvidia-smi.csv", "server.log"]
+HTTP_ENV = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
+
+
+@dataclass
+class Local:
+    root: Path
+    tracker: MlflowTracker
+    client: MlflowClient
+    store: FileSystemArtifactStore
+    storage: str
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
+    """The default tracker (``sqlite:///mlruns/mlflow.db``, artifacts in ``mlruns/``) in a fresh directory."""
+    root = tmp_path_factory.mktemp("tracking")
+    store = FileSystemArtifactStore(str(root / "optuna-artifacts"))
+    (root / "optuna-artifacts").mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        # NOTE: the default URI is relative to the working directory, as it is for `servetune run`.
+        mp.chdir(root)
+        tracker = MlflowTracker(optuna_artifact_store=store)
+        tracker.experiment_id("warm-up")  # creates mlruns/ and the MLflow tables once for the module
+        client = MlflowClient(tracker.tracking_uri)
+        yield Local(root, tracker, client, store, f"sqlite:///{root / 'optuna.db'}")
+
+
+def runs_by_trial(tracker: MlflowTracker, name: str) -> dict[int, Run]:
+    return tracker.trial_runs(name)
+
+
+def metric_steps(client: MlflowClient, run: Run, key: str) -> dict[int, float]:
+    return {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+
+
+def artifact_names(client: MlflowClient, run: Run) -> list[str]:
+    return sorted(f.path for f in client.list_artifacts(run.info.run_id))
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_default_locations(local: Local) -> None:
+    assert local.tracker.tracking_uri == "sqlite:///mlruns/mlflow.db"
+    assert (local.root / "mlruns" / "mlflow.db").is_file()
+    assert local.tracker.artifact_location == (local.root / "mlruns" / "artifacts").as_uri()
+    assert MlflowTracker("http://127.0.0.1:5000").artifact_location is None  # the server's own default
+    assert MlflowTracker("http://127.0.0.1:5000", "/data/art").artifact_location == "file:///data/art"
+
+
+def test_one_child_run_per_trial(local: Local) -> None:
+    study = build_study(local.storage, "qwen-log", standard_trials(local.root / "artifacts" / "qwen-log"))
+    tracker, client = local.tracker, local.client
+    finished = [t for t in study.trials if t.state.is_finished()]
+    assert [tracker.log_trial("qwen-log", t) for t in study.trials] == [True] * 5 + [False]  # #5 RUNNING
+    runs = runs_by_trial(tracker, "qwen-log")
+    assert sorted(runs) == [t.number for t in finished]
+
+    experiment = client.get_experiment(tracker.experiment_id("qwen-log"))
+    assert experiment.name == "qwen-log"
+    assert experiment.artifact_location == (local.root / "mlruns" / "artifacts").as_uri()
+    parents = client.search_runs([experiment.experiment_id], "tags.`servetune.kind` = 'study'")
+    assert len(parents) == 1 and parents[0].data.tags["servetune.study"] == "qwen-log"
+    parent_id = parents[0].info.run_id
+
+    ok = runs[0]
+    assert ok.info.status == "FINISHED" and ok.info.run_name == "trial-0"
+    assert ok.data.params == {
+        "mem_fraction_static": "0.8", "cuda_graph_max_bs": "128", "nccl.NCCL_ALGO": "Ring",
+        "fixed_args": "--tp 4 --trust-remote-code --moe-runner-backend triton", "engine": "sglang",
+        "engine_version": "0.5.10", "host": "gpu-a", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": "4",
+        "model_path": "/models/Qwen3-30B-A3B",
+    }
+    tags = ok.data.tags
+    assert tags["mlflow.parentRunId"] == parent_id
+    assert {k: tags[k] for k in ("servetune.study", "servetune.trial", "servetune.state", "servetune.outcome",
+                                 "engine", "servetune.simulated")} == {
+        "servetune.study": "qwen-log", "servetune.trial": "0", "servetune.state": "COMPLETE",
+        "servetune.outcome": "ok", "engine": "sglang", "servetune.simulated": "false"}
+    assert "servetune.oom_phase" not in tags
+    assert metric_steps(client, ok, "output_throughput") == {1: 180.0, 16: 2100.0}
+    assert metric_steps(client, ok, "p99_ttft_ms") == {1: 90.0, 16: 1440.0}
+    assert metric_steps(client, ok, "mean_tpot_ms") == {1: 5.25, 16: 9.0}
+    assert ok.data.metrics["mem.free_after_capture_gib"] == 4.1
+    assert ok.data.metrics["mem.kv_tokens"] == 380000
+    assert ok.data.metrics["objective"] == 2100.0
+    assert artifact_names(client, ok) == ARTIFACTS
+
+    oom = runs[2]
+    assert oom.info.status == "KILLED"
+    assert oom.data.tags["servetune.state"] == "PRUNED"
+    assert oom.data.tags["servetune.outcome"] == "oom"
+    assert oom.data.tags["servetune.oom_phase"] == "cuda_graph"
+    assert oom.data.metrics["mem.tried_to_allocate_gib"] == 3.94
+    assert "objective" not in oom.data.metrics
+    assert runs[3].data.tags["servetune.oom_phase"] == "decode"
+    assert metric_steps(client, runs[3], "failed") == {1: 0.0, 16: 64.0}
+
+    fail = runs[4]
+    assert fail.info.status == "FAILED" and fail.data.tags["servetune.outcome"] == "host_busy"
+    assert fail.data.params["host"] == "gpu-b" and "engine_version" not in fail.data.params
+    assert fail.data.tags["servetune.artifacts"] == "none recorded"
+
+    # Idempotent: logging again adds nothing, sync finds everything present.
+    assert [tracker.log_trial("qwen-log", t) for t in finished] == [False] * 5
+    assert tracker.sync(study) == SyncResult(added=0, present=5)
+    assert len(client.search_runs([experiment.experiment_id], "tags.`servetune.kind` = 'trial'")) == 5
+
+    tracker.finish_study(study)
+    parent = client.get_run(parent_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics["best_value"] == 2400.0 and parent.data.tags["servetune.best_trial"] == "1"
+    assert parent.data.metrics["n_pruned"] == 2 and parent.data.metrics["n_failed"] == 1
+    assert parent.data.metrics["n_complete"] == 2 and parent.data.metrics["n_running"] == 1
+
+
+def test_artifacts_from_optuna_store_when_local_dir_is_gone(local: Local, tmp_path: Path) -> None:
+    launch = launch_config(0.8, 64)
+    files = artifact_files(launch, "0.5.10", [level(16, 1000.0)], "ready to roll")
+    ids = store_artifacts(local.store, files)
+    gone = tmp_path / "deleted-run-dir"
+    trial = make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=64, value=1000.0, levels=[level(16, 1000.0)],
+                       artifacts_dir=gone, artifact_ids=ids, write_files=False)
+    assert not gone.exists()
+    study = build_study(local.storage, "qwen-store", [trial])
+    assert local.tracker.sync(study) == SyncResult(added=1, present=0)
+    run = runs_by_trial(local.tracker, "qwen-store")[0]
+    assert artifact_names(local.client, run) == ARTIFACTS
+    got = local.client.download_artifacts(run.info.run_id, "launch.sh", str(tmp_path))
+    assert Path(got).read_text() == files["launch.sh"]
+    assert "servetune.artifacts" not in run.data.tags
+
+
+def test_partial_run_is_replaced(local: Local) -> None:
+    study = build_study(local.storage, "qwen-partial", standard_trials()[:1])
+    experiment_id = local.tracker.experiment_id("qwen-partial")
+    # An attempt that died half-way: a RUNNING run with the trial's tag.
+    partial = local.client.create_run(experiment_id, tags={"servetune.kind": "trial", "servetune.trial": "0"})
+    assert local.tracker.sync(study) == SyncResult(added=1, present=0)
+    runs = local.client.search_runs([experiment_id], "tags.`servetune.kind` = 'trial'")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert local.client.get_run(partial.info.run_id).info.lifecycle_stage == "deleted"
+
+
+def _objective(trial: optuna.Trial) -> float:
+    x = trial.suggest_float("mem_fraction_static", 0.6, 0.95)
+    trial.set_user_attr("outcome", "ok")
+    trial.set_user_attr("levels", [level(16, 1000.0 * x)])
+    if trial.number == 1:
+        trial.set_user_attr("outcome", "oom")
+        trial.set_user_attr("phase", "decode")
+        raise optuna.TrialPruned("oom in decode")
+    return 1000.0 * x
+
+
+def test_callback_survives_unreachable_mlflow_and_sync_backfills(
+        local: Local, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    for key in HTTP_ENV:
+        monkeypatch.delenv(key, raising=False)  # the tracker sets them; undone after the test
+    bad = MlflowTracker(f"http://127.0.0.1:{closed_port()}")
+    study = optuna.create_study(storage=local.storage, study_name="qwen-offline", direction="maximize")
+    callback = bad.callback()
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="search.tracking"):
+        study.optimize(_objective, n_trials=3, callbacks=[callback])
+    assert time.monotonic() - started < 20  # fail fast: no retries
+    assert len(study.trials) == 3 and callback.failures == 3
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
+    warnings = [r.getMessage() for r in caplog.records if r.name == "search.tracking"]
+    assert len(warnings) == 1 and "unreachable" in warnings[0] and "sync-mlflow" in warnings[0]
+
+    with pytest.raises(StudyError, match=r"^MLflow at http://127\.0\.0\.1:\d+: syncing study 'qwen-offline' "
+                                         r"failed: unreachable \(connection refused\)$"):
+        bad.sync(study)
+
+    assert local.tracker.sync(study) == SyncResult(added=3, present=0)
+    assert local.tracker.sync(study) == SyncResult(added=0, present=3)
+    runs = runs_by_trial(local.tracker, "qwen-offline")
+    assert runs[1].data.tags["servetune.state"] == "PRUNED"
+    assert runs[1].data.tags["servetune.oom_phase"] == "decode"
+
+
+def test_callback_logs_each_trial(local: Local) -> None:
+    study = optuna.create_study(storage=local.storage, study_name="qwen-online", direction="maximize")
+    study.optimize(_objective, n_trials=3, callbacks=[local.tracker.callback()])
+    runs = runs_by_trial(local.tracker, "qwen-online")
+    assert sorted(runs) == [0, 1, 2]
+    assert runs[0].data.metrics["objective"] == study.trials[0].value
+    assert local.tracker.sync(study) == SyncResult(added=0, present=3)
+
+
+def test_deleted_experiment_is_a_study_error(local: Local) -> None:
+    experiment_id = local.client.create_experiment("qwen-deleted")
+    local.client.delete_experiment(experiment_id)
+    tracker = MlflowTracker(local.tracker.tracking_uri)
+    with pytest.raises(StudyError, match=r"experiment 'qwen-deleted' \(id \d+\) is deleted: restore it"):
+        tracker.experiment_id("qwen-deleted")
+
+
+def test_mlflow_is_imported_lazily() -> None:
+    code = ("import sys, search.tracking, search.export, search.report, search.notes; "
+            "sys.exit(any(m.split('.')[0] in ('mlflow', 'optuna_dashboard') for m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2], timeout=60)
+    assert result.returncode == 0
+
+
+# ---- a real `mlflow server` ------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the server's process group (its own session, recorded at start) and verify it is gone."""
+    pgid = proc.pid
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            proc.poll()
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                proc.wait(timeout=5)
+                return
+            time.sleep(0.1)
+    proc.wait(timeout=5)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = closed_port()
+    log = root / "server.log"
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job-runner processes
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+           "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+           "--workers", "1"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"mlflow server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"mlflow server not healthy after 90 s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.25)
+        yield Server(url, proc, log)
+    finally:
+        _stop_group(proc)
+
+
+@pytest.mark.slow
+def test_real_mlflow_server(mlflow_server: Server, local: Local, monkeypatch: pytest.MonkeyPatch,
+                            tmp_path: Path) -> None:
+    for key in HTTP_ENV:
+        monkeypatch.delenv(key, raising=False)
+    study = build_study(local.storage, "qwen-remote", standard_trials(tmp_path / "artifacts"))
+    tracker = MlflowTracker(mlflow_server.url)
+    callback = tracker.callback()
+    callback(study, study.trials[0])
+    assert callback.failures == 0
+    assert tracker.sync(study) == SyncResult(added=4, present=1)
+    assert tracker.sync(study) == SyncResult(added=0, present=5)
+    tracker.finish_study(study)
+
+    client = MlflowClient(mlflow_server.url)
+    runs = runs_by_trial(tracker, "qwen-remote")
+    assert sorted(runs) == [0, 1, 2, 3, 4]
+    assert runs[1].data.params["engine_version"] == "0.5.23"
+    assert runs[2].data.tags["servetune.oom_phase"] == "cuda_graph"
+    assert metric_steps(client, runs[1], "output_throughput") == {1: 190.0, 16: 2400.0}
+    experiment = client.get_experiment(tracker.experiment_id("qwen-remote"))
+    assert experiment.artifact_location.startswith("mlflow-artifacts:")
+    assert artifact_names(client, runs[0]) == ARTIFACTS  # uploaded through the server's artifact proxy
