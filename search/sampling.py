@@ -29,5 +29,6 @@ def sample(trial: optuna.Trial, space: Space) -> dict[str, Any]:
             value = trial.suggest_float(name, dist.low, dist.high, step=dist.step)
             params[name] = round(value, 6)
         else:
-            params[name] = trial.suggest_categorical(name, dist.choices)  # type: ignore[arg-type]
+            assert isinstance(dist, optuna.distributions.CategoricalDistribution)
+            params[name] = trial.suggest_categorical(name, list(dist.choices))
     return params

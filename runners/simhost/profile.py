@@ -1,0 +1,274 @@
+"""Simulated-host profiles: one YAML file describes a GPU host, a model on it, and how it behaves.
+
+A profile is the only input of the simulator besides the launch flags. Every figure it holds is a
+calibration constant, not a measurement; the shipped profiles in ``profiles/`` are calibrated on the
+incidents in ``shared/seeds`` (see each file's ``calibration`` notes).
+
+Schema (all sizes in GiB unless the name says MiB or bytes, all durations in simulated seconds or ms)::
+
+    name: str                          # short id, shown in logs and /get_server_info
+    description: str                   # free text
+    calibration: str                   # free text: where the figures come from
+
+    host:
+      gpu_name: str                    # as nvidia-smi prints it
+      gpu_count: int
+      memory_total_mib: int            # nvidia-smi memory.total; torch's "total capacity" too
+      interconnect: pcie | nvlink
+      smi_baseline_used_mib: int = 4   # memory.used with no process (driver), per GPU
+      driver_version: str = "580.95.05"
+
+    model:
+      name: str                        # e.g. deepseek-ai/DeepSeek-V4-Flash
+      architecture: str                # class name in "Load weight end. type=..."
+      dtype: str = bfloat16            # "dtype=torch.<dtype>" in the 0.5.2-era log line
+      attention: mla | mha             # mla: one latent KV per token on every rank; mha: K and V split by TP
+      context_length: int              # the model's default context length
+      reference_tp: int                # the TP size the per-GPU figures below were taken at
+      weights_gib_per_gpu: float       # at reference_tp; or give weights_gib_total (split by TP)
+      weights_gib_total: float
+      replicated_weights_gib: float = 0   # part of the weights every rank holds (embeddings, ...)
+      weight_shard_gib: float = 2.0    # largest single tensor copied while loading (the OOM allocation)
+      kv_bytes_per_token: int          # per GPU, at reference_tp and kv_cache_dtype_default
+      kv_cache_dtype_default: str = bfloat16   # what --kv-cache-dtype auto means for this model
+      default_max_running_requests: int | None  # model-specific override SGLang applies when the
+                                                # flag is absent (e.g. 256 for DeepSeek-V4)
+      piecewise_cuda_graph: bool = false        # whether 0.5.10-style piecewise graphs are on
+                                                # (only changes the mem-fraction heuristic)
+
+    memory:
+      cuda_context_gib: float          # per process and GPU, before anything else
+      nccl_base_gib: float             # NCCL buffers with TP>1 ...
+      nccl_per_peer_gib: float         # ... plus this per other rank
+      misc_static_gib: float           # buffers allocated with the memory pool besides the KV cache
+                                       # (the req_to_token table is computed: rows x (context+4) x 4 B)
+      graph_pool_base_gib: float       # CUDA-graph private pool: base + per_bs * max captured bs
+      graph_pool_per_bs_gib: float     #   (allocated in one piece when the largest graph is captured)
+      graph_pool_per_graph_gib: float  #   + this for every further captured batch size
+      graph_workspace_gib: float       # contiguous workspace held while capturing, released after
+      prefill_activation_mib_per_token: float   # transient per token of a prefill (chunked) batch
+      prefill_largest_alloc_fraction: float     # share of it that is one allocation (the OOM size)
+      eager_decode_mib_per_request: float       # transient per request of a decode batch run eagerly
+                                                # (larger than the largest captured graph)
+      eager_largest_alloc_fraction: float
+      warmup_transient_gib: float      # kept after the first forward (sampler/logits buffers)
+      fragmentation_gib: float         # allowance: the largest contiguous block is free - this
+
+    timing:
+      dist_init_s: float               # torch.distributed + NCCL init
+      weight_load_s: float             # loading all weights
+      kv_alloc_s: float = 1.0
+      capture_base_s: float            # CUDA-graph capture: base + per graph
+      capture_per_graph_s: float
+      torch_compile_capture_factor: float = 3.0   # capture takes this much longer with torch.compile
+      server_start_s: float = 2.0      # tokenizer manager, detokenizer, HTTP server
+      warmup_s: float = 3.0            # first-forward overheads of the warm-up request (JIT, ...)
+      decode_base_ms: float            # graph-mode decode step: base + per_request * padded batch size
+      decode_per_request_ms: float
+      scheduler_overhead_ms: float     # share of decode_base_ms paid once per scheduler round trip
+                                       # (saved by --num-continuous-decode-steps k: base - o*(1-1/k))
+      eager_multiplier: float          # eager step = graph step(N) * multiplier + extra
+      eager_extra_ms: float
+      prefill_base_ms: float           # prefill batch: base + per_token * tokens
+      prefill_per_token_ms: float
+      torch_compile_factor: float = 0.95   # step-time factor for batches <= --torch-compile-max-bs
+      noise_pct: float = 2.0           # run-to-run noise (one factor per run, seedable), percent
+      nccl:
+        allreduce_share_pcie: float    # share of a step spent in NCCL all-reduce (PCIe, TP>=4 or
+                                       # custom all-reduce disabled), at default NCCL settings
+        allreduce_share_nvlink: float
+        auto_algo: Ring                # what NCCL picks by itself (factor 1 by definition) ...
+        auto_proto: Simple             # ... when the variables are unset or still allow it
+        proto_factor: {LL: .., LL128: .., Simple: ..}    # all-reduce time when NCCL is forced to one
+        algo_factor: {Ring: .., Tree: .., NVLS: .., NVLSTree: ..}
+        p2p_disable_factor: float      # NCCL_P2P_DISABLE=1 / NCCL_P2P_LEVEL=LOC (through host memory)
+        shm_disable_factor: float      # ... and NCCL_SHM_DISABLE=1 too (sockets)
+
+Durations are simulated; the server divides them by its ``--sim-speed``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "HostSpec",
+    "MemorySpec",
+    "ModelSpec",
+    "NcclTiming",
+    "ProfileError",
+    "SimProfile",
+    "TimingSpec",
+    "load_profile",
+    "shipped_profile",
+    "shipped_profiles",
+]
+
+PROFILES_DIR = Path(__file__).with_name("profiles")
+
+
+class ProfileError(ValueError):
+    """A profile file is missing, is not YAML, or does not match the schema."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HostSpec(_Frozen):
+    gpu_name: str
+    gpu_count: int = Field(ge=1, le=64)
+    memory_total_mib: int = Field(gt=0)
+    interconnect: Literal["pcie", "nvlink"]
+    smi_baseline_used_mib: int = Field(default=4, ge=0)
+    driver_version: str = "580.95.05"
+
+    @property
+    def memory_total_gib(self) -> float:
+        return self.memory_total_mib / 1024.0
+
+
+class ModelSpec(_Frozen):
+    name: str
+    architecture: str
+    dtype: str = "bfloat16"
+    attention: Literal["mla", "mha"]
+    context_length: int = Field(gt=0)
+    reference_tp: int = Field(default=1, ge=1)
+    weights_gib_per_gpu: float | None = Field(default=None, gt=0)
+    weights_gib_total: float | None = Field(default=None, gt=0)
+    replicated_weights_gib: float = Field(default=0.0, ge=0)
+    weight_shard_gib: float = Field(default=2.0, gt=0)
+    kv_bytes_per_token: int = Field(gt=0)
+    kv_cache_dtype_default: str = "bfloat16"
+    default_max_running_requests: int | None = Field(default=None, gt=0)
+    piecewise_cuda_graph: bool = False
+
+    @model_validator(mode="after")
+    def _one_weight_figure(self) -> ModelSpec:
+        if (self.weights_gib_per_gpu is None) == (self.weights_gib_total is None):
+            raise ValueError("give exactly one of weights_gib_per_gpu and weights_gib_total")
+        return self
+
+    def weights_total(self) -> float:
+        """Total weights over all ranks at the reference TP, replicated part counted once."""
+        if self.weights_gib_total is not None:
+            return self.weights_gib_total
+        assert self.weights_gib_per_gpu is not None
+        sharded = self.weights_gib_per_gpu - self.replicated_weights_gib
+        return sharded * self.reference_tp + self.replicated_weights_gib
+
+    def weights_per_gpu(self, tp: int) -> float:
+        """Weights one rank holds at TP ``tp``."""
+        if self.weights_gib_per_gpu is not None and tp == self.reference_tp:
+            return self.weights_gib_per_gpu
+        sharded = self.weights_total() - self.replicated_weights_gib
+        return sharded / tp + self.replicated_weights_gib
+
+    def kv_bytes(self, tp: int, dtype_bytes_ratio: float) -> float:
+        """KV-cache bytes per token on one rank, for TP ``tp`` and a dtype size ratio to the default."""
+        per = float(self.kv_bytes_per_token) * dtype_bytes_ratio
+        if self.attention == "mha":
+            per = per * self.reference_tp / tp
+        return per
+
+
+class MemorySpec(_Frozen):
+    cuda_context_gib: float = Field(ge=0)
+    nccl_base_gib: float = Field(ge=0)
+    nccl_per_peer_gib: float = Field(ge=0)
+    misc_static_gib: float = Field(default=0.0, ge=0)
+    graph_pool_base_gib: float = Field(ge=0)
+    graph_pool_per_bs_gib: float = Field(ge=0)
+    graph_pool_per_graph_gib: float = Field(ge=0)
+    graph_workspace_gib: float = Field(ge=0)
+    prefill_activation_mib_per_token: float = Field(ge=0)
+    prefill_largest_alloc_fraction: float = Field(default=0.5, gt=0, le=1)
+    eager_decode_mib_per_request: float = Field(ge=0)
+    eager_largest_alloc_fraction: float = Field(default=0.5, gt=0, le=1)
+    warmup_transient_gib: float = Field(default=0.0, ge=0)
+    fragmentation_gib: float = Field(default=0.0, ge=0)
+
+
+class NcclTiming(_Frozen):
+    allreduce_share_pcie: float = Field(ge=0, lt=1)
+    allreduce_share_nvlink: float = Field(default=0.03, ge=0, lt=1)
+    auto_algo: str = "Ring"
+    auto_proto: str = "Simple"
+    proto_factor: dict[str, float] = Field(default_factory=lambda: {"LL": 1.0, "LL128": 1.0, "Simple": 1.0})
+    algo_factor: dict[str, float] = Field(default_factory=lambda: {"Ring": 1.0, "Tree": 1.0})
+    p2p_disable_factor: float = Field(default=1.5, gt=0)
+    shm_disable_factor: float = Field(default=3.0, gt=0)
+
+
+class TimingSpec(_Frozen):
+    dist_init_s: float = Field(ge=0)
+    weight_load_s: float = Field(ge=0)
+    kv_alloc_s: float = Field(default=1.0, ge=0)
+    capture_base_s: float = Field(ge=0)
+    capture_per_graph_s: float = Field(ge=0)
+    torch_compile_capture_factor: float = Field(default=3.0, ge=1)
+    server_start_s: float = Field(default=2.0, ge=0)
+    warmup_s: float = Field(default=3.0, ge=0)
+    decode_base_ms: float = Field(gt=0)
+    decode_per_request_ms: float = Field(ge=0)
+    scheduler_overhead_ms: float = Field(default=0.0, ge=0)
+    eager_multiplier: float = Field(default=1.0, ge=1)
+    eager_extra_ms: float = Field(default=0.0, ge=0)
+    prefill_base_ms: float = Field(ge=0)
+    prefill_per_token_ms: float = Field(ge=0)
+    torch_compile_factor: float = Field(default=0.95, gt=0)
+    noise_pct: float = Field(default=2.0, ge=0, le=50)
+    nccl: NcclTiming
+
+    @model_validator(mode="after")
+    def _overhead_within_base(self) -> TimingSpec:
+        if self.scheduler_overhead_ms > self.decode_base_ms:
+            raise ValueError("scheduler_overhead_ms must not exceed decode_base_ms")
+        return self
+
+
+class SimProfile(_Frozen):
+    name: str
+    description: str = ""
+    calibration: str = ""
+    host: HostSpec
+    model: ModelSpec
+    memory: MemorySpec
+    timing: TimingSpec
+
+
+def load_profile(path: str | Path) -> SimProfile:
+    """Read and validate one profile file; raise :class:`ProfileError` with a one-line reason."""
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProfileError(f"cannot read profile {p}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"profile {p} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ProfileError(f"profile {p} must be a mapping at the top level")
+    try:
+        return SimProfile.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ProfileError(f"profile {p}: {where}: {first['msg']} ({exc.error_count()} error(s))") from exc
+
+
+def shipped_profiles() -> list[Path]:
+    """The profile files that ship with the package."""
+    return sorted(PROFILES_DIR.glob("*.yaml"))
+
+
+def shipped_profile(name: str) -> Path:
+    """Path of a shipped profile by file stem (``dsv4-flash-tp4-rtxpro6000``)."""
+    path = PROFILES_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ProfileError(f"no shipped profile named {name!r}")
+    return path

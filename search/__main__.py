@@ -1,0 +1,5 @@
+"""``python -m search`` = the ``servetune`` command."""
+
+from search.cli import main
+
+main()

@@ -1,0 +1,219 @@
+"""One contract for :class:`runners.host.Host`, run on the local transport and on SSH through a real sshd.
+
+Every test gets ``make_host``: a factory of fresh Host objects (a new one is what a restarted controller
+would have) sharing one runs_root, on the transport of the parameter.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from runners.errors import CommandTimeout, NotOurProcess
+from runners.host import Host, RunRef
+from runners.inventory import HostSpec, open_host
+from runners.transport import LineStream
+from tests.fixtures.sshd import SshServer
+
+MakeHost = Callable[[], Host]
+
+
+@pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.ssh)])
+def make_host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeHost]:
+    runs_root = str(tmp_path / "runs")
+    if request.param == "local":
+        spec = HostSpec(address="local", runs_root=runs_root)
+    else:
+        server: SshServer = request.getfixturevalue("sshd")
+        known_hosts: Path = request.getfixturevalue("known_hosts")
+        spec = server.spec(known_hosts, runs_root=runs_root)
+    made: list[Host] = []
+
+    def make() -> Host:
+        host = open_host(spec, ssh_config=None)
+        made.append(host)
+        return host
+
+    try:
+        yield make
+    finally:
+        # Whatever a failed test left running under its runs_root is stopped by its recorded group.
+        open_host(HostSpec(address="local", name=spec.name, runs_root=runs_root)).cleanup_orphans(grace=1)
+        for host in made:
+            host.close()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+def _wait_gone(pid: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while not _gone(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _first_line_with(stream: LineStream, text: str) -> str:
+    try:
+        for line in stream:
+            if text in line:
+                return line
+        raise AssertionError(f"stream ended before a line with {text!r}")
+    finally:
+        stream.close()
+
+
+def _start(host: Host, script: str, *, trial: str | None = None) -> RunRef:
+    trial = trial or uuid.uuid4().hex[:8]
+    return host.start(host.run_dir("contract", trial), script, run_id=f"run-{trial}")
+
+
+LONG_SERVER = "echo ready; exec sleep 60\n"
+TERM_IGNORING_SERVER = "trap '' TERM\necho ready\nwhile :; do sleep 0.1; done\n"
+
+
+class TestHostContract:
+    # ---- run ------------------------------------------------------------------------------------
+
+    def test_run_returns_stdout_stderr_and_exit_code(self, make_host: MakeHost) -> None:
+        res = make_host().run("echo out; echo err >&2; exit 3")
+        assert (res.rc, res.stdout, res.stderr, res.ok) == (3, "out\n", "err\n", False)
+
+    def test_run_feeds_stdin_and_quotes_the_command(self, make_host: MakeHost) -> None:
+        host = make_host()
+        res = host.transport.run("tr a-z A-Z; echo \"$1\" 'single' $((1+1))", stdin=b"abc\n")
+        assert res.ok
+        assert res.stdout == "ABC\n single 2\n"
+
+    def test_run_exports_host_env(self, make_host: MakeHost) -> None:
+        host = make_host()
+        host.env["SERVETUNE_TEST_VALUE"] = "a b'c"
+        assert host.run('printf %s "$SERVETUNE_TEST_VALUE"').stdout == "a b'c"
+
+    def test_run_timeout_raises_and_the_command_is_killed(self, make_host: MakeHost, tmp_path: Path) -> None:
+        pidfile = tmp_path / "pid"
+        with pytest.raises(CommandTimeout):
+            make_host().run(f"echo $$ > {pidfile}; exec sleep 30", timeout=0.5)
+        assert _wait_gone(int(pidfile.read_text()))
+
+    # ---- stream ---------------------------------------------------------------------------------
+
+    def test_stream_yields_lines_and_exit_code(self, make_host: MakeHost) -> None:
+        stream = make_host().stream("echo one; echo; echo 'three  spaced'; printf 'no newline'; exit 5")
+        assert list(stream) == ["one", "", "three  spaced", "no newline"]
+        assert stream.exit_code == 5
+
+    def test_stream_is_live_and_close_stops_the_command(self, make_host: MakeHost) -> None:
+        stream = make_host().stream("echo $$; exec sleep 30")
+        pid = int(next(iter(stream)))
+        assert not _gone(pid), "the first line arrived while the command still ran"
+        stream.close()
+        assert stream.exit_code is None
+        assert _wait_gone(pid)
+
+    # ---- put ------------------------------------------------------------------------------------
+
+    def test_put_writes_with_mode_and_replaces_atomically(self, make_host: MakeHost, tmp_path: Path) -> None:
+        host = make_host()
+        target = tmp_path / "dir" / "file.sh"
+        target.parent.mkdir()
+        host.transport.put(str(target), b"first\n", mode=0o755)
+        assert target.read_bytes() == b"first\n"
+        assert target.stat().st_mode & 0o777 == 0o755
+        host.transport.put(str(target), b"second\n", mode=0o600)
+        assert target.read_bytes() == b"second\n"
+        assert target.stat().st_mode & 0o777 == 0o600
+        assert [p.name for p in target.parent.iterdir()] == ["file.sh"], "no temporary file left behind"
+
+    # ---- servers --------------------------------------------------------------------------------
+
+    def test_detached_server_log_is_followed_and_exit_code_captured(self, make_host: MakeHost) -> None:
+        host = make_host()
+        ref = _start(host, "echo starting\nsleep 0.3\necho 'ready to roll'\nexit 7\n")
+        stream = host.follow(ref)
+        lines = list(stream)
+        assert lines[:2] == ["starting", "ready to roll"]
+        assert stream.exit_code == 0
+        assert host.exit_code(ref) == 7
+        assert not host.alive(ref)
+        assert host.read(ref.log_path) == "starting\nready to roll\n"
+
+    def test_stop_sends_term_and_verifies_the_group_is_gone(self, make_host: MakeHost) -> None:
+        host = make_host()
+        ref = _start(host, LONG_SERVER)
+        _first_line_with(host.follow(ref), "ready")
+        members = host.members(ref)
+        assert ref.pgid in members
+        result = host.stop(ref, grace=5)
+        assert result.method == "term"
+        assert result.survivors == ()
+        assert host.members(ref) == []
+        assert all(_gone(pid) for pid in members)
+
+    def test_stop_kills_a_server_that_ignores_sigterm(self, make_host: MakeHost) -> None:
+        host = make_host()
+        ref = _start(host, TERM_IGNORING_SERVER)
+        _first_line_with(host.follow(ref), "ready")
+        members = host.members(ref)
+        result = host.stop(ref, grace=1.0)
+        assert result.method == "kill"
+        assert host.members(ref) == []
+        assert all(_gone(pid) for pid in members)
+
+    def test_stop_of_a_finished_server_reports_gone(self, make_host: MakeHost) -> None:
+        host = make_host()
+        ref = _start(host, "exit 0\n")
+        list(host.follow(ref))
+        assert host.stop(ref, grace=1).method == "gone"
+
+    def test_stop_refuses_a_foreign_process_group(self, make_host: MakeHost, tmp_path: Path) -> None:
+        host = make_host()
+        res = host.run("setsid sleep 60 < /dev/null > /dev/null 2>&1 & echo $!")
+        pid = int(res.stdout.strip())
+        try:
+            with pytest.raises(NotOurProcess):
+                host.stop(RunRef(str(tmp_path), pid, "run-not-this-one"), grace=1)
+            assert not _gone(pid), "a foreign group must not be signalled"
+        finally:
+            os.kill(pid, signal.SIGKILL)  # our own test process, by its PID
+        assert _wait_gone(pid)
+
+    def test_stop_refuses_a_server_of_another_run(self, make_host: MakeHost) -> None:
+        host = make_host()
+        ref = _start(host, LONG_SERVER)
+        with pytest.raises(NotOurProcess):
+            host.stop(RunRef(ref.run_dir, ref.pgid, "run-someone-else"), grace=1)
+        assert host.alive(ref)
+        assert host.stop(ref, grace=5).method == "term"
+
+    def test_orphans_are_found_and_cleaned_by_a_new_controller(self, make_host: MakeHost) -> None:
+        first = make_host()
+        running = _start(first, LONG_SERVER, trial="running")
+        finished = _start(first, "exit 0\n", trial="finished")
+        list(first.follow(finished))
+        members = first.members(running)
+        first.close()  # the controller goes away; the server stays
+
+        second = make_host()
+        assert second.orphans() == [running]
+        other = Host(second.transport, runs_root=second.runs_root)
+        other.name = "some-other-host"
+        assert other.orphans() == [], "orphans are kept per host name"
+
+        assert second.cleanup_orphans(grace=5) == [running]
+        assert second.members(running) == []
+        assert all(_gone(pid) for pid in members)
+        assert second.orphans() == []

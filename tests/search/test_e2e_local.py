@@ -1,0 +1,193 @@
+"""End to end on this machine: a space file in; a study of launched and benchmarked simulated servers out.
+
+Real processes (the simulated SGLang host), real HTTP, a real SQLite Optuna storage and MLflow store.
+The trials are enqueued so the outcomes are the seed incidents, not luck:
+
+* 0.70 / --cuda-graph-max-bs 32: serves C=1 and C=16, dies in eager decode at C=64 (seed 003) -> PRUNED;
+* 0.62 / 64: serves C=64 -> COMPLETE;
+* NCCL_ALGO=NVLS on a PCIe host: NCCL error at start-up -> PRUNED nccl_error, not an OOM;
+* the 0.62 / 64 configuration again -> not run twice, its result reused.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from search.hosts import local_host
+from search.run import RunOptions, run_search
+from search.study import create_or_load, open_storage
+from search.tracking import MlflowTracker
+from spaces.schema import load_space
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE = ROOT / "runners/simhost/profiles/dsv4-flash-nvfp4-tp4-rtxpro6000.yaml"
+
+BASE = {"num_continuous_decode_steps": 1, "nccl.NCCL_PROTO": "unset", "nccl.NCCL_ALGO": "unset"}
+
+
+def make_space(tmp_path: Path, **overrides: object) -> Path:
+    data = yaml.safe_load((ROOT / "spaces/demo-sim.yaml").read_text())
+    data["engine"]["sim"]["profile"] = str(PROFILE)
+    data["engine"]["sim"]["speed"] = 100
+    data["port"] = 30211
+    data["workload"] = {"input_len": 128, "output_len": 96, "concurrency": [1, 16, 64],
+                        "requests_per_level": [1, 16, 64], "warmup_requests": 1}
+    data["knobs"]["nccl"] = {"NCCL_PROTO": ["unset", "LL"], "NCCL_ALGO": ["unset", "Ring", "NVLS"]}
+    data.update(overrides)
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "search", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, optuna.Study]:
+    wd = tmp_path_factory.mktemp("e2e")
+    space_path = make_space(wd)
+    space = load_space(space_path)
+    url = f"sqlite:///{wd}/servetune.db"
+    study = create_or_load(open_storage(url), "e2e")
+    study.enqueue_trial({**BASE, "mem_fraction_static": 0.70, "cuda_graph_max_bs": 32})
+    study.enqueue_trial({**BASE, "mem_fraction_static": 0.62, "cuda_graph_max_bs": 64})
+    study.enqueue_trial({**BASE, "mem_fraction_static": 0.62, "cuda_graph_max_bs": 64,
+                         "nccl.NCCL_ALGO": "NVLS"})
+    study.enqueue_trial({**BASE, "mem_fraction_static": 0.62, "cuda_graph_max_bs": 64})
+    tracker = MlflowTracker(f"sqlite:///{wd}/mlruns/mlflow.db", artifact_root=str(wd / "mlruns" / "artifacts"))
+    host = local_host(space, runs_root=str(wd / "runs"), sim_dir=wd / "sim")
+    options = RunOptions(study_name="e2e", storage_url=url, artifacts_dir=wd / "artifacts", n_trials=4,
+                         timeout=None, seed=3, callbacks=[tracker.callback()], smi_interval=0.2)
+    summary = run_search(space, [host], options)
+    return wd, summary.study
+
+
+def by_number(study: optuna.Study) -> dict[int, optuna.trial.FrozenTrial]:
+    return {t.number: t for t in study.get_trials()}
+
+
+def test_eager_decode_oom_is_pruned_with_telemetry(searched: tuple[Path, optuna.Study]) -> None:
+    _, study = searched
+    t = by_number(study)[0]
+    assert t.state == TrialState.PRUNED
+    attrs = t.user_attrs
+    assert attrs["outcome"] == "oom"
+    assert attrs["phase"] == "decode"
+    assert attrs["mem.oom_phase"] == "decode"
+    assert attrs["mem.tried_to_allocate_gib"] == pytest.approx(3.94, rel=0.1)
+    assert attrs["mem.free_at_oom_gib"] == pytest.approx(2.8, rel=0.1)
+    assert attrs["mem.free_after_capture_gib"] > 0
+    assert attrs["mem.kv_tokens"] > 0
+    assert attrs["level_reached"] == 16  # C=1 and C=16 were served before C=64 killed it
+    assert [lv["max_concurrency"] for lv in attrs["levels"]][:2] == [1, 16]
+    assert "CUDA out of memory" in attrs["log_tail"]
+    assert attrs["simulated"] is True
+    assert t.intermediate_values[1] > 0 and t.intermediate_values[16] > 0
+
+
+def test_surviving_config_completes_with_the_objective(searched: tuple[Path, optuna.Study]) -> None:
+    _, study = searched
+    t = by_number(study)[1]
+    assert t.state == TrialState.COMPLETE
+    c64 = next(lv for lv in t.user_attrs["levels"] if lv["max_concurrency"] == 64)
+    assert t.value == pytest.approx(c64["output_throughput"])
+    assert c64["completed"] == 64 and c64["failed"] == 0
+    assert c64["simulated"] is True
+    assert t.user_attrs["outcome"] == "ok"
+    assert set(t.intermediate_values) == {1, 16, 64}
+    assert "--cuda-graph-max-bs" in t.user_attrs["argv"]
+
+
+def test_illegal_nccl_combination_is_not_an_oom(searched: tuple[Path, optuna.Study]) -> None:
+    _, study = searched
+    t = by_number(study)[2]
+    assert t.state == TrialState.PRUNED
+    assert t.user_attrs["outcome"] == "nccl_error"
+    assert t.user_attrs["env"]["NCCL_ALGO"] == "NVLS"
+
+
+def test_measured_configuration_is_not_run_again(searched: tuple[Path, optuna.Study]) -> None:
+    wd, study = searched
+    t = by_number(study)[3]
+    assert t.state == TrialState.COMPLETE
+    assert t.user_attrs["duplicate_of"] == 1
+    assert t.value == by_number(study)[1].value
+    assert not (wd / "runs" / "e2e" / "3").exists()
+
+
+def test_servers_are_gone_and_artifacts_kept(searched: tuple[Path, optuna.Study]) -> None:
+    wd, study = searched
+    for number in (0, 1, 2):
+        t = by_number(study)[number]
+        art = Path(t.user_attrs["artifacts_dir"])
+        assert (art / "server.log").read_text()
+        assert (art / "launch.sh").read_text().startswith("#!/usr/bin/env bash")
+        assert set(t.user_attrs["artifact_ids"]) == {"server.log", "launch.sh", "bench.json", "nvidia-smi.csv"}
+        assert not (wd / "runs" / "e2e" / str(number) / "scratch").exists()
+    smi = subprocess.run(["bash", "-c", f"PATH={wd}/sim/bin:$PATH SERVETUNE_SIM_STATE={wd}/sim/state "
+                          "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True)
+    assert smi.stdout.strip() == ""  # no simulated GPU memory left held
+
+
+def test_every_trial_is_in_mlflow(searched: tuple[Path, optuna.Study]) -> None:
+    wd, study = searched
+    tracker = MlflowTracker(f"sqlite:///{wd}/mlruns/mlflow.db", artifact_root=str(wd / "mlruns" / "artifacts"))
+    runs = tracker.trial_runs("e2e")
+    assert set(runs) == {t.number for t in study.trials}
+    pruned = runs[0]
+    assert pruned.data.tags["servetune.state"] == "PRUNED"
+    assert pruned.data.tags["servetune.oom_phase"] == "decode"
+    assert pruned.data.tags["engine"] == "sim"
+    assert tracker.sync(study).added == 0  # idempotent
+
+
+def test_cli_trials_export_and_resume(searched: tuple[Path, optuna.Study]) -> None:
+    wd, _ = searched
+    storage = f"sqlite:///{wd}/servetune.db"
+    res = cli("trials", "--study", "e2e", "--storage", storage, "--json", cwd=wd)
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert [r["state"] for r in rows] == ["PRUNED", "COMPLETE", "PRUNED", "COMPLETE"]
+    out = wd / "best.sh"
+    res = cli("export", "--study", "e2e", "--storage", storage, "-o", str(out), cwd=wd)
+    assert res.returncode == 0, res.stderr
+    assert subprocess.run(["bash", "-n", str(out)], check=False).returncode == 0
+    assert "--mem-fraction-static 0.62" in out.read_text()
+    # The same command again resumes the study: one more trial, numbered after the others.
+    res = cli("run", str(wd / "space.yaml"), "--study", "e2e", "--storage", storage, "--n-trials", "5",
+              "--no-mlflow", "--no-live", "--artifacts-dir", str(wd / "artifacts"), cwd=wd)
+    assert res.returncode == 0, res.stderr + res.stdout
+    study = optuna.load_study(study_name="e2e", storage=storage)
+    assert len(study.trials) >= 5
+    assert {t.number for t in study.trials} == set(range(len(study.trials)))
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["run", "missing.yaml"], "no such space file"),
+        (["trials", "--study", "nope"], "does not exist"),
+        (["trials", "--study", "x", "--storage", "postgresql+psycopg://u@127.0.0.1:1/db"], "unreachable"),
+        (["trials", "--study", "x", "--storage", "nonsense://"], "not a usable SQLAlchemy URL"),
+        (["export", "--study", "nope"], "does not exist"),
+    ],
+)
+def test_bad_input_is_one_line_and_nonzero(tmp_path: Path, args: list[str], needle: str) -> None:
+    res = cli(*args, cwd=tmp_path)
+    assert res.returncode != 0
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "servetune.db").exists()  # nothing half-written

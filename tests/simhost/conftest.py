@@ -1,0 +1,209 @@
+"""Fixtures that start the simulated SGLang host as a real process on 127.0.0.1 and talk to it."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILES = REPO / "runners" / "simhost" / "profiles"
+READY = "The server is fired up and ready to roll!"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def profile_path(name: str) -> str:
+    return str(PROFILES / f"{name}.yaml")
+
+
+@dataclass
+class StreamResult:
+    ok: bool
+    ttft_s: float = 0.0
+    tpot_s: float = 0.0
+    completion_tokens: int = 0
+    error: str = ""
+
+
+@dataclass
+class SimProc:
+    """One simulated server process, started in its own session; stopped by its process group."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    state_dir: Path
+    speed: float
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def wait_ready(self, timeout: float = 30.0) -> bool:
+        """True once the ready line is logged; False if the process exited first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if READY in self.log():
+                return True
+            if self.proc.poll() is not None:
+                return READY in self.log()
+            time.sleep(0.02)
+        raise AssertionError(f"server neither ready nor dead after {timeout}s:\n{self.log()[-3000:]}")
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def server_info(self) -> dict[str, object]:
+        status, body = self.get("/get_server_info")
+        assert status == 200
+        data: dict[str, object] = json.loads(body)
+        return data
+
+    def stream(self, input_len: int, output_len: int, timeout: float = 60.0) -> StreamResult:
+        """One streaming /v1/completions request; TTFT and TPOT measured on the wall clock."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        body = json.dumps({"model": "m", "prompt": "x", "sim_input_len": input_len, "max_tokens": output_len,
+                           "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+        try:
+            t0 = time.monotonic()
+            conn.request("POST", "/v1/completions", body=body, headers={"content-type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                return StreamResult(ok=False, error=f"HTTP {resp.status}: {resp.read()[:200]!r}")
+            first = last = None
+            usage_tokens = 0
+            while True:
+                line = resp.readline()
+                if not line:
+                    return StreamResult(ok=False, error="stream ended before [DONE]")
+                line = line.strip()
+                if not line.startswith(b"data: "):
+                    continue
+                payload = line[6:]
+                if payload == b"[DONE]":
+                    break
+                chunk = json.loads(payload)
+                if chunk.get("usage"):
+                    usage_tokens = chunk["usage"]["completion_tokens"]
+                if chunk["choices"] and chunk["choices"][0]["text"]:
+                    now = time.monotonic()
+                    first = first if first is not None else now
+                    last = now
+            assert first is not None and last is not None
+            tpot = (last - first) / (usage_tokens - 1) if usage_tokens > 1 else 0.0
+            return StreamResult(ok=True, ttft_s=first - t0, tpot_s=tpot, completion_tokens=usage_tokens)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            return StreamResult(ok=False, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            conn.close()
+
+    def load(self, concurrency: int, requests: int, input_len: int, output_len: int) -> list[StreamResult]:
+        """Closed-loop streaming load: ``concurrency`` clients share ``requests`` requests."""
+        results: list[StreamResult] = []
+        lock = threading.Lock()
+        left = [requests]
+
+        def client() -> None:
+            while True:
+                with lock:
+                    if left[0] == 0:
+                        return
+                    left[0] -= 1
+                r = self.stream(input_len, output_len)
+                with lock:
+                    results.append(r)
+                if not r.ok:
+                    return
+
+        threads = [threading.Thread(target=client) for _ in range(concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        return results
+
+
+class SimHostFactory:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.state_dir = tmp_path / "state"
+        self.procs: list[SimProc] = []
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SERVETUNE_SIM", "NCCL_"))}
+        env["SERVETUNE_SIM_STATE"] = str(self.state_dir)
+        env["PYTHONPATH"] = str(REPO)
+        env.update(extra or {})
+        return env
+
+    def start(self, profile: str, *flags: str, speed: float = 500, seed: int = 7,
+              env: dict[str, str] | None = None, sim_flags: tuple[str, ...] = ()) -> SimProc:
+        port = free_port()
+        log_path = self.tmp_path / f"server-{len(self.procs)}.log"
+        cmd = [sys.executable, "-m", "runners.simhost.server", "--sim-profile", profile_path(profile),
+               "--host", "127.0.0.1", "--port", str(port), "--sim-speed", str(speed), "--sim-seed", str(seed),
+               *sim_flags, *flags]
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env(env), cwd=REPO,
+                                    start_new_session=True)
+        sp = SimProc(proc=proc, port=port, log_path=log_path, state_dir=self.state_dir, speed=speed)
+        self.procs.append(sp)
+        return sp
+
+    def smi(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "runners.simhost.smi", *args], env=self.env(), cwd=REPO,
+                              capture_output=True, text=True, timeout=30, check=False)
+
+    def stop_all(self) -> None:
+        for sp in self.procs:
+            if sp.proc.poll() is None:
+                try:
+                    os.killpg(sp.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                sp.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def simhost(tmp_path: Path) -> Iterator[SimHostFactory]:
+    factory = SimHostFactory(tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+
+
+def log_value(log: str, pattern: str) -> str:
+    m = re.search(pattern, log)
+    assert m, f"{pattern!r} not in log:\n{log[-3000:]}"
+    return m.group(1)
