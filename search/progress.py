@@ -120,27 +120,40 @@ class Progress:
 
 
 def _line(rec: TrialRecord, metric: str) -> str:
-    params = ", ".join(f"{k}={v}" for k, v in rec.params.items())
+    params = ", ".join(f"{_short(k)}={_value(v)}" for k, v in rec.params.items())
     if rec.state == "COMPLETE":
         return f"trial {rec.number}: COMPLETE {metric}={rec.value:.1f}  [{params}]"
     where = f" in {rec.phase}" if rec.phase else ""
     return f"trial {rec.number}: {rec.state} {rec.outcome}{where}  [{params}]  {rec.reason}"
 
 
+def _short(name: str) -> str:
+    return {"mem_fraction_static": "mem frac", "cuda_graph_max_bs": "graph bs",
+            "num_continuous_decode_steps": "decode steps"}.get(name, name.removeprefix("nccl."))
+
+
+def _value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def summary_table(records: list[TrialRecord], metric: str) -> Table:
+    """One row per trial, one column per searched knob."""
+    knobs: list[str] = []
+    for rec in records:
+        knobs += [k for k in rec.params if k not in knobs]
     table = Table(title="servetune trials")
-    for col in ("#", "state", "outcome", metric, "params", "free after capture", "reason"):
+    for col in ("#", "state", "outcome", metric, *(_short(k) for k in knobs), "free after capture"):
         table.add_column(col, overflow="fold")
     for rec in records:
         free = rec.free_after_capture_gib
         style = {"COMPLETE": "green", "PRUNED": "yellow", "FAIL": "red"}.get(rec.state, "")
+        outcome = rec.outcome + (f" ({rec.phase})" if rec.phase and rec.state != "COMPLETE" else "")
         table.add_row(
             str(rec.number),
             Text(rec.state, style=style),
-            rec.outcome + (f" ({rec.phase})" if rec.phase else ""),
+            outcome,
             f"{rec.value:.1f}" if rec.value is not None else "-",
-            ", ".join(f"{k.removeprefix('nccl.')}={v}" for k, v in rec.params.items()),
+            *(_value(rec.params.get(k, "-")) for k in knobs),
             f"{free:.2f} GiB" if free is not None else "-",
-            (rec.reason or "")[:80],
         )
     return table

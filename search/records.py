@@ -73,7 +73,7 @@ class TrialRecord:
             number=trial.number,
             state=state,
             value=trial.value if trial.state == TrialState.COMPLETE else None,
-            params=dict(trial.params),
+            params={k: round(v, 6) if isinstance(v, float) else v for k, v in trial.params.items()},
             outcome=outcome,
             phase=attrs.get("phase"),
             reason=attrs.get("reason", ""),

@@ -39,15 +39,22 @@ def open_storage(url: str, *, heartbeat: bool = True, heartbeat_interval: int = 
             raise StudyError(f"storage {url} does not exist (no study has been run with it)")
     kwargs: dict[str, object] = {}
     if heartbeat:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            retry = RetryHeartbeatStaleTrialCallback(max_retry=3)
         kwargs = {
             "heartbeat_interval": heartbeat_interval,
             "grace_period": grace_period,
-            "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=3),
+            "heartbeat_stale_trial_callback": retry,
         }
     engine_kwargs: dict[str, object] = {}
     engine_kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     try:
-        return RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)  # type: ignore[arg-type]
+        with warnings.catch_warnings():
+            # Heartbeats and the retry callback are "experimental" in Optuna's terms; they are what
+            # Optuna 5 offers for stale trials, and the warning would only clutter every command.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)  # type: ignore[arg-type]
     except (ArgumentError, NoSuchModuleError) as exc:
         raise StudyError(f"storage {url!r} is not a usable SQLAlchemy URL: {_first_line(exc)}") from None
     except OperationalError as exc:

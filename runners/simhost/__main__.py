@@ -106,9 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     pr = sub.add_parser("predict", allow_abbrev=False, help="print the model's outcome for a launch as JSON")
     pr.add_argument("--sim-profile", required=True)
-    pr.add_argument(
-        "--sim-version", default=None, help=f"emulated SGLang version (default {DEFAULT_VERSION})"
-    )
+    pr.add_argument("--sim-version", default=None, help=f"emulated SGLang version (default {DEFAULT_VERSION})")
     pr.add_argument("--sim-seed", type=int, default=None, help="add the run-to-run noise of this seed")
     pr.add_argument("--concurrency", type=_levels, default=(1,))
     pr.add_argument("--input-len", type=int, default=256)
@@ -122,9 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     pr.add_argument("--other-used-gib", type=float, default=0.0, help="memory other processes hold per GPU")
     pr.add_argument("--compact", action="store_true", help="one line of JSON")
-    ins = sub.add_parser(
-        "install-smi", allow_abbrev=False, help="write an nvidia-smi shim for a simulated host"
-    )
+    ins = sub.add_parser("install-smi", allow_abbrev=False, help="write an nvidia-smi shim for a simulated host")
     ins.add_argument("--sim-profile", required=True)
     ins.add_argument("--state-dir", required=True, type=Path)
     ins.add_argument("--bin-dir", required=True, type=Path)

@@ -110,9 +110,7 @@ class RuntimeSpec(BaseModel):
         return (self.prefill_base_ms + self.prefill_per_token_ms * tokens) * self.time_factor / 1000.0
 
     # -- memory ---------------------------------------------------------------------------------------------
-    def transient_oom(
-        self, total_gib: float, largest_fraction: float, first_forward: bool
-    ) -> OomDetail | None:
+    def transient_oom(self, total_gib: float, largest_fraction: float, first_forward: bool) -> OomDetail | None:
         """Check a transient working set; ``None`` if it fits, else the failing allocation's figures.
 
         The buffers the first forward keeps (``first_forward_gib``) are held from the first batch on;

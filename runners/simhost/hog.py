@@ -22,14 +22,10 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m runners.simhost.hog", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m runners.simhost.hog", description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, required=True, help="MiB held on each listed GPU")
     parser.add_argument("--gpus", default="0", help="comma-separated GPU indices (default 0)")
-    parser.add_argument(
-        "--state-dir", default=None, help="default: $SERVETUNE_SIM_STATE or ~/.servetune/simhost"
-    )
+    parser.add_argument("--state-dir", default=None, help="default: $SERVETUNE_SIM_STATE or ~/.servetune/simhost")
     parser.add_argument("--util", type=int, default=0, help="utilization.gpu percent to report")
     args = parser.parse_args(argv)
     try:

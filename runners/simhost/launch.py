@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
     "DEFAULT_VERSION",
@@ -447,40 +447,46 @@ class SimLaunch(BaseModel):
             no_piecewise = raw.get("cuda_graph_backend_prefill") == "disabled"
         if v < (0, 5, 5):
             no_piecewise = True
-        return cls(
-            version=version,
-            model_path=raw["model_path"],
-            served_model_name=raw.get("served_model_name"),
-            host=raw["host"],
-            port=raw["port"],
-            tp_size=raw["tp_size"],
-            dp_size=raw["dp_size"],
-            mem_fraction_static=raw["mem_fraction_static"],
-            max_running_requests=raw["max_running_requests"],
-            max_total_tokens=raw["max_total_tokens"],
-            chunked_prefill_size=raw["chunked_prefill_size"],
-            max_prefill_tokens=raw["max_prefill_tokens"],
-            schedule_conservativeness=raw["schedule_conservativeness"],
-            page_size=raw["page_size"],
-            context_length=raw["context_length"],
-            kv_cache_dtype=raw["kv_cache_dtype"],
-            attention_backend=raw["attention_backend"],
-            moe_runner_backend=raw["moe_runner_backend"],
-            cuda_graph_max_bs=max_bs,
-            cuda_graph_bs=tuple(bs) if bs else None,
-            disable_cuda_graph=disabled,
-            disable_piecewise_cuda_graph=no_piecewise,
-            num_continuous_decode_steps=max(1, raw["num_continuous_decode_steps"]),
-            enable_torch_compile=raw["enable_torch_compile"],
-            torch_compile_max_bs=raw["torch_compile_max_bs"],
-            disable_custom_all_reduce=raw["disable_custom_all_reduce"],
-            skip_server_warmup=raw["skip_server_warmup"],
-            enable_metrics=raw["enable_metrics"],
-            log_level=raw["log_level"],
-            decode_log_interval=raw["decode_log_interval"],
-            enable_dp_attention=raw["enable_dp_attention"],
-            speculative_algorithm=raw["speculative_algorithm"],
-            env=relevant_env(env),
-            args=raw,
-            warnings=tuple(warnings),
-        )
+        try:
+            return cls(
+                version=version,
+                model_path=raw["model_path"],
+                served_model_name=raw.get("served_model_name"),
+                host=raw["host"],
+                port=raw["port"],
+                tp_size=raw["tp_size"],
+                dp_size=raw["dp_size"],
+                mem_fraction_static=raw["mem_fraction_static"],
+                max_running_requests=raw["max_running_requests"],
+                max_total_tokens=raw["max_total_tokens"],
+                chunked_prefill_size=raw["chunked_prefill_size"],
+                max_prefill_tokens=raw["max_prefill_tokens"],
+                schedule_conservativeness=raw["schedule_conservativeness"],
+                page_size=raw["page_size"],
+                context_length=raw["context_length"],
+                kv_cache_dtype=raw["kv_cache_dtype"],
+                attention_backend=raw["attention_backend"],
+                moe_runner_backend=raw["moe_runner_backend"],
+                cuda_graph_max_bs=max_bs,
+                cuda_graph_bs=tuple(bs) if bs else None,
+                disable_cuda_graph=disabled,
+                disable_piecewise_cuda_graph=no_piecewise,
+                num_continuous_decode_steps=max(1, raw["num_continuous_decode_steps"]),
+                enable_torch_compile=raw["enable_torch_compile"],
+                torch_compile_max_bs=raw["torch_compile_max_bs"],
+                disable_custom_all_reduce=raw["disable_custom_all_reduce"],
+                skip_server_warmup=raw["skip_server_warmup"],
+                enable_metrics=raw["enable_metrics"],
+                log_level=raw["log_level"],
+                decode_log_interval=raw["decode_log_interval"],
+                enable_dp_attention=raw["enable_dp_attention"],
+                speculative_algorithm=raw["speculative_algorithm"],
+                env=relevant_env(env),
+                args=raw,
+                warnings=tuple(warnings),
+            )
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            flag = "--" + str(err["loc"][0]).replace("_", "-")
+            prog = "sglang serve" if v >= V_PROG_SERVE else "launch_server.py"
+            raise BadFlag(f"{prog}: error: argument {flag}: {err['msg']}\n") from exc

@@ -359,9 +359,7 @@ def resolve_args(profile: SimProfile, launch: SimLaunch) -> ResolvedArgs:
             tokens = chunked if chunked > 0 else launch.max_prefill_tokens
             reserved = 512 + max(tokens, 2048) * 1.5 + max_bs * 2 + tp / 8 * 1024
             if launch.enable_dp_attention:
-                reserved += max_bs * launch.dp_size * 3 + (
-                    max_bs * launch.dp_size * 1.5 if max_bs > 300 else 0
-                )
+                reserved += max_bs * launch.dp_size * 3 + (max_bs * launch.dp_size * 1.5 if max_bs > 300 else 0)
             if mdl.piecewise_cuda_graph and not launch.disable_piecewise_cuda_graph:
                 reserved += 1.5 * 1024 if mdl.attention == "mla" else 58 * 8
             if gpu_mem > 60 * 1024:
@@ -514,9 +512,7 @@ def nccl_effect(profile: SimProfile, launch: SimLaunch) -> NcclEffect:
     if p2p_off:
         transport = nt.shm_disable_factor if env.get("NCCL_SHM_DISABLE") == "1" else nt.p2p_disable_factor
     factor = algo_f * proto_f * transport
-    custom_ar_off_warning = (
-        interconnect == "pcie" and launch.tp_size > 2 and not launch.disable_custom_all_reduce
-    )
+    custom_ar_off_warning = interconnect == "pcie" and launch.tp_size > 2 and not launch.disable_custom_all_reduce
     if interconnect == "pcie":
         uses_nccl = launch.tp_size > 2 or launch.disable_custom_all_reduce or p2p_off
         share = nt.allreduce_share_pcie if uses_nccl else 0.0
@@ -610,9 +606,7 @@ def plan_startup(
 
     ranks = tp * launch.dp_size
     if ranks > host.gpu_count:
-        return plan(
-            Failure(kind="error", phase="init", message="RuntimeError: CUDA error: invalid device ordinal")
-        )
+        return plan(Failure(kind="error", phase="init", message="RuntimeError: CUDA error: invalid device ordinal"))
     durations["dist_init"] = tim.dist_init_s * nf
     if nccl.error is not None:
         return plan(
@@ -674,9 +668,7 @@ def plan_startup(
                 f"{profiled}. Use the profiled value instead."
             )
         else:
-            tokens = max(
-                resolved.page_size, launch.max_total_tokens // resolved.page_size * resolved.page_size
-            )
+            tokens = max(resolved.page_size, launch.max_total_tokens // resolved.page_size * resolved.page_size)
     kv_gib = tokens * bpt / GIB
     figs["kv_tokens"] = tokens
     figs["kv_gib"] = kv_gib
@@ -692,9 +684,7 @@ def plan_startup(
         pool_rows = user_mr or min(max(estimated, 2048), 4096)
         max_running = min(user_mr or tokens // 2, pool_rows)
     if max_running <= 0:
-        return plan(
-            Failure(kind="error", phase="kv_pool", message="AssertionError: max_running_request is zero")
-        )
+        return plan(Failure(kind="error", phase="kv_pool", message="AssertionError: max_running_request is zero"))
     figs["max_running_requests"] = max_running
     rtt = (pool_rows + 1) * (ctx_len + 4) * 4 / GIB
     figs["req_to_token_gib"] = rtt
@@ -741,9 +731,7 @@ def plan_startup(
                     oom=oom(size, free, static_torch + ws + graph, private=graph),
                 )
                 figs["graph_gib"] = graph
-                return plan(
-                    f.model_copy(update={"message": texts.capture_failed_exception(v, _oom_text(f.oom))})
-                )
+                return plan(f.model_copy(update={"message": texts.capture_failed_exception(v, _oom_text(f.oom))}))
             free -= size
             graph += size
     figs["graph_gib"] = graph
@@ -819,11 +807,7 @@ def _pct(values: Sequence[float], q: float) -> float:
 def run_warmup(spec: RuntimeSpec) -> tuple[BatchEngine, OomDetail | None, float]:
     """Run SGLang's warm-up request through a fresh engine: (engine, OOM if it died, simulated seconds)."""
     eng = BatchEngine(spec, first_forward_done=False)
-    eng.add(
-        SimRequest(
-            input_len=approx_tokens(WARMUP_PROMPT), max_new_tokens=WARMUP_MAX_NEW_TOKENS, is_warmup=True
-        )
-    )
+    eng.add(SimRequest(input_len=approx_tokens(WARMUP_PROMPT), max_new_tokens=WARMUP_MAX_NEW_TOKENS, is_warmup=True))
     t = 0.0
     while eng.has_work():
         batch = eng.next_batch()
@@ -1008,9 +992,7 @@ def evaluate(
                 update={"tried_to_allocate_gib": died.tried_gib, "free_at_oom_gib": died.free_gib}
             )
             levels = [
-                LevelResult(
-                    concurrency=c, num_requests=workload.requests_for(c), ok=False, died_phase="warmup"
-                )
+                LevelResult(concurrency=c, num_requests=workload.requests_for(c), ok=False, died_phase="warmup")
                 for c in workload.concurrency
             ]
             return Outcome(

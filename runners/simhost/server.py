@@ -46,7 +46,7 @@ from typing import Any
 
 from runners.simhost import texts
 from runners.simhost.engine import Batch, BatchEngine, OomDetail, RuntimeSpec, SimRequest
-from runners.simhost.launch import DEFAULT_VERSION, SimLaunch, build_parser, parse_version
+from runners.simhost.launch import DEFAULT_VERSION, BadFlag, SimLaunch, build_parser, parse_version
 from runners.simhost.model import (
     WARMUP_MAX_NEW_TOKENS,
     WARMUP_PROMPT,
@@ -70,6 +70,9 @@ from runners.simhost.state import (
 __all__ = ["SimServer", "main"]
 
 _SG = "/usr/local/lib/python3.12/dist-packages/sglang/srt"
+# A batch that starts late by less than this starts at its scheduled time (absorbing Python's own
+# overhead between batches); a longer hiccup shifts the timeline, as a stalled GPU step would.
+_CATCH_UP_S = 0.002
 _WORDS = ("the", "of", "and", "a", "to", "in", "is", "that", "it", "was", "for", "on", "are", "as", "with")
 
 
@@ -298,7 +301,7 @@ class _Scheduler(threading.Thread):
                 self.server.die_runtime(batch)
             self.server.note_transient(batch, self.spec)
             now = time.monotonic()
-            start = self.deadline if now - 0.05 < self.deadline <= now else now
+            start = self.deadline if now - _CATCH_UP_S < self.deadline <= now else now
             end = start + wall
             delay = end - time.monotonic()
             if delay > 0:
@@ -601,9 +604,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                         {
                             "text": _token_text(0, generated),
                             "output_ids": list(range(1000, 1000 + generated)),
-                            "meta_info": self._meta(
-                                rid, input_len, generated, finished, time.monotonic() - t0
-                            ),
+                            "meta_info": self._meta(rid, input_len, generated, finished, time.monotonic() - t0),
                             "index": 0,
                         }
                     )
@@ -638,9 +639,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                             "object": "chat.completion.chunk",
                             "created": created,
                             "model": model,
-                            "choices": [
-                                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-                            ],
+                            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}],
                             "usage": None,
                         }
                     )
@@ -726,6 +725,7 @@ class SimServer:
         self.scheduler: _Scheduler | None = None
         self.httpd: _HTTPServer | None = None
         self._state_lock = threading.Lock()
+        self._publish_wanted = threading.Event()
         self._dying = threading.Lock()
         self._used_gib = 0.0
         self._transient_gib = 0.0
@@ -749,6 +749,19 @@ class SimServer:
         return visible[base : base + n]
 
     def publish(self) -> None:
+        """Write this process's GPU memory to the state directory now (start-up) or soon (serving)."""
+        if self.scheduler is not None:
+            self._publish_wanted.set()  # the scheduler thread must not wait for the file system
+            return
+        self._write_state()
+
+    def _publisher(self) -> None:
+        while True:
+            self._publish_wanted.wait()
+            self._publish_wanted.clear()
+            self._write_state()
+
+    def _write_state(self) -> None:
         if not self.gpus:
             return
         used = round((self._used_gib + self._transient_gib) * 1024)
@@ -780,10 +793,7 @@ class SimServer:
         if batch.kind == "prefill":
             gib = spec.first_forward_gib + batch.new_tokens * spec.prefill_mib_per_token / 1024
         elif not batch.graph:
-            gib = (
-                spec.first_forward_gib
-                + max(n for n, _, _ in batch.decode_steps) * spec.eager_mib_per_request / 1024
-            )
+            gib = spec.first_forward_gib + max(n for n, _, _ in batch.decode_steps) * spec.eager_mib_per_request / 1024
         else:
             gib = spec.first_forward_gib
         if gib > self._transient_gib + 1 / 1024:
@@ -811,9 +821,7 @@ class SimServer:
             self.log.uvicorn("Application shutdown complete.")
             self.log.uvicorn(f"Finished server process [{self.pid}]")
             if self.v >= (0, 5, 13):
-                self.log.line(
-                    f"kill_process_tree called: parent_pid={self.pid}, include_parent=False, pid={self.pid}"
-                )
+                self.log.line(f"kill_process_tree called: parent_pid={self.pid}, include_parent=False, pid={self.pid}")
             remove_proc(self.state_dir, self.pid)
             os._exit(0)
         remove_proc(self.state_dir, self.pid)
@@ -861,9 +869,7 @@ class SimServer:
             )
         self.log.line(texts.sigquit_line(self.v, running=running), level="error")
         if self.v >= (0, 5, 13):
-            self.log.line(
-                f"kill_process_tree called: parent_pid={self.pid}, include_parent=True, pid={self.pid}"
-            )
+            self.log.line(f"kill_process_tree called: parent_pid={self.pid}, include_parent=True, pid={self.pid}")
         with contextlib.suppress(OSError, ValueError):
             sys.stderr.flush()
         os.kill(self.pid, signal.SIGKILL)
@@ -874,16 +880,12 @@ class SimServer:
         if failure.oom is not None:
             messages = [self._oom_message(failure.phase, failure.oom, r) for r in ranks]
         else:
-            messages = [
-                _traceback(failure.phase, self.profile.model.architecture, failure.message) for _ in ranks
-            ]
+            messages = [_traceback(failure.phase, self.profile.model.architecture, failure.message) for _ in ranks]
         self._die(messages, running=False)
 
     def die_runtime(self, batch: Batch) -> None:
         assert batch.oom is not None
-        self._die(
-            [self._oom_message(batch.phase, batch.oom, r) for r in range(self.launch.tp_size)], running=True
-        )
+        self._die([self._oom_message(batch.phase, batch.oom, r) for r in range(self.launch.tp_size)], running=True)
 
     # -- start-up -------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -911,9 +913,7 @@ class SimServer:
             log.line(w, level="warning")
         log.line(_repr_args(v, r.server_args))
         if len(self.gpus) < launch.tp_size * launch.dp_size:
-            fail = Failure(
-                kind="error", phase="init", message="RuntimeError: CUDA error: invalid device ordinal"
-            )
+            fail = Failure(kind="error", phase="init", message="RuntimeError: CUDA error: invalid device ordinal")
         log.ranks("Init torch distributed begin.")
         self.sleep_sim(plan.durations.get("dist_init", 0.0))
         if fail is not None and fail.phase == "init":
@@ -1042,6 +1042,7 @@ class SimServer:
             )
             remove_proc(self.state_dir, self.pid)
             return 1
+        threading.Thread(target=self._publisher, name="sim-state", daemon=True).start()
         self.scheduler = _Scheduler(self, self.runtime)
         self.scheduler.start()
         log.uvicorn(f"Started server process [{self.pid}]")
@@ -1092,9 +1093,7 @@ class SimServer:
         except (OSError, RuntimeError, http.client.HTTPException) as exc:
             self.log.line(f"Initialization failed. warmup error: {exc}", level="error")
             if self.v >= (0, 5, 13):
-                self.log.line(
-                    f"kill_process_tree called: parent_pid={self.pid}, include_parent=True, pid={self.pid}"
-                )
+                self.log.line(f"kill_process_tree called: parent_pid={self.pid}, include_parent=True, pid={self.pid}")
             os.kill(self.pid, signal.SIGKILL)
             return
         self._ready()
@@ -1249,7 +1248,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProfileError as exc:
         sys.stderr.write(f"servetune simhost: {exc}\n")
         return 1
-    launch = SimLaunch.from_namespace(ns, env, version)
+    try:
+        launch = SimLaunch.from_namespace(ns, env, version)
+    except BadFlag as exc:
+        sys.stderr.write(exc.text)
+        return exc.exit_code
     server = SimServer(profile, launch, speed=speed, seed=seed, state_dir=state_dir, ignore_sigterm=ignore)
     return server.run()
 

@@ -154,27 +154,33 @@ def _csv(
 
 
 def _table(gpus: list[_Gpu], procs: Sequence[ProcEntry], host: HostState) -> str:
-    now = time.strftime("%a %b %d %H:%M:%S %Y")
+    """A compact rendition of nvidia-smi's default table (for people; tools should use the CSV queries)."""
+    width = 89
+    rule = "+" + "-" * width + "+"
+
+    def row(text: str) -> str:
+        return f"|{text[:width]:<{width}}|"
+
     out = [
-        now,
-        "+" + "-" * 89 + "+",
-        f"| NVIDIA-SMI {host.driver_version:<16} Driver Version: {host.driver_version:<16} "
-        "CUDA Version: 13.0     |",
-        "|" + "-" * 89 + "|",
+        time.strftime("%a %b %d %H:%M:%S %Y"),
+        rule,
+        row(f" NVIDIA-SMI {host.driver_version}    Driver Version: {host.driver_version}    CUDA Version: 13.0"),
+        rule,
     ]
     for g in gpus:
         out.append(
-            f"| {g.index:>3}  {g.host.gpu_name[:40]:<40}  On | {g.bus_id} Off | "
-            f"{g.used:>6}MiB / {g.host.memory_total_mib:>6}MiB {g.util:>3}% |"
+            row(
+                f" {g.index:>3}  {g.host.gpu_name[:38]:<38} {g.bus_id} "
+                f"{g.used:>6}MiB / {g.host.memory_total_mib:>6}MiB  {g.util:>3}%"
+            )
         )
-    out.append("+" + "-" * 89 + "+")
-    out.append("| Processes:" + " " * 78 + "|")
-    rows = [(i, p) for p in procs for i in sorted(p.used_mib) if p.used_mib[i] > 0]
+    out += [rule, row(" Processes:"), row("  GPU   PID        Type   Process name                              Memory")]
+    rows = sorted(((i, p) for p in procs for i in p.used_mib if p.used_mib[i] > 0), key=lambda r: (r[0], r[1].pid))
     if not rows:
-        out.append("|  No running processes found" + " " * 61 + "|")
-    for i, p in sorted(rows, key=lambda r: (r[0], r[1].pid)):
-        out.append(f"| {i:>4}   N/A  N/A {p.pid:>9}      C   {p.name[:40]:<40} {p.used_mib[i]:>8}MiB |")
-    out.append("+" + "-" * 89 + "+")
+        out.append(row("  No running processes found"))
+    for i, p in rows:
+        out.append(row(f"  {i:>3}   {p.pid:<10} C      {p.name[-40:]:<40}  {p.used_mib[i]:>7}MiB"))
+    out.append(rule)
     return "\n".join(out) + "\n"
 
 
@@ -205,10 +211,7 @@ def render(argv: Sequence[str], state_dir: Path) -> tuple[str, int]:
             fields = [f.strip() for f in opts["query-apps"].split(",") if f.strip()]
             by_index = {g.index: g for g in gpus}
             rows: list[_AppRow] = [
-                (p, p.used_mib[i], by_index[i])
-                for i in sorted(by_index)
-                for p in procs
-                if p.used_mib.get(i, 0) > 0
+                (p, p.used_mib[i], by_index[i]) for i in sorted(by_index) for p in procs if p.used_mib.get(i, 0) > 0
             ]
             return _csv(fields, _APP_FIELDS, rows, fmt), 0
         return _table(gpus, procs, host), 0

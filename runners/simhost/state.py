@@ -66,8 +66,7 @@ class HostState:
     @classmethod
     def from_spec(cls, spec: HostSpec, profile: str = "") -> HostState:
         uuids = tuple(
-            f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'servetune-sim/{spec.gpu_name}/{i}')}"
-            for i in range(spec.gpu_count)
+            f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'servetune-sim/{spec.gpu_name}/{i}')}" for i in range(spec.gpu_count)
         )
         return cls(
             gpu_name=spec.gpu_name,

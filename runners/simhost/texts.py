@@ -74,9 +74,7 @@ def torch_oom(
 ) -> str:
     """The CUDA caching allocator's OutOfMemoryError message (without the exception class name)."""
     proc_info = "".join(f"Process {pid} has {format_size(gib * GIB)} memory in use. " for pid, gib in others)
-    proc_info += (
-        f"Including non-PyTorch memory, this process has {format_size(process_gib * GIB)} memory in use. "
-    )
+    proc_info += f"Including non-PyTorch memory, this process has {format_size(process_gib * GIB)} memory in use. "
     private = (
         f"with {format_size(private_pool_gib * GIB)} allocated in private pools (e.g., CUDA Graphs), "
         if private_pool_gib > 0
@@ -101,9 +99,7 @@ def dist_init_end(v: Version, elapsed_s: float, mem_usage_gib: float) -> str:
     return f"Init torch distributed ends. mem usage={mem_usage_gib:.2f} GB"
 
 
-def load_weight_end(
-    v: Version, *, elapsed_s: float, arch: str, dtype: str, avail_gib: float, usage_gib: float
-) -> str:
+def load_weight_end(v: Version, *, elapsed_s: float, arch: str, dtype: str, avail_gib: float, usage_gib: float) -> str:
     if v >= (0, 5, 10):
         return (
             f"Load weight end. elapsed={elapsed_s:.2f} s, type={arch}, avail mem={avail_gib:.2f} GB, "
@@ -116,9 +112,7 @@ def load_weight_end(
 
 
 def kv_allocated(v: Version, *, tokens: int, kv_gib: float, mla: bool, dtype: str) -> str:
-    sizes = (
-        f"KV size: {kv_gib:.2f} GB" if mla else f"K size: {kv_gib / 2:.2f} GB, V size: {kv_gib / 2:.2f} GB"
-    )
+    sizes = f"KV size: {kv_gib:.2f} GB" if mla else f"K size: {kv_gib / 2:.2f} GB, V size: {kv_gib / 2:.2f} GB"
     if v >= (0, 5, 13):
         return f"KV Cache is allocated. dtype: {dtype}, #tokens: {tokens}, {sizes}"
     return f"KV Cache is allocated. #tokens: {tokens}, {sizes}"
@@ -151,8 +145,7 @@ def weights_leave_no_kv(mfs: float, minimum: float) -> str:
 def capture_begin(v: Version, *, avail_gib: float, bs: Sequence[int]) -> str:
     if v >= (0, 5, 19):
         return (
-            f"Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
-            f"avail mem={avail_gib:.2f} GB"
+            f"Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem={avail_gib:.2f} GB"
         )
     if v >= (0, 5, 15):
         return (
@@ -162,9 +155,7 @@ def capture_begin(v: Version, *, avail_gib: float, bs: Sequence[int]) -> str:
     return f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail_gib:.2f} GB"
 
 
-def capture_end(
-    v: Version, *, elapsed_s: float, usage_gib: float, avail_gib: float, bs: Sequence[int]
-) -> str:
+def capture_end(v: Version, *, elapsed_s: float, usage_gib: float, avail_gib: float, bs: Sequence[int]) -> str:
     if v >= (0, 5, 19):
         return (
             f"Capture target decode CUDA graph end. bs={list(bs)}, elapsed={elapsed_s:.2f} s, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -92,8 +93,17 @@ class SimProc:
     def stream(self, input_len: int, output_len: int, timeout: float = 60.0) -> StreamResult:
         """One streaming /v1/completions request; TTFT and TPOT measured on the wall clock."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        body = json.dumps({"model": "m", "prompt": "x", "sim_input_len": input_len, "max_tokens": output_len,
-                           "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+        body = json.dumps(
+            {
+                "model": "m",
+                "prompt": "x",
+                "sim_input_len": input_len,
+                "max_tokens": output_len,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        )
         try:
             t0 = time.monotonic()
             conn.request("POST", "/v1/completions", body=body, headers={"content-type": "application/json"})
@@ -132,8 +142,10 @@ class SimProc:
         results: list[StreamResult] = []
         lock = threading.Lock()
         left = [requests]
+        start = threading.Barrier(concurrency)
 
         def client() -> None:
+            start.wait(timeout=30)  # a burst, like bench_serving with --request-rate inf
             while True:
                 with lock:
                     if left[0] == 0:
@@ -158,6 +170,7 @@ class SimHostFactory:
         self.tmp_path = tmp_path
         self.state_dir = tmp_path / "state"
         self.procs: list[SimProc] = []
+        self.profile_override: str | None = None  # a profile file used instead of the shipped one
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SERVETUNE_SIM", "NCCL_"))}
@@ -166,31 +179,58 @@ class SimHostFactory:
         env.update(extra or {})
         return env
 
-    def start(self, profile: str, *flags: str, speed: float = 500, seed: int = 7,
-              env: dict[str, str] | None = None, sim_flags: tuple[str, ...] = ()) -> SimProc:
+    def start(
+        self,
+        profile: str,
+        *flags: str,
+        speed: float = 500,
+        seed: int = 7,
+        env: dict[str, str] | None = None,
+        sim_flags: tuple[str, ...] = (),
+    ) -> SimProc:
         port = free_port()
         log_path = self.tmp_path / f"server-{len(self.procs)}.log"
-        cmd = [sys.executable, "-m", "runners.simhost.server", "--sim-profile", profile_path(profile),
-               "--host", "127.0.0.1", "--port", str(port), "--sim-speed", str(speed), "--sim-seed", str(seed),
-               *sim_flags, *flags]
+        cmd = [
+            sys.executable,
+            "-m",
+            "runners.simhost.server",
+            "--sim-profile",
+            self.profile_override or profile_path(profile),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--sim-speed",
+            str(speed),
+            "--sim-seed",
+            str(seed),
+            *sim_flags,
+            *flags,
+        ]
         with log_path.open("wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env(env), cwd=REPO,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env(env), cwd=REPO, start_new_session=True
+            )
         sp = SimProc(proc=proc, port=port, log_path=log_path, state_dir=self.state_dir, speed=speed)
         self.procs.append(sp)
         return sp
 
     def smi(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "runners.simhost.smi", *args], env=self.env(), cwd=REPO,
-                              capture_output=True, text=True, timeout=30, check=False)
+        return subprocess.run(
+            [sys.executable, "-m", "runners.simhost.smi", *args],
+            env=self.env(),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
 
     def stop_all(self) -> None:
         for sp in self.procs:
             if sp.proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(sp.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 sp.proc.wait(timeout=10)
 
 

@@ -27,8 +27,16 @@ def prof(name: str) -> SimProfile:
     return load_profile(shipped_profile(name))
 
 
-def predict(name: str, *flags: str, conc: tuple[int, ...] = (1,), inp: int = 256, out: int = 128,
-            env: dict[str, str] | None = None, version: str = "0.5.10", **wl: Any) -> Outcome:
+def predict(
+    name: str,
+    *flags: str,
+    conc: tuple[int, ...] = (1,),
+    inp: int = 256,
+    out: int = 128,
+    env: dict[str, str] | None = None,
+    version: str = "0.5.10",
+    **wl: Any,
+) -> Outcome:
     argv = ["--model-path", "m", "--trust-remote-code", *flags]
     workload = Workload(input_len=inp, output_len=out, concurrency=conc, **wl)
     return predict_from_argv(prof(name), argv, env or {}, workload, version=version)
@@ -59,8 +67,17 @@ def test_bad_profile_is_one_line_error(tmp_path: Any) -> None:
 
 
 def test_seed_000_002_mfs_085_dies_in_cuda_graph_capture() -> None:
-    o = predict(DSV4, "--tp", "4", "--mem-fraction-static", "0.85", "--cuda-graph-max-bs", "32",
-                "--num-continuous-decode-steps", "4")
+    o = predict(
+        DSV4,
+        "--tp",
+        "4",
+        "--mem-fraction-static",
+        "0.85",
+        "--cuda-graph-max-bs",
+        "32",
+        "--num-continuous-decode-steps",
+        "4",
+    )
     assert (o.outcome, o.phase, o.exit_code) == ("oom", "cuda_graph", 137)
     assert o.error is not None and o.error.startswith("Exception: Capture cuda graph failed: CUDA out of memory.")
     m = o.memory
@@ -74,8 +91,18 @@ def test_seed_000_002_mfs_085_dies_in_cuda_graph_capture() -> None:
 
 
 def test_seed_000_002_mfs_070_starts() -> None:
-    o = predict(DSV4, "--tp", "4", "--mem-fraction-static", "0.70", "--cuda-graph-max-bs", "32",
-                "--num-continuous-decode-steps", "4", conc=(1, 16))
+    o = predict(
+        DSV4,
+        "--tp",
+        "4",
+        "--mem-fraction-static",
+        "0.70",
+        "--cuda-graph-max-bs",
+        "32",
+        "--num-continuous-decode-steps",
+        "4",
+        conc=(1, 16),
+    )
     assert o.outcome == "ok" and o.phase is None
     assert o.memory is not None and o.memory.capture_bs == [1, 2, 4, 8, 12, 16, 24, 32]
     assert o.memory.max_running_requests == 256
@@ -110,8 +137,18 @@ def test_seed_001_burst_dies_in_prefill_at_093_and_survives_at_088() -> None:
 
 
 def test_seed_003_tpot_and_eager_decode_oom() -> None:
-    o = predict(NVFP4, "--tp", "4", "--moe-runner-backend", "triton", "--mem-fraction-static", "0.70",
-                "--cuda-graph-max-bs", "32", conc=(1, 16, 64))
+    o = predict(
+        NVFP4,
+        "--tp",
+        "4",
+        "--moe-runner-backend",
+        "triton",
+        "--mem-fraction-static",
+        "0.70",
+        "--cuda-graph-max-bs",
+        "32",
+        conc=(1, 16, 64),
+    )
     c1, c16, c64 = o.levels
     assert near(c1.mean_tpot_ms, 84) and near(c16.mean_tpot_ms, 536)
     assert c1.ok and c16.ok and c16.decode_mode == "graph"
@@ -122,8 +159,18 @@ def test_seed_003_tpot_and_eager_decode_oom() -> None:
 
 
 def test_seed_003_fix_serves_c64_from_graphs() -> None:
-    o = predict(NVFP4, "--tp", "4", "--moe-runner-backend", "triton", "--mem-fraction-static", "0.62",
-                "--cuda-graph-max-bs", "64", conc=(64,))
+    o = predict(
+        NVFP4,
+        "--tp",
+        "4",
+        "--moe-runner-backend",
+        "triton",
+        "--mem-fraction-static",
+        "0.62",
+        "--cuda-graph-max-bs",
+        "64",
+        conc=(64,),
+    )
     assert o.outcome == "ok"
     assert o.levels[0].ok and o.levels[0].decode_mode == "graph"
     assert near(o.levels[0].mean_tpot_ms, 54 + 30 * 64)
@@ -142,10 +189,13 @@ def test_eager_decode_between_graph_and_oom_is_slower() -> None:
 def test_cuda_graph_max_bs_is_ambiguous_from_0_5_20() -> None:
     o = predict(NVFP4, "--tp", "4", "--cuda-graph-max-bs", "16", version="0.5.20")
     assert o.outcome == "bad_flag" and o.exit_code == 2
-    assert o.error == ("sglang serve: error: ambiguous option: --cuda-graph-max-bs could match "
-                       "--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill")
-    ok = predict(NVFP4, "--tp", "4", "--mem-fraction-static", "0.7", "--cuda-graph-max-bs-decode", "16",
-                 version="0.5.20")
+    assert o.error == (
+        "sglang serve: error: ambiguous option: --cuda-graph-max-bs could match "
+        "--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"
+    )
+    ok = predict(
+        NVFP4, "--tp", "4", "--mem-fraction-static", "0.7", "--cuda-graph-max-bs-decode", "16", version="0.5.20"
+    )
     assert ok.outcome == "ok" and ok.memory is not None and ok.memory.capture_bs == [1, 2, 4, 8, 12, 16]
 
 
@@ -165,12 +215,16 @@ def test_new_cuda_graph_flag_is_unknown_before_0_5_15() -> None:
 def test_flags_unknown_abbreviated_and_bad_values() -> None:
     with pytest.raises(BadFlag) as err:
         SimLaunch.from_argv(["--model-path", "m", "--no-such-flag"], {}, "0.5.10")
-    assert err.value.exit_code == 2 and "launch_server.py: error: unrecognized arguments: --no-such-flag" in err.value.text
+    assert (
+        err.value.exit_code == 2 and "launch_server.py: error: unrecognized arguments: --no-such-flag" in err.value.text
+    )
     abbreviated = SimLaunch.from_argv(["--model-path", "m", "--mem-fraction-s", "0.5"], {}, "0.5.10")
     assert abbreviated.mem_fraction_static == 0.5
     with pytest.raises(BadFlag, match="invalid choice: 'nvfp4'"):
         SimLaunch.from_argv(["--model-path", "m", "--kv-cache-dtype", "nvfp4"], {}, "0.5.10")
-    assert SimLaunch.from_argv(["--model-path", "m", "--kv-cache-dtype", "nvfp4"], {}, "0.5.23").kv_cache_dtype == "nvfp4"
+    assert (
+        SimLaunch.from_argv(["--model-path", "m", "--kv-cache-dtype", "nvfp4"], {}, "0.5.23").kv_cache_dtype == "nvfp4"
+    )
 
 
 def test_disable_cuda_graph_deprecated_in_0_5_20_runs_eager() -> None:
@@ -205,8 +259,9 @@ def _host(profile: SimProfile, mib: int, *, piecewise: bool = False) -> SimProfi
         (183359, 1, "0.5.5", False, (0.857, 16384, 512)),
     ],
 )
-def test_defaults_follow_sglang_heuristics(mib: int, tp: int, version: str, piecewise: bool,
-                                           expected: tuple[float, int, int | None]) -> None:
+def test_defaults_follow_sglang_heuristics(
+    mib: int, tp: int, version: str, piecewise: bool, expected: tuple[float, int, int | None]
+) -> None:
     launch = SimLaunch.from_argv(["--model-path", "m", "--tp", str(tp)], {}, version)
     r = resolve_args(_host(prof(NVFP4), mib, piecewise=piecewise), launch)
     assert (r.mem_fraction_static, r.chunked_prefill_size, r.cuda_graph_max_bs) == expected
@@ -233,17 +288,25 @@ def test_max_running_requests_resolution() -> None:
 def test_kv_pool_too_small_and_weights_that_do_not_fit() -> None:
     small = predict(KIMI, "--tp", "8", "--mem-fraction-static", "0.70")
     assert (small.outcome, small.phase) == ("oom", "kv_pool")
-    assert small.error == ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
-                           "Current value: mem_fraction_static=0.7")
+    assert small.error == (
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+        "Current value: mem_fraction_static=0.7"
+    )
     newer = predict(KIMI, "--tp", "8", "--mem-fraction-static", "0.70", version="0.5.20")
     assert newer.error is not None and newer.error.startswith(
-        "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.7.")
+        "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.7."
+    )
     one_gpu = predict(DSV4, "--tp", "1", "--mem-fraction-static", "0.85")
     assert (one_gpu.outcome, one_gpu.phase) == ("oom", "load_weights")
     assert one_gpu.memory is not None and one_gpu.memory.tried_to_allocate_gib is not None
     assert one_gpu.memory.tried_to_allocate_gib <= 2.0
-    busy = predict_from_argv(prof(NVFP4), ["--model-path", "m", "--tp", "4", "--mem-fraction-static", "0.7",
-                                           "--cuda-graph-max-bs", "32"], {}, Workload(), other_used_gib=62.0)
+    busy = predict_from_argv(
+        prof(NVFP4),
+        ["--model-path", "m", "--tp", "4", "--mem-fraction-static", "0.7", "--cuda-graph-max-bs", "32"],
+        {},
+        Workload(),
+        other_used_gib=62.0,
+    )
     assert (busy.outcome, busy.phase) == ("oom", "load_weights")
 
 
@@ -262,8 +325,9 @@ def test_nccl_algo_nvls_on_pcie_fails_at_start_up_not_oom() -> None:
     assert "out of memory" not in (o.error or "")
     bad = predict(NVFP4, "--tp", "4", "--mem-fraction-static", "0.7", env={"NCCL_PROTO": "fast"})
     assert bad.outcome == "nccl_error"
-    mixed = predict(NVFP4, "--tp", "4", "--mem-fraction-static", "0.7", "--cuda-graph-max-bs", "32",
-                    env={"NCCL_ALGO": "NVLS,Ring"})
+    mixed = predict(
+        NVFP4, "--tp", "4", "--mem-fraction-static", "0.7", "--cuda-graph-max-bs", "32", env={"NCCL_ALGO": "NVLS,Ring"}
+    )
     assert mixed.outcome == "ok"
 
 
@@ -313,17 +377,28 @@ def test_format_size_matches_pytorch() -> None:
 
 
 def test_torch_oom_text_matches_the_allocator_format() -> None:
-    text = texts.torch_oom(tried_gib=2.0, gpu=0, total_gib=15.56, free_gib=158.62 / 1024, process_gib=102 / 1024,
-                           allocated_gib=0.0, private_pool_gib=0.0, reserved_unallocated_gib=0.0)
+    text = texts.torch_oom(
+        tried_gib=2.0,
+        gpu=0,
+        total_gib=15.56,
+        free_gib=158.62 / 1024,
+        process_gib=102 / 1024,
+        allocated_gib=0.0,
+        private_pool_gib=0.0,
+        reserved_unallocated_gib=0.0,
+    )
     assert text.startswith(
         "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 15.56 GiB of which "
         "158.62 MiB is free. Including non-PyTorch memory, this process has 102.00 MiB memory in use. Of the "
         "allocated memory 0 bytes is allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated. "
         "If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-        " to avoid fragmentation.  See documentation for Memory Management  (https://docs.pytorch.org/")
-    robust = re.compile(r"(?:torch\.(?:cuda\.)?)?OutOfMemoryError: CUDA out of memory\. Tried to allocate "
-                        r"([0-9.]+ (?:bytes|KiB|MiB|GiB))\. GPU (\d+) has a total capac\w+ of ([0-9.]+ \w+) of which "
-                        r"([0-9.]+ \w+) is free")
+        " to avoid fragmentation.  See documentation for Memory Management  (https://docs.pytorch.org/"
+    )
+    robust = re.compile(
+        r"(?:torch\.(?:cuda\.)?)?OutOfMemoryError: CUDA out of memory\. Tried to allocate "
+        r"([0-9.]+ (?:bytes|KiB|MiB|GiB))\. GPU (\d+) has a total capac\w+ of ([0-9.]+ \w+) of which "
+        r"([0-9.]+ \w+) is free"
+    )
     assert robust.search("torch.OutOfMemoryError: " + text)
 
 
@@ -334,3 +409,17 @@ def test_capture_failure_block_per_version() -> None:
     assert "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)\n" in old
     assert "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n" in new
     assert new.endswith("Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n")
+
+
+def test_warmup_can_die_after_a_tight_capture() -> None:
+    kimi = prof(KIMI)
+    greedy = kimi.model_copy(update={"memory": kimi.memory.model_copy(update={"warmup_transient_gib": 0.7})})
+    launch = SimLaunch.from_argv(["--model-path", "m", "--tp", "8", "--mem-fraction-static", "0.93"], {})
+    o = evaluate(greedy, launch, Workload())
+    assert (o.outcome, o.phase) == ("oom", "warmup")
+    assert o.memory is not None and o.memory.tried_to_allocate_gib == pytest.approx(0.7)
+    skipped = SimLaunch.from_argv(
+        ["--model-path", "m", "--tp", "8", "--mem-fraction-static", "0.93", "--skip-server-warmup"], {}
+    )
+    later = evaluate(greedy, skipped, Workload())
+    assert (later.outcome, later.phase) == ("oom", "prefill")  # the first real request pays for it

@@ -21,14 +21,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 # sglang-facts §9 regexes
 LOAD_END = r"Load weight end\..*?avail mem=([0-9.]+) GB, mem usage=([0-9.]+) GB"
-KV = (r"KV Cache (?:is allocated|VA upper bound)\.(?: dtype: [^,]+,)? #tokens: (\d+), "
-      r"(?:K size: ([0-9.]+) GB, V size: ([0-9.]+) GB|KV size: ([0-9.]+) GB)")
+KV = (
+    r"KV Cache (?:is allocated|VA upper bound)\.(?: dtype: [^,]+,)? #tokens: (\d+), "
+    r"(?:K size: ([0-9.]+) GB, V size: ([0-9.]+) GB|KV size: ([0-9.]+) GB)"
+)
 POOL_END = r"Memory pool end\. avail mem=([0-9.]+) GB"
 CAPTURE_END = r"Capture .*?graph end\b.*?mem usage=([0-9.]+) GB[,.] avail mem=([0-9.]+) GB"
-SUMMARY = (r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
-           r"max_running_requests=(\d+), context_len=(\d+), available_gpu_mem=([0-9.]+) GB")
-OOM = (r"(?:torch\.(?:cuda\.)?)?OutOfMemoryError: CUDA out of memory\. Tried to allocate "
-       r"([0-9.]+ (?:bytes|KiB|MiB|GiB))\. GPU (\d+) has a total capac\w+ of ([0-9.]+ \w+) of which ([0-9.]+ \w+) is free")
+SUMMARY = (
+    r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
+    r"max_running_requests=(\d+), context_len=(\d+), available_gpu_mem=([0-9.]+) GB"
+)
+OOM = (
+    r"(?:torch\.(?:cuda\.)?)?OutOfMemoryError: CUDA out of memory\. Tried to allocate "
+    r"([0-9.]+ (?:bytes|KiB|MiB|GiB))\. GPU (\d+) has a total capac\w+ of ([0-9.]+ \w+) of which ([0-9.]+ \w+) is free"
+)
 
 
 def gib(text: str) -> float:
@@ -53,9 +59,20 @@ def used_mib(simhost, gpu: int) -> int:  # type: ignore[no-untyped-def]
 
 
 def test_seed_000_002_capture_oom_kills_the_server(simhost) -> None:  # type: ignore[no-untyped-def]
-    sp = simhost.start(DSV4, "--model-path", "/models/DeepSeek-V4-Flash", "--trust-remote-code", "--tp", "4",
-                       "--mem-fraction-static", "0.85", "--cuda-graph-max-bs", "32",
-                       "--num-continuous-decode-steps", "4")
+    sp = simhost.start(
+        DSV4,
+        "--model-path",
+        "/models/DeepSeek-V4-Flash",
+        "--trust-remote-code",
+        "--tp",
+        "4",
+        "--mem-fraction-static",
+        "0.85",
+        "--cuda-graph-max-bs",
+        "32",
+        "--num-continuous-decode-steps",
+        "4",
+    )
     assert not sp.wait_ready()
     assert sp.wait_exit() == -signal.SIGKILL
     log = sp.log()
@@ -64,7 +81,9 @@ def test_seed_000_002_capture_oom_kills_the_server(simhost) -> None:  # type: ig
         r"servetune simulated host: figures are simulated, not measured \(sim_speed=500\)",
         r"server_args=ServerArgs\(model_path='/models/DeepSeek-V4-Flash'.*mem_fraction_static=0\.85",
         r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP0\] Load weight begin\. avail mem=",
-        LOAD_END, KV, POOL_END,
+        LOAD_END,
+        KV,
+        POOL_END,
         r"TP0\] Capture cuda graph begin\. This can take up to several minutes\. avail mem=",
         r"TP0\] Scheduler hit an exception: Traceback \(most recent call last\):",
         OOM,
@@ -82,15 +101,33 @@ def test_seed_000_002_capture_oom_kills_the_server(simhost) -> None:  # type: ig
 
 
 def test_seed_000_002_start_at_070(simhost) -> None:  # type: ignore[no-untyped-def]
-    sp = simhost.start(DSV4, "--model-path", "/models/DeepSeek-V4-Flash", "--trust-remote-code", "--tp", "4",
-                       "--mem-fraction-static", "0.70", "--cuda-graph-max-bs", "32",
-                       "--num-continuous-decode-steps", "4")
+    sp = simhost.start(
+        DSV4,
+        "--model-path",
+        "/models/DeepSeek-V4-Flash",
+        "--trust-remote-code",
+        "--tp",
+        "4",
+        "--mem-fraction-static",
+        "0.70",
+        "--cuda-graph-max-bs",
+        "32",
+        "--num-continuous-decode-steps",
+        "4",
+    )
     assert sp.wait_ready()
     log = sp.log()
-    lines_in_order(log, CAPTURE_END, SUMMARY, r"INFO:     Started server process \[\d+\]",
-                   r"INFO:     Waiting for application startup\.", r"INFO:     Application startup complete\.",
-                   r"INFO:     Uvicorn running on http://127\.0\.0\.1:\d+ \(Press CTRL\+C to quit\)",
-                   r"POST /generate HTTP/1\.1\" 200", r"The server is fired up and ready to roll!")
+    lines_in_order(
+        log,
+        CAPTURE_END,
+        SUMMARY,
+        r"INFO:     Started server process \[\d+\]",
+        r"INFO:     Waiting for application startup\.",
+        r"INFO:     Application startup complete\.",
+        r"INFO:     Uvicorn running on http://127\.0\.0\.1:\d+ \(Press CTRL\+C to quit\)",
+        r"POST /generate HTTP/1\.1\" 200",
+        r"The server is fired up and ready to roll!",
+    )
     assert sp.get("/health")[0] == 200
     info = sp.server_info()
     assert info["simulated"] is True and info["sim_speed"] == 500
@@ -114,7 +151,8 @@ def test_seed_001_kimi_capacity_and_prefill_burst(simhost) -> None:  # type: ign
     low.proc.send_signal(signal.SIGTERM)
     assert low.wait_exit() == 0
 
-    high = simhost.start(KIMI, *kimi, "--mem-fraction-static", "0.93", speed=3000)
+    # Serving at a moderate speed: a compressed prefill must still outlast the clients' burst of sends.
+    high = simhost.start(KIMI, *kimi, "--mem-fraction-static", "0.93", speed=100)
     assert high.wait_ready()
     summary = re.search(SUMMARY, high.log())
     assert summary is not None
@@ -125,13 +163,18 @@ def test_seed_001_kimi_capacity_and_prefill_burst(simhost) -> None:  # type: ign
     assert any(not r.ok for r in results)
     assert high.wait_exit() == -signal.SIGKILL
     log = high.log()
-    lines_in_order(log, r"Prefill batch, #new-seq: \d+, #new-token: \d+,",
-                   r"Scheduler hit an exception: Traceback", r"forward_extend", OOM,
-                   r"SIGQUIT received\. signum=None, frame=None\. It usually means one child failed\.")
+    lines_in_order(
+        log,
+        r"Prefill batch, #new-seq: \d+, #new-token: \d+,",
+        r"Scheduler hit an exception: Traceback",
+        r"forward_extend",
+        OOM,
+        r"SIGQUIT received\. signum=None, frame=None\. It usually means one child failed\.",
+    )
     last_prefill = re.findall(r"Prefill batch, #new-seq: \d+, #new-token: (\d+),", log)[-1]
     assert int(last_prefill) > 1000  # a burst-sized batch, not one short request
 
-    safe = simhost.start(KIMI, *kimi, "--mem-fraction-static", "0.88", speed=3000)
+    safe = simhost.start(KIMI, *kimi, "--mem-fraction-static", "0.88", speed=100)
     assert safe.wait_ready()
     results = safe.load(concurrency=150, requests=150, input_len=200, output_len=16)
     assert len(results) == 150 and all(r.ok and r.completion_tokens == 16 for r in results)
@@ -140,30 +183,38 @@ def test_seed_001_kimi_capacity_and_prefill_burst(simhost) -> None:  # type: ign
 
 # -- seed 003 -------------------------------------------------------------------------------------------------
 
-NVFP4_FLAGS = ("--model-path", "/models/DeepSeek-V4-Flash-NVFP4", "--trust-remote-code", "--tp", "4",
-               "--moe-runner-backend", "triton")
+NVFP4_FLAGS = (
+    "--model-path",
+    "/models/DeepSeek-V4-Flash-NVFP4",
+    "--trust-remote-code",
+    "--tp",
+    "4",
+    "--moe-runner-backend",
+    "triton",
+)
 
 
 def test_seed_003_streaming_tpot_at_sim_speed_50(simhost) -> None:  # type: ignore[no-untyped-def]
-    sp = simhost.start(NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.70", "--cuda-graph-max-bs", "32",
-                       speed=50, seed=3)
+    sp = simhost.start(
+        NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.70", "--cuda-graph-max-bs", "32", speed=50, seed=3
+    )
     assert sp.wait_ready()
     speed = float(sp.server_info()["sim_speed"])  # type: ignore[arg-type]
-    one = sp.load(concurrency=1, requests=2, input_len=256, output_len=64)
+    one = sp.load(concurrency=1, requests=3, input_len=256, output_len=128)
     sixteen = sp.load(concurrency=16, requests=16, input_len=256, output_len=128)
     assert all(r.ok for r in one + sixteen) and len(sixteen) == 16
-    tpot1 = statistics.fmean(r.tpot_s for r in one) * speed * 1000
-    tpot16 = statistics.fmean(r.tpot_s for r in sixteen) * speed * 1000
+    # median over requests: one late wake-up of this busy 2-core box must not decide the figure
+    tpot1 = statistics.median(r.tpot_s for r in one) * speed * 1000
+    tpot16 = statistics.median(r.tpot_s for r in sixteen) * speed * 1000
     print(f"seed 003 at --sim-speed {speed:g}: TPOT C=1 {tpot1:.1f} ms, C=16 {tpot16:.1f} ms (simulated)")
     assert abs(tpot1 - 84) <= 8.4
     assert abs(tpot16 - 536) <= 53.6
 
 
 def test_seed_003_c64_dies_in_eager_decode(simhost) -> None:  # type: ignore[no-untyped-def]
-    sp = simhost.start(NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.70", "--cuda-graph-max-bs", "32",
-                       speed=400)
+    sp = simhost.start(NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.70", "--cuda-graph-max-bs", "32", speed=25)
     assert sp.wait_ready()
-    assert all(r.ok for r in sp.load(concurrency=16, requests=16, input_len=256, output_len=8))
+    assert all(r.ok for r in sp.load(concurrency=16, requests=16, input_len=256, output_len=4))
     results = sp.load(concurrency=64, requests=64, input_len=256, output_len=32)
     assert not all(r.ok for r in results)
     assert sp.wait_exit() == -signal.SIGKILL
@@ -174,8 +225,7 @@ def test_seed_003_c64_dies_in_eager_decode(simhost) -> None:  # type: ignore[no-
     lines_in_order(log, r"Scheduler hit an exception: Traceback", r"forward_decode", OOM, r"SIGQUIT received\.")
     assert used_mib(simhost, 0) == 4
 
-    fixed = simhost.start(NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.62", "--cuda-graph-max-bs", "64",
-                          speed=400)
+    fixed = simhost.start(NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.62", "--cuda-graph-max-bs", "64", speed=400)
     assert fixed.wait_ready()
     results = fixed.load(concurrency=64, requests=64, input_len=256, output_len=32)
     assert len(results) == 64 and all(r.ok for r in results)
@@ -188,54 +238,109 @@ def test_seed_003_c64_dies_in_eager_decode(simhost) -> None:  # type: ignore[no-
 def test_removed_flag_is_argparse_ambiguity_exit_2(simhost) -> None:  # type: ignore[no-untyped-def]
     sp = simhost.start(NVFP4, *NVFP4_FLAGS, "--cuda-graph-max-bs", "16", sim_flags=("--sim-version", "0.5.20"))
     assert sp.wait_exit() == 2
-    assert sp.log().rstrip().endswith("sglang serve: error: ambiguous option: --cuda-graph-max-bs could match "
-                                      "--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill")
+    assert (
+        sp.log()
+        .rstrip()
+        .endswith(
+            "sglang serve: error: ambiguous option: --cuda-graph-max-bs could match "
+            "--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"
+        )
+    )
     bad = simhost.start(NVFP4, *NVFP4_FLAGS, "--no-such-flag")
     assert bad.wait_exit() == 2
     assert "launch_server.py: error: unrecognized arguments: --no-such-flag" in bad.log()
 
 
 def test_new_version_wording(simhost) -> None:  # type: ignore[no-untyped-def]
-    sp = simhost.start(DSV4, "--model-path", "m", "--tp", "4", "--mem-fraction-static", "0.85",
-                       "--cuda-graph-max-bs-decode", "32", env={"SERVETUNE_SIM_VERSION": "0.5.20"})
+    sp = simhost.start(
+        DSV4,
+        "--model-path",
+        "m",
+        "--tp",
+        "4",
+        "--mem-fraction-static",
+        "0.85",
+        "--cuda-graph-max-bs-decode",
+        "32",
+        env={"SERVETUNE_SIM_VERSION": "0.5.20"},
+    )
     assert sp.wait_exit() == -signal.SIGKILL
-    lines_in_order(sp.log(), r"Load weight end\. elapsed=[0-9.]+ s, type=DeepseekV4ForCausalLM, avail mem=",
-                   r"KV Cache is allocated\. dtype: torch\.float8_e4m3fn, #tokens: \d+, KV size: ",
-                   r"Capture target decode CUDA graph begin\. backend=full, num_tokens_per_req=1, avail mem=",
-                   r"2\. set --cuda-graph-max-bs-decode to a smaller value \(e\.g\., 16\)",
-                   r"Received sigquit from a child process",
-                   r"kill_process_tree called: parent_pid=\d+, include_parent=True, pid=\d+")
+    lines_in_order(
+        sp.log(),
+        r"Load weight end\. elapsed=[0-9.]+ s, type=DeepseekV4ForCausalLM, avail mem=",
+        r"KV Cache is allocated\. dtype: torch\.float8_e4m3fn, #tokens: \d+, KV size: ",
+        r"Capture target decode CUDA graph begin\. backend=full, num_tokens_per_req=1, avail mem=",
+        r"2\. set --cuda-graph-max-bs-decode to a smaller value \(e\.g\., 16\)",
+        r"Received sigquit from a child process",
+        r"kill_process_tree called: parent_pid=\d+, include_parent=True, pid=\d+",
+    )
 
 
 def test_nccl_nvls_on_pcie_is_an_nccl_error_not_oom(simhost) -> None:  # type: ignore[no-untyped-def]
-    sp = simhost.start(NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.7", "--cuda-graph-max-bs", "32",
-                       env={"NCCL_ALGO": "NVLS", "NCCL_DEBUG": "WARN"})
+    sp = simhost.start(
+        NVFP4,
+        *NVFP4_FLAGS,
+        "--mem-fraction-static",
+        "0.7",
+        "--cuda-graph-max-bs",
+        "32",
+        env={"NCCL_ALGO": "NVLS", "NCCL_DEBUG": "WARN"},
+    )
     assert sp.wait_exit() == -signal.SIGKILL
     log = sp.log()
-    lines_in_order(log, r"NCCL WARN Error : no algorithm/protocol available for function AllReduce",
-                   r"Scheduler hit an exception: Traceback",
-                   r"torch\.distributed\.DistBackendError: NCCL error in: .*invalid usage",
-                   r"NCCL_ALGO was set to NVLS\.", r"Received sigquit from a child process")
+    lines_in_order(
+        log,
+        r"NCCL WARN Error : no algorithm/protocol available for function AllReduce",
+        r"Scheduler hit an exception: Traceback",
+        r"torch\.distributed\.DistBackendError: NCCL error in: .*invalid usage",
+        r"NCCL_ALGO was set to NVLS\.",
+        r"Received sigquit from a child process",
+    )
     assert "out of memory" not in log and "Load weight begin" not in log
 
 
 def test_shell_sees_137_after_death(tmp_path: Path) -> None:
     profile = REPO / "runners" / "simhost" / "profiles" / f"{DSV4}.yaml"
     env = {**os.environ, "SERVETUNE_SIM_STATE": str(tmp_path / "state"), "PYTHONPATH": str(REPO)}
-    script = (f"{sys.executable} -m runners.simhost.server --sim-profile {profile} --sim-speed 1000 "
-              "--model-path m --tp 4 --mem-fraction-static 0.85 --cuda-graph-max-bs 32 --port 1 "
-              "2>/dev/null; echo EXIT=$?")
-    done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
-                          check=False)
+    script = (
+        f"{sys.executable} -m runners.simhost.server --sim-profile {profile} --sim-speed 1000 "
+        "--model-path m --tp 4 --mem-fraction-static 0.85 --cuda-graph-max-bs 32 --port 1 "
+        "2>/dev/null; echo EXIT=$?"
+    )
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.stdout.strip() == "EXIT=137"
+
+
+def test_warmup_oom_dies_before_ready(simhost, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    text = (REPO / "runners" / "simhost" / "profiles" / f"{NVFP4}.yaml").read_text()
+    greedy = tmp_path / "greedy.yaml"
+    greedy.write_text(text.replace("warmup_transient_gib: 0.25", "warmup_transient_gib: 40.0"))
+    simhost.profile_override = str(greedy)
+    sp = simhost.start(NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.7", "--cuda-graph-max-bs", "32")
+    assert not sp.wait_ready()
+    assert sp.wait_exit() == -signal.SIGKILL
+    log = sp.log()
+    lines_in_order(
+        log, r"Uvicorn running on", r"POST|Prefill batch", r"Scheduler hit an exception", OOM, r"SIGQUIT received\."
+    )
+    assert "ready to roll" not in log
 
 
 # -- signals and binding --------------------------------------------------------------------------------------
 
 
 def test_sigterm_ignoring_mode_holds_memory_until_sigkill(simhost) -> None:  # type: ignore[no-untyped-def]
-    sp = simhost.start(NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.7", "--cuda-graph-max-bs", "32",
-                       sim_flags=("--sim-ignore-sigterm",))
+    sp = simhost.start(
+        NVFP4,
+        *NVFP4_FLAGS,
+        "--mem-fraction-static",
+        "0.7",
+        "--cuda-graph-max-bs",
+        "32",
+        sim_flags=("--sim-ignore-sigterm",),
+    )
     assert sp.wait_ready()
     held = used_mib(simhost, 0)
     assert held > 70_000
@@ -265,8 +370,9 @@ def _listening(pid: int) -> list[str]:
 
 
 def test_binds_only_to_the_given_host(simhost) -> None:  # type: ignore[no-untyped-def]
-    sp = simhost.start(NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.7", "--cuda-graph-max-bs", "32",
-                       "--skip-server-warmup")
+    sp = simhost.start(
+        NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.7", "--cuda-graph-max-bs", "32", "--skip-server-warmup"
+    )
     assert sp.wait_ready()
     assert _listening(sp.pid) == [f"0100007F:{sp.port:04X}"]
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.2", sp.port), timeout=5):
@@ -275,8 +381,9 @@ def test_binds_only_to_the_given_host(simhost) -> None:  # type: ignore[no-untyp
 
 
 def test_health_is_503_until_warm_and_endpoints(simhost) -> None:  # type: ignore[no-untyped-def]
-    sp = simhost.start(NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.7", "--cuda-graph-max-bs", "32",
-                       "--enable-metrics", speed=20)
+    sp = simhost.start(
+        NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.7", "--cuda-graph-max-bs", "32", "--enable-metrics", speed=20
+    )
     deadline = time.monotonic() + 30
     while "Uvicorn running" not in sp.log() and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -29,8 +29,13 @@ def _host(state: Path) -> HostState:
 
 def _hog(state: Path, mib: int, gpus: str) -> subprocess.Popen[str]:
     env = {**os.environ, "SERVETUNE_SIM_STATE": str(state), "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "runners.simhost.hog", "--mib", str(mib), "--gpus", gpus],
-                            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runners.simhost.hog", "--mib", str(mib), "--gpus", gpus],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline().startswith(f"holding {mib} MiB")
     return proc
@@ -76,8 +81,7 @@ def test_compute_apps_empty_then_listed_then_released_on_kill(tmp_path: Path) ->
         assert out == f"{hog.pid}, 20480, {host.uuids[1]}\n{hog.pid}, 20480, {host.uuids[2]}\n"
         with_units, _ = render(["--query-compute-apps=pid,used_memory", "--format=csv"], tmp_path)
         assert with_units == f"pid, used_gpu_memory [MiB]\n{hog.pid}, 20480 MiB\n{hog.pid}, 20480 MiB\n"
-        used, _ = render(["--query-gpu=memory.used,memory.free", "--format=csv,noheader,nounits", "-i", "1"],
-                         tmp_path)
+        used, _ = render(["--query-gpu=memory.used,memory.free", "--format=csv,noheader,nounits", "-i", "1"], tmp_path)
         assert used == "20484, 77403\n"
         os.killpg(hog.pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
@@ -116,8 +120,15 @@ def test_install_smi_shim_on_path_from_anywhere(tmp_path: Path) -> None:
     assert shim == tmp_path / "bin" / "nvidia-smi" and os.access(shim, os.X_OK)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SERVETUNE_SIM_STATE")}
     env["PATH"] = f"{shim.parent}{os.pathsep}{env.get('PATH', '')}"
-    done = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30, check=True)
+    done = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     assert done.stdout.splitlines() == [f"{i}, 97887" for i in range(8)]
 
 
