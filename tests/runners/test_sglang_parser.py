@@ -3,7 +3,6 @@
 Every line below is built from the format strings quoted in shared/reference/sglang-facts.md (§2, §3).
 Log lines are kept whole, as SGLang prints them, hence the long lines.
 """
-# ruff: noqa: E501
 
 from __future__ import annotations
 
