@@ -62,13 +62,15 @@ def run(space_path: Path, wd: Path, n_trials: int, *, mlflow: bool = True, seed:
     if mlflow:
         from search.tracking import MlflowTracker
 
-        callbacks.append(MlflowTracker(settings.mlflow_uri).callback())
+        callbacks.append(MlflowTracker(settings.mlflow_uri).callback(background=True))
     host = local_host(space, runs_root=str(wd / "runs"), sim_dir=wd / "sim")
     options = RunOptions(study_name="bench", storage_url=f"sqlite:///{wd}/bench.db",
                          artifacts_dir=wd / "artifacts", n_trials=n_trials, timeout=None, seed=seed,
                          callbacks=callbacks, smi_interval=settings.smi_interval)
     t0 = time.perf_counter()
     summary = run_search(space, [host], options)
+    for cb in callbacks:
+        cb.drain()  # the MLflow logging still queued counts too
     return summary.study, time.perf_counter() - t0
 
 

@@ -29,6 +29,7 @@ from runners.smi import APPS_QUERY, GPU_QUERY, ComputeApp, GpuStatus, parse_apps
 from runners.transport import CommandResult, LineStream, Transport
 
 RUN_ID_VAR = "SERVETUNE_RUN_ID"
+_SPLIT = "--servetune-apps--"
 
 # Records the group id, runs the launch script with every stream redirected, records its exit code.
 # The trap gives the wrapper a handler (not "ignore") so the server does not inherit an ignored SIGTERM,
@@ -213,6 +214,7 @@ class Host:
 
     ``env`` is exported before every command (e.g. PATH for a simulated host's nvidia-smi).
     ``busy_mib`` is how much used memory per GPU, with no compute process of ours, still counts as free.
+    ``server_port``, when set, is the port servers bind on this host instead of the space's ``port``.
     """
 
     def __init__(
@@ -222,12 +224,14 @@ class Host:
         runs_root: str = "~/.servetune/runs",
         env: Mapping[str, str] | None = None,
         busy_mib: float = 1024.0,
+        server_port: int | None = None,
     ) -> None:
         self.transport = transport
         self.name = transport.name
         self.runs_root = runs_root.rstrip("/")
         self.env = dict(env or {})
         self.busy_mib = busy_mib
+        self.server_port = server_port
 
     # ---- commands -------------------------------------------------------------------------------
 
@@ -271,6 +275,16 @@ class Host:
                                   host=self.name)
         return parse_apps(res.stdout)
 
+    def gpu_state(self, *, timeout: float = 20.0) -> tuple[list[GpuStatus], list[ComputeApp]]:
+        """GPUs and compute processes in one round trip."""
+        res = self.run(f"{GPU_QUERY} && echo {_SPLIT} && {APPS_QUERY}", timeout=timeout)
+        if not res.ok or _SPLIT not in res.stdout:
+            raise HostUnreachable(
+                f"nvidia-smi failed on {self.name} (rc={res.rc}): {res.stderr.strip()[:200]}", host=self.name
+            )
+        gpus, _, apps = res.stdout.partition(_SPLIT)
+        return parse_gpus(gpus), parse_apps(apps)
+
     def smi_sample(self) -> tuple[float, list[GpuStatus]]:
         return time.time(), self.gpus()
 
@@ -296,13 +310,13 @@ class Host:
                 f"{(ver.stderr.strip().splitlines() or ['no output'])[-1][:200]}",
                 host=self.name,
             )
-        found = self.gpus(timeout=timeout) if gpus else []
-        apps = self.compute_apps(timeout=timeout) if gpus else []
+        found, apps = self.gpu_state(timeout=timeout) if gpus else ([], [])
         info = HostInfo(self.name, python, engine, ver.stdout.strip().splitlines()[-1].strip(), found, apps)
-        self._judge_busy(info)
+        self.judge_busy(info)
         return info
 
-    def _judge_busy(self, info: HostInfo) -> None:
+    def judge_busy(self, info: HostInfo) -> None:
+        """Mark ``info`` busy when foreign compute processes or memory are on the GPUs."""
         if info.apps:
             pids = ", ".join(str(a.pid) for a in info.apps)
             info.busy, info.reason = True, f"compute processes on the GPUs (pid {pids})"
@@ -322,8 +336,7 @@ class Host:
         """Wait until no compute process is left and used memory is back near its baseline."""
         deadline = time.monotonic() + timeout
         while True:
-            apps = self.compute_apps()
-            gpus = self.gpus()
+            gpus, apps = self.gpu_state()
             if not apps and all((g.used_mib or 0) <= self.busy_mib for g in gpus):
                 return gpus
             if time.monotonic() > deadline:

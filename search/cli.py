@@ -64,9 +64,16 @@ def run(
     no_mlflow: Annotated[bool, typer.Option("--no-mlflow", help="Do not log to MLflow.")] = False,
     artifacts_dir: Annotated[Path | None, typer.Option(help="Where trial artifacts are kept.")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
+    host_cooldown: Annotated[str, typer.Option(
+        "--host-cooldown", help="How long a host that keeps failing is set aside, e.g. 5m.")] = "5m",
     live: Annotated[bool, typer.Option("--live/--no-live", help="Live display.")] = True,
 ) -> None:
-    """Run (or resume) a search: launch, benchmark and record one trial after another."""
+    """Run (or resume) a search: launch, benchmark and record one trial after another.
+
+    The same command again resumes the study; on several machines (``servetune worker``, a PostgreSQL
+    ``--storage``) each controller runs its own hosts and the budget is shared. First Ctrl-C/SIGTERM:
+    finish the running trials and stop; second: abort them.
+    """
     from search.hosts import build_hosts
     from search.progress import Progress, summary_table
     from search.records import records
@@ -87,7 +94,7 @@ def run(
 
         tracker = MlflowTracker(settings.mlflow_uri,
                                 optuna_artifact_store=artifact_store(settings.artifacts_dir / "optuna-artifacts"))
-        callbacks.append(tracker.callback())
+        callbacks.append(tracker.callback(background=True))
     from search.notes import notes_callback
 
     callbacks.append(notes_callback())
@@ -96,16 +103,31 @@ def run(
     options = RunOptions(
         study_name=name, storage_url=settings.storage, artifacts_dir=settings.artifacts_dir,
         n_trials=trials_budget, timeout=seconds, seed=seed, smi_interval=settings.smi_interval,
+        cooldown=_duration("--host-cooldown", host_cooldown),
+        heartbeat_interval=settings.heartbeat_interval, grace_period=settings.heartbeat_grace,
         callbacks=callbacks, hook=progress.hook,
     )
     console.print(f"study [bold]{name}[/] on {', '.join(h.name for h in hosts)} "
                   f"(storage {settings.storage}; budget {trials_budget or 'unlimited'} trials)")
-    with progress:
-        summary = run_search(space, hosts, options)
+    try:
+        with progress:
+            summary = run_search(space, hosts, options)
+    finally:
+        for h in hosts:
+            h.close()
     if tracker is not None:
-        tracker.finish_study(summary.study)
+        try:
+            tracker.finish_study(summary.study)  # waits for the background logger first
+        except ServetuneError as exc:
+            err_console.print(f"mlflow: {exc} (back-fill later with `servetune sync-mlflow`)")
     recs = records(summary.study)
     console.print(summary_table(recs, space.objective.metric))
+    for orphan in summary.orphans_stopped:
+        console.print(f"stopped an orphaned server: {orphan}")
+    set_aside = [f"{s['host']} ({s['state']}: {s['last_error']})" for s in summary.host_states
+                 if s["state"] in ("set aside", "retired")]
+    if set_aside:
+        console.print("hosts set aside: " + "; ".join(set_aside))
     console.print(f"ran {summary.ran} trial(s) in this run; stopped by: {summary.stopped_by}")
     from search.records import best_record
 
@@ -116,8 +138,14 @@ def run(
                       f"at C={space.target_level}  [{params}]")
     else:
         console.print("[yellow]no COMPLETE trial yet[/]")
-    for h in hosts:
-        h.close()
+    from search.report import report_markdown
+
+    report_path = settings.artifacts_dir / name / "report.md"
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(report_markdown(summary.study))
+    console.print(f"morning summary: {report_path} (again any time: servetune report --study {name})")
+    if summary.stopped_by in ("signal", "aborted"):
+        raise typer.Exit(130)
 
 
 app.command(name="worker", help="Join a (shared) study as one more controller; same options as run.")(run)
@@ -212,14 +240,17 @@ def report(
 def status(
     study: StudyOpt,
     storage: StorageOpt = None,
-    n_trials: Annotated[int | None, typer.Option("--n-trials", help="The budget, for the time-left estimate.")]
-    = None,
+    n_trials: Annotated[int | None, typer.Option(
+        "--n-trials", help="The budget, for the time-left estimate [default: the latest run's].")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Where a study stands (works while the search runs elsewhere)."""
     from search.report import status_data
 
-    data = status_data(_open(study, storage), n_trials=n_trials)
+    st = _open(study, storage)
+    if n_trials is None and isinstance(st.user_attrs.get("n_trials"), int):
+        n_trials = st.user_attrs["n_trials"]  # the budget of the latest run
+    data = status_data(st, n_trials=n_trials)
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
         return

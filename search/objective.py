@@ -69,9 +69,23 @@ class Objective:
         self.env = env
 
     def __call__(self, trial: optuna.Trial) -> float:
+        """Acquire a host from the pool, run the trial on it, give the host back."""
+        slot = self.env.pool.acquire(stop=self.env.abort)
+        infra = False
+        error = ""
+        try:
+            return self.run(trial, slot)
+        except TrialFailed as exc:
+            infra, error = True, str(exc)
+            raise
+        finally:
+            self.env.pool.release(slot, infra_failure=infra, error=error)
+
+    def run(self, trial: optuna.Trial, slot: HostSlot) -> float:
+        """Run the trial on a host the caller holds (and gives back)."""
         env = self.env
         params = sample(trial, env.space)
-        reused = _reuse(trial, params)
+        reused = _reuse(trial, params, abort=env.abort)
         if reused is not None:
             return reused
         launch = LaunchConfig.from_params(env.space, params)
@@ -79,16 +93,7 @@ class Objective:
         trial.set_user_attr("engine", launch.engine)
         trial.set_user_attr("objective_metric", env.space.objective.metric)
         trial.set_user_attr("objective_level", env.space.target_level)
-        slot = env.pool.acquire(stop=env.abort)
-        infra = False
-        error = ""
-        try:
-            return self._run(trial, launch, slot)
-        except TrialFailed as exc:
-            infra, error = True, str(exc)
-            raise
-        finally:
-            env.pool.release(slot, infra_failure=infra, error=error)
+        return self._run(trial, launch, slot)
 
     # ------------------------------------------------------------------------------------------
 
@@ -110,9 +115,9 @@ class Objective:
             env.preflight_cache[host.name] = info
         else:
             # Engine and python do not change between trials; the GPUs do.
-            info = HostInfo(cached.name, cached.python, cached.engine, cached.engine_version,
-                            host.gpus() if gpu else [], host.compute_apps() if gpu else [])
-            host._judge_busy(info)
+            gpus, apps = host.gpu_state() if gpu else ([], [])
+            info = HostInfo(cached.name, cached.python, cached.engine, cached.engine_version, gpus, apps)
+            host.judge_busy(info)
         slot.info = info
         if info.busy:
             # Our own previous server may still be releasing memory: give it a moment.
@@ -127,6 +132,10 @@ class Objective:
     def _run(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot) -> float:
         env = self.env
         space = env.space
+        port = slot.host.server_port
+        if port is not None and port != launch.port:
+            launch = launch.model_copy(update={"port": port})
+            trial.set_user_attr("launch_config", launch.model_dump(mode="json"))
         self._emit(trial, "host", slot.name)
         trial.set_user_attr("host", slot.name)
         try:
@@ -328,21 +337,38 @@ def _slim(level: dict[str, Any]) -> dict[str, Any]:
     return {k: level[k] for k in _SLIM_KEYS if k in level}
 
 
-def _reuse(trial: optuna.Trial, params: dict[str, Any]) -> float | None:
-    """If these params were already measured (COMPLETE or PRUNED), reuse that result instead of rerunning."""
+def _reuse(trial: optuna.Trial, params: dict[str, Any], *, abort: threading.Event | None = None,
+           poll: float = 0.5) -> float | None:
+    """If these params were already measured (COMPLETE or PRUNED), reuse that result instead of rerunning.
+
+    A trial with the same params that is still RUNNING under a lower number (another host or controller
+    got there first) is waited for, so that a configuration is never run twice at once; if it ends FAIL
+    (infrastructure trouble), this trial runs the configuration itself.
+    """
     study = trial.study
-    for past in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        if past.number == trial.number or past.params != params:
-            continue
-        origin = past.user_attrs.get("duplicate_of", past.number)
-        for key, value in past.user_attrs.items():
-            if key not in ("duplicate_of", "artifact_ids"):
-                trial.set_user_attr(key, value)
-        trial.set_user_attr("duplicate_of", origin)
-        if past.state == TrialState.COMPLETE:
-            for key, value in past.constraints.items() if isinstance(past.constraints, dict) else []:
-                trial.set_constraint(key, value)
-            assert past.value is not None
-            return float(past.value)
-        raise optuna.TrialPruned(f"same configuration as trial {origin}: {past.user_attrs.get('outcome')}")
-    return None
+    while True:
+        for past in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            if past.number == trial.number or past.params != params:
+                continue
+            origin = past.user_attrs.get("duplicate_of", past.number)
+            for key, value in past.user_attrs.items():
+                if key not in ("duplicate_of", "artifact_ids", "retried_from"):
+                    trial.set_user_attr(key, value)
+            trial.set_user_attr("duplicate_of", origin)
+            if past.state == TrialState.COMPLETE:
+                for key, value in past.constraints.items() if isinstance(past.constraints, dict) else []:
+                    trial.set_constraint(key, value)
+                assert past.value is not None
+                return float(past.value)
+            raise optuna.TrialPruned(f"same configuration as trial {origin}: {past.user_attrs.get('outcome')}")
+        twins = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                 if t.number < trial.number and t.params == params]
+        if not twins:
+            return None
+        if abort is not None and abort.is_set():
+            trial.set_user_attr("outcome", FailureKind.INTERRUPTED.value)
+            trial.set_user_attr("phase", None)
+            trial.set_user_attr("reason", "interrupted")
+            raise TrialFailed(Failure(FailureKind.INTERRUPTED, None, "interrupted"))
+        trial.set_user_attr("waiting_for", twins[0])
+        time.sleep(poll)

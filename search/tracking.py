@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import queue
 import shlex
 import tempfile
 import threading
@@ -109,6 +110,7 @@ class MlflowTracker:
         self._experiments: dict[str, str] = {}
         self._parents: dict[str, str] = {}
         self._lock = threading.RLock()
+        self._callbacks: list[MlflowCallback] = []
 
     # ---- public ------------------------------------------------------------------------------------
 
@@ -127,9 +129,15 @@ class MlflowTracker:
             self._log(study_name, experiment_id, trial)
             return True
 
-    def callback(self) -> MlflowCallback:
-        """An Optuna study callback that logs each finished trial and never raises."""
-        return MlflowCallback(self)
+    def callback(self, *, background: bool = False) -> MlflowCallback:
+        """An Optuna study callback that logs each finished trial and never raises.
+
+        ``background=True`` logs on a worker thread so MLflow's latency stays off the trials' critical
+        path; call :meth:`MlflowCallback.drain` before reading MLflow (``finish_study`` does).
+        """
+        callback = MlflowCallback(self, background=background)
+        self._callbacks.append(callback)
+        return callback
 
     def sync(self, study: optuna.Study) -> SyncResult:
         """Log every finished trial that MLflow lacks (``servetune sync-mlflow``). Raises StudyError."""
@@ -160,6 +168,8 @@ class MlflowTracker:
 
         Raises StudyError.
         """
+        for callback in self._callbacks:
+            callback.drain()
         name = study.study_name
         recs = records(study)
         counts = {state: sum(1 for r in recs if r.state == state)
@@ -376,14 +386,42 @@ class MlflowCallback:
     lost, ``MlflowTracker.sync`` back-fills later. After MLflow recovers, a later outage warns again.
     """
 
-    def __init__(self, tracker: MlflowTracker) -> None:
+    def __init__(self, tracker: MlflowTracker, *, background: bool = False) -> None:
         self.tracker = tracker
         self.failures = 0
         self._broken = False
+        self._queue: queue.Queue[tuple[str, FrozenTrial] | None] | None = None
+        self._worker: threading.Thread | None = None
+        if background:
+            self._queue = queue.Queue()
+            self._worker = threading.Thread(target=self._drain_forever, name="mlflow-logger", daemon=True)
+            self._worker.start()
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if self._queue is not None:
+            self._queue.put((study.study_name, trial))
+            return
+        self._log(study.study_name, trial)
+
+    def _drain_forever(self) -> None:
+        assert self._queue is not None
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._log(*item)
+            finally:
+                self._queue.task_done()
+
+    def drain(self) -> None:
+        """Wait until every queued trial has been logged (or has failed to log)."""
+        if self._queue is not None:
+            self._queue.join()
+
+    def _log(self, study_name: str, trial: FrozenTrial) -> None:
         try:
-            self.tracker.log_trial(study.study_name, trial)
+            self.tracker.log_trial(study_name, trial)
         except Exception as exc:  # a tracking outage must never stop the study
             self.failures += 1
             if not self._broken:

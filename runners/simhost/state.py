@@ -20,9 +20,10 @@ import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runners.simhost.profile import HostSpec
+if TYPE_CHECKING:  # nvidia-smi reads state without importing pydantic: it runs on every sample
+    from runners.simhost.profile import HostSpec
 
 __all__ = [
     "HostState",
