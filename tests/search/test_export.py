@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from runners.errors import ConfigError
 from search.export import export_script
-from tests.search.test_report import build_study, level, make_trial, standard_trials
+from tests.fixtures.trials import build_study, level, make_trial, standard_trials
 
 NOW = datetime(2026, 11, 29, 7, 30, tzinfo=UTC)
 

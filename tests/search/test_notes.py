@@ -11,7 +11,7 @@ import pytest
 from optuna_dashboard._note import get_note_from_system_attrs
 
 from search.notes import note_markdown, notes_callback, oom_lines, write_note
-from tests.search.test_report import OOM_CUDA_GRAPH_TAIL, build_study, standard_trials
+from tests.fixtures.trials import OOM_CUDA_GRAPH_TAIL, build_study, standard_trials
 
 
 def read_note(study: optuna.Study, number: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -53,8 +54,48 @@ def test_success_resets_the_failure_count() -> None:
 
 
 def test_no_hosts_left_ends_the_search() -> None:
-    pool = HostPool(hosts(1), max_consecutive_failures=1, cooldown=60)
+    pool = HostPool(hosts(1), max_consecutive_failures=1, cooldown=60, max_set_asides=1)
     slot = pool.acquire()
     pool.release(slot, infra_failure=True, error="GPU busy")
     with pytest.raises(NoHostsLeft, match="GPU busy"):
         pool.acquire()
+    assert pool.states()[0]["state"] == "retired"
+
+
+def test_all_set_aside_waits_for_the_cooldown_then_retires() -> None:
+    pool = HostPool(hosts(1), max_consecutive_failures=1, cooldown=0.3, max_set_asides=2)
+    slot = pool.acquire()
+    pool.release(slot, infra_failure=True, error="ssh refused")
+    assert pool.states()[0]["state"] == "set aside"
+    started = time.monotonic()
+    slot = pool.acquire()  # waits for the cooldown instead of ending the search
+    assert 0.2 < time.monotonic() - started < 2
+    pool.release(slot, infra_failure=True, error="ssh refused")
+    with pytest.raises(NoHostsLeft, match="retired"):
+        pool.acquire()  # set aside twice in a row: retired
+
+
+def test_success_resets_the_set_aside_streak() -> None:
+    pool = HostPool(hosts(1), max_consecutive_failures=1, cooldown=0.05, max_set_asides=2)
+    for ok in (False, True, False, True):
+        slot = pool.acquire()
+        pool.release(slot, infra_failure=not ok, error="x")
+    assert pool.states()[0]["set_aside_count"] == 2
+    assert pool.acquire().name == "h0"
+
+
+def test_waiting_for_a_set_aside_host_stops_on_request() -> None:
+    pool = HostPool(hosts(1), max_consecutive_failures=1, cooldown=60)
+    pool.release(pool.acquire(), infra_failure=True, error="x")
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    with pytest.raises(NoHostsLeft, match="stopping"):
+        pool.acquire(stop=stop)
+
+
+def test_put_back_keeps_the_failure_count() -> None:
+    pool = HostPool(hosts(1), max_consecutive_failures=2)
+    pool.release(pool.acquire(), infra_failure=True, error="x")
+    pool.put_back(pool.acquire())
+    assert pool.states()[0]["consecutive_failures"] == 1
+    assert pool.states()[0]["trials"] == 1

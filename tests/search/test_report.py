@@ -1,211 +1,26 @@
 """The morning report and ``servetune status``, on a study built the way the objective records trials.
 
-The trial builders here (:func:`make_trial`, :func:`build_study`) are shared by ``test_export``,
-``test_notes`` and ``test_tracking``: they write the user attrs exactly as ``search/objective.py`` does.
+The trials come from :mod:`tests.fixtures.trials` (user attrs exactly as ``search/objective.py`` writes them).
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-from datetime import datetime, timedelta
-from io import BytesIO
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import optuna
 import pytest
-from optuna.artifacts import FileSystemArtifactStore
-from optuna.distributions import CategoricalDistribution, FloatDistribution
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
-from search.records import MEM_PREFIX
 from search.report import format_duration, report_markdown, status_data
-from spaces.launch import LaunchConfig, render_script
-
-# ---- builders (shared) -------------------------------------------------------------------------------
-
-T0 = datetime(2026, 11, 28, 22, 0, 0)
-FIXED_ARGS = ("--tp", "4", "--trust-remote-code", "--moe-runner-backend", "triton")
-SPACE_ENV = {"NCCL_P2P_LEVEL": "NVL"}
-DISTRIBUTIONS = {
-    "mem_fraction_static": FloatDistribution(0.6, 0.95, step=0.01),
-    "cuda_graph_max_bs": CategoricalDistribution([64, 128, 256]),
-    "nccl.NCCL_ALGO": CategoricalDistribution(["unset", "Ring", "Tree"]),
-}
-OOM_CUDA_GRAPH_TAIL = "\n".join([
-    "[2026-11-28 22:10:01 TP0] Load weight end. type=Qwen3ForCausalLM, avail mem=60.12 GB, "
-    "mem usage=15.30 GB.",
-    "[2026-11-28 22:10:02 TP0] KV Cache is allocated. #tokens: 421000, K size: 24.10 GB, V size: 24.10 GB",
-    "Capturing batches (bs=256 avail_mem=3.10 GB):   4%|▍         | 1/23",
-    "[2026-11-28 22:10:05 TP0] Capture cuda graph failed: CUDA out of memory. Tried to allocate 3.94 GiB. "
-    "GPU 0 has a total capacity of 79.19 GiB of which 2.80 GiB is free.",
-    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.94 GiB.",
-    "[2026-11-28 22:10:05] Received sigquit from a child process. It usually means the child failed.",
-])
-OOM_DECODE_TAIL = "\n".join([
-    "[2026-11-28 22:20:01 TP0] The server is fired up and ready to roll!",
-    "[2026-11-28 22:20:09 TP0] Decode batch. #running-req: 16, #token: 9000, token usage: 0.95",
-    "[2026-11-28 22:20:10 TP0] Decode out of memory. Try to lower your batch size.",
-    "[2026-11-28 22:20:10 TP0] Scheduler hit an exception: Traceback (most recent call last):",
-])
-
-
-def launch_config(mfs: float, cgbs: int, algo: str = "unset", *, engine: str = "sglang",
-                  engine_options: dict[str, Any] | None = None) -> LaunchConfig:
-    env = dict(SPACE_ENV)
-    if algo != "unset":
-        env["NCCL_ALGO"] = algo
-    return LaunchConfig(
-        engine=engine, python="/opt/sglang-venv/bin/python", model_path="/models/Qwen3-30B-A3B",
-        port=30000, knobs={"mem_fraction_static": mfs, "cuda_graph_max_bs": cgbs},
-        fixed_args=FIXED_ARGS, env=env, engine_options=engine_options or {},
-    )
-
-
-def level(c: int, out_tps: float, *, failed: int = 0) -> dict[str, Any]:
-    return {
-        "max_concurrency": c, "completed": 64 - failed, "failed": failed, "duration": 30.0,
-        "request_throughput": out_tps / 256, "output_throughput": out_tps, "total_throughput": out_tps * 2,
-        "mean_ttft_ms": 40.0 * c, "median_ttft_ms": 38.0 * c, "p99_ttft_ms": 90.0 * c,
-        "mean_tpot_ms": 5.0 + c / 4, "median_tpot_ms": 5.0 + c / 4, "p99_tpot_ms": 9.0 + c / 2,
-    }
-
-
-def make_trial(*, state: TrialState, mfs: float, cgbs: int, algo: str = "unset",
-               version: str | None = "0.5.10", value: float | None = None, outcome: str = "ok",
-               phase: str | None = None, reason: str = "",
-               memory: dict[str, Any] | None = None, levels: list[dict[str, Any]] | None = None,
-               host: str = "gpu-a", log_tail: str = "", artifacts_dir: Path | None = None,
-               artifact_ids: dict[str, str] | None = None, simulated: bool = False, engine: str = "sglang",
-               engine_options: dict[str, Any] | None = None, start_min: float = 0.0,
-               duration_s: float = 300.0, recorded: bool = True, write_files: bool = True) -> FrozenTrial:
-    """A trial with the user attrs ``Objective`` writes (``recorded=False``: failed before the server ran).
-
-    With ``artifacts_dir`` the trial's files are written there, unless ``write_files`` is False (a directory
-    that is gone).
-    """
-    params = {"mem_fraction_static": mfs, "cuda_graph_max_bs": cgbs, "nccl.NCCL_ALGO": algo}
-    launch = launch_config(mfs, cgbs, algo, engine=engine, engine_options=engine_options)
-    attrs: dict[str, Any] = {
-        "launch_config": launch.model_dump(mode="json"),
-        "engine": engine,
-        "objective_metric": "output_throughput",
-        "objective_level": 16,
-        "host": host,
-        "outcome": outcome,
-        "phase": phase,
-        "reason": reason,
-    }
-    if recorded:
-        assert version is not None
-        attrs.update({
-            "engine_version": version,
-            "gpu_name": "NVIDIA H100 80GB HBM3",
-            "gpu_count": 4,
-            "argv": launch.argv(version),
-            "env": launch.environment(version),
-            "run_id": f"study-{uuid.uuid4().hex[:8]}",
-            "startup_s": 95.5,
-            "stop_method": "sigterm",
-            "stop_s": 1.2,
-            "simulated": simulated,
-            "levels": levels or [],
-            "level_reached": max([lv["max_concurrency"] for lv in levels or [] if not lv.get("failed")],
-                                 default=0),
-            "log_tail": log_tail,
-        })
-        for key, fig in (memory or {}).items():
-            attrs[MEM_PREFIX + key] = fig
-        if outcome == "oom" and phase:
-            attrs[MEM_PREFIX + "oom_phase"] = phase
-        if state != TrialState.COMPLETE:
-            attrs["exit_code"] = 1
-        if artifacts_dir is not None:
-            attrs["artifacts_dir"] = str(artifacts_dir)
-            if write_files:
-                write_artifacts(artifacts_dir, launch, version, levels or [], log_tail)
-        if artifact_ids is not None:
-            attrs["artifact_ids"] = artifact_ids
-    trial = optuna.trial.create_trial(
-        state=state, value=value, params=params, distributions=DISTRIBUTIONS, user_attrs=attrs,
-        intermediate_values={lv["max_concurrency"]: lv["output_throughput"] for lv in levels or []},
-    )
-    trial.datetime_start = T0 + timedelta(minutes=start_min)
-    trial.datetime_complete = None if state == TrialState.RUNNING else \
-        trial.datetime_start + timedelta(seconds=duration_s)
-    return trial
-
-
-def artifact_files(launch: LaunchConfig, version: str, levels: list[dict[str, Any]],
-                   log_tail: str) -> dict[str, str]:
-    return {
-        "server.log": log_tail + "\n",
-        "launch.sh": render_script(launch, version, header=["servetune trial"]),
-        "bench.json": json.dumps(levels, indent=2),
-        "nvidia-smi.csv": "timestamp,index,name,memory.total [MiB],memory.used [MiB]\n"
-                          "1.0,0,H100,81559,70000\n",
-    }
-
-
-def write_artifacts(directory: Path, launch: LaunchConfig, version: str, levels: list[dict[str, Any]],
-                    log_tail: str) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, text in artifact_files(launch, version, levels, log_tail).items():
-        (directory / name).write_text(text)
-
-
-def store_artifacts(store: FileSystemArtifactStore, files: dict[str, str]) -> dict[str, str]:
-    """Put files in Optuna's artifact store as ``upload_artifact`` would; returns ``{name: artifact_id}``."""
-    ids = {}
-    for name, text in files.items():
-        artifact_id = str(uuid.uuid4())
-        store.write(artifact_id, BytesIO(text.encode()))
-        ids[name] = artifact_id
-    return ids
-
-
-def standard_trials(artifacts: Path | None = None) -> list[FrozenTrial]:
-    """#0 ok (0.5.10, 4.1 GiB free), #1 best but thin (0.5.23, 0.82 GiB), #2 OOM in cuda_graph, #3 OOM in
-    decode, #4 FAIL host_busy, #5 RUNNING."""
-    def adir(n: int) -> Path | None:
-        return artifacts / str(n) if artifacts is not None else None
-
-    return [
-        make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=128, algo="Ring", value=2100.0,
-                   memory={"gpu_total_gib": 79.19, "weights_gib": 15.3, "kv_tokens": 380000, "kv_gib": 40.2,
-                           "graph_gib": 2.1, "free_after_capture_gib": 4.1, "max_total_num_tokens": 380000},
-                   levels=[level(1, 180.0), level(16, 2100.0)], artifacts_dir=adir(0),
-                   log_tail="The server is fired up and ready to roll!", start_min=0, duration_s=300),
-        make_trial(state=TrialState.COMPLETE, mfs=0.88, cgbs=256, version="0.5.23", value=2400.0,
-                   memory={"gpu_total_gib": 79.19, "kv_gib": 46.0, "graph_gib": 3.4,
-                           "free_after_capture_gib": 0.82, "max_total_num_tokens": 431000},
-                   levels=[level(1, 190.0), level(16, 2400.0)], artifacts_dir=adir(1), start_min=6,
-                   duration_s=320),
-        make_trial(state=TrialState.PRUNED, mfs=0.93, cgbs=256, outcome="oom", phase="cuda_graph",
-                   reason="CUDA out of memory in cuda_graph: tried to allocate 3.94 GiB with 2.80 GiB free",
-                   memory={"gpu_total_gib": 79.19, "kv_gib": 48.2, "tried_to_allocate_gib": 3.94,
-                           "free_at_oom_gib": 2.8},
-                   log_tail=OOM_CUDA_GRAPH_TAIL, artifacts_dir=adir(2), start_min=12, duration_s=120),
-        make_trial(state=TrialState.PRUNED, mfs=0.9, cgbs=128, outcome="oom", phase="decode",
-                   reason="out of memory in decode: Decode out of memory. Try to lower your batch size.",
-                   memory={"gpu_total_gib": 79.19, "free_after_capture_gib": 1.2,
-                           "smi_peak_used_mib": 80900.0},
-                   levels=[level(1, 185.0), level(16, 0.0, failed=64)], log_tail=OOM_DECODE_TAIL,
-                   artifacts_dir=adir(3), start_min=15, duration_s=200),
-        make_trial(state=TrialState.FAIL, mfs=0.85, cgbs=64, outcome="host_busy", host="gpu-b",
-                   reason="GPU 0 on gpu-b is busy: pid 4242 (python3) holds 20480 MiB", recorded=False,
-                   start_min=19, duration_s=4),
-        make_trial(state=TrialState.RUNNING, mfs=0.86, cgbs=64, outcome="", recorded=False, start_min=20),
-    ]
-
-
-def build_study(storage_url: str, name: str, trials: list[FrozenTrial]) -> optuna.Study:
-    study = optuna.create_study(storage=storage_url, study_name=name, direction="maximize")
-    for trial in trials:
-        study.add_trial(trial)
-    return study
-
+from tests.fixtures.trials import (
+    T0,
+    build_study,
+    level,
+    make_trial,
+    standard_trials,
+)
 
 # ---- tests ---------------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 
 from runners.errors import StudyError
 from search.tracking import MlflowTracker, SyncResult
-from tests.search.test_report import (
+from tests.fixtures.trials import (
     artifact_files,
     build_study,
     launch_config,
@@ -334,3 +334,15 @@ def test_real_mlflow_server(mlflow_server: Server, local: Local, monkeypatch: py
     experiment = client.get_experiment(tracker.experiment_id("qwen-remote"))
     assert experiment.artifact_location.startswith("mlflow-artifacts:")
     assert artifact_names(client, runs[0]) == ARTIFACTS  # uploaded through the server's artifact proxy
+
+
+def test_background_logging_drains_every_trial(local: Local) -> None:
+    # `servetune run` logs on a worker thread so MLflow's latency is off the trials' critical path;
+    # finish_study waits for it, so nothing queued is lost.
+    study = build_study(local.storage.replace("optuna.db", "bg.db"), "bg", standard_trials())
+    callback = local.tracker.callback(background=True)
+    for trial in study.trials:
+        callback(study, trial)
+    local.tracker.finish_study(study)  # drains first
+    finished = {t.number for t in study.trials if t.state.is_finished()}
+    assert set(local.tracker.trial_runs("bg")) == finished
