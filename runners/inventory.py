@@ -11,6 +11,7 @@ an inventory file::
         key_file: ~/.ssh/id_ed25519
         env: {CUDA_HOME: /usr/local/cuda}
         runs_root: ~/.servetune/runs
+        server_port: 30001       # instead of the space's port (two hosts on one machine)
 
 :func:`open_host` turns a spec into a :class:`runners.host.Host` on an SSH transport, or on the local
 transport when ``address`` is the literal ``local``.
@@ -49,6 +50,11 @@ class HostSpec(BaseModel):
     python: str | None = Field(default=None, description="python to run the engine with, if not the default")
     env: dict[str, str] = Field(default_factory=dict, description="exported before every command")
     runs_root: str = "~/.servetune/runs"
+    server_port: int | None = Field(
+        default=None, ge=1024, le=65535,
+        description="port the server binds on this host instead of the space's `port` "
+        "(hosts that share one machine need one each)",
+    )
     accept_new_host_key: bool = False
 
     @model_validator(mode="before")
@@ -170,7 +176,7 @@ def open_host(
             accept_new_host_key=spec.accept_new_host_key,
             connect_timeout=connect_timeout,
         )
-    return Host(transport, runs_root=spec.runs_root, env=spec.env)
+    return Host(transport, runs_root=spec.runs_root, env=spec.env, server_port=spec.server_port)
 
 
 _M = TypeVar("_M", bound=BaseModel)
