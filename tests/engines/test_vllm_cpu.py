@@ -7,7 +7,7 @@
   alone (its engine processes are orphaned): nothing of the group or session survives, no temp files;
 * the exported launch script of the best trial starts a real server that answers ``/health``.
 
-Every server start costs 25-50 s on 2 cores, so the suite starts nine servers in all.
+Every vLLM start costs 35-50 s on 2 cores, so the suite starts eight in all.
 """
 
 from __future__ import annotations
@@ -210,6 +210,8 @@ def test_stop_during_startup_ends_the_whole_tree(vllm_space: Space, ssh_host: Ho
     finally:
         stop = session.stop()
     assert stop is not None
+    # vLLM's API server ignored the first SIGTERM: the one re-sent at half the grace ended it.
+    assert stop.method == "term" and stop.seconds >= STOP_GRACE / 2, stop
     figures["stop_during_startup"] = {"method": stop.method, "seconds": round(stop.seconds, 2),
                                       "processes": len(pids), "grace_s": STOP_GRACE,
                                       "tmpdir_entries": len(sockets)}
