@@ -34,9 +34,10 @@ def sim_env(space: Space, sim_dir: Path, python: str | None = None) -> dict[str,
     return {"PATH": f"{bin_dir}:$PATH", "SERVETUNE_SIM_STATE": str(state)}
 
 
-def local_host(space: Space, *, runs_root: str, sim_dir: Path) -> Host:
+def local_host(space: Space, *, runs_root: str, sim_dir: Path, name: str = "local",
+               server_port: int | None = None) -> Host:
     env = sim_env(space, sim_dir) if space.engine.kind == "sim" else {}
-    return Host(LocalTransport("local"), runs_root=runs_root, env=env)
+    return Host(LocalTransport(name), runs_root=runs_root, env=env, server_port=server_port)
 
 
 def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path | None = None,
@@ -58,7 +59,8 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
     hosts = []
     for spec in specs:
         if spec.address == "local" and space.engine.kind == "sim" and not spec.env:
-            hosts.append(local_host(space, runs_root=spec.runs_root, sim_dir=sim_dir))
+            hosts.append(local_host(space, runs_root=spec.runs_root, sim_dir=sim_dir, name=spec.name,
+                                    server_port=spec.server_port))
         else:
             hosts.append(open_host(spec))
     return hosts

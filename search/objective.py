@@ -35,6 +35,9 @@ from search.sampling import sample
 from spaces.launch import LaunchConfig, render_script
 from spaces.schema import Space
 
+#: A host whose last server stopped less than this many seconds ago may still be releasing GPU memory.
+RELEASE_WINDOW_S = 30.0
+
 ProgressHook = Callable[[int, str, Any], None]
 """``hook(trial_number, kind, value)``: kinds ``host``, ``phase``, ``level``, ``outcome``."""
 
@@ -105,7 +108,7 @@ class Objective:
         """Stop orphans, check the host is reachable, the engine present and the GPUs free."""
         env = self.env
         host = slot.host
-        host.cleanup_orphans(grace=env.space.budget.stop_grace)
+        orphans = host.cleanup_orphans(grace=env.space.budget.stop_grace)
         gpu = env.space.engine.device == "gpu"
         engine = LaunchConfig.from_params(env.space, {}).engine_impl()
         cached = env.preflight_cache.get(host.name)
@@ -119,8 +122,9 @@ class Objective:
             info = HostInfo(cached.name, cached.python, cached.engine, cached.engine_version, gpus, apps)
             host.judge_busy(info)
         slot.info = info
-        if info.busy:
-            # Our own previous server may still be releasing memory: give it a moment.
+        if info.busy and (orphans or time.monotonic() - slot.last_server_stop < RELEASE_WINDOW_S):
+            # A server of ours stopped a moment ago may still be releasing memory: give it a moment.
+            # (Otherwise the memory is a foreign process's, and waiting would only delay the FAIL.)
             try:
                 host.wait_gpus_free(timeout=10)
                 info.busy, info.reason = False, ""
@@ -197,6 +201,7 @@ class Objective:
         finally:
             try:
                 stop = session.stop()
+                slot.last_server_stop = time.monotonic()
                 if stop is not None:
                     trial.set_user_attr("stop_method", stop.method)
                     trial.set_user_attr("stop_s", round(stop.seconds, 3))
@@ -346,9 +351,10 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], *, abort: threading.Even
     (infrastructure trouble), this trial runs the configuration itself.
     """
     study = trial.study
+    params = _normal(params)
     while True:
         for past in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            if past.number == trial.number or past.params != params:
+            if past.number == trial.number or _normal(past.params) != params:
                 continue
             origin = past.user_attrs.get("duplicate_of", past.number)
             for key, value in past.user_attrs.items():
@@ -362,7 +368,7 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], *, abort: threading.Even
                 return float(past.value)
             raise optuna.TrialPruned(f"same configuration as trial {origin}: {past.user_attrs.get('outcome')}")
         twins = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                 if t.number < trial.number and t.params == params]
+                 if t.number < trial.number and _normal(t.params) == params]
         if not twins:
             return None
         if abort is not None and abort.is_set():
@@ -372,3 +378,9 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], *, abort: threading.Even
             raise TrialFailed(Failure(FailureKind.INTERRUPTED, None, "interrupted"))
         trial.set_user_attr("waiting_for", twins[0])
         time.sleep(poll)
+
+
+def _normal(params: dict[str, Any]) -> dict[str, Any]:
+    """Params as :func:`~search.sampling.sample` returns them (floats rounded), so that a stored trial's
+    ``0.6100000000000001`` and a sampled ``0.61`` are the same configuration."""
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in params.items()}

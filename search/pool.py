@@ -1,13 +1,17 @@
 """The hosts a controller owns: one trial per host at a time, flapping hosts set aside for a while.
 
-``acquire()`` hands out a free host (blocking); ``release(host, ok=...)`` gives it back. A host that
-fails ``max_consecutive_failures`` trials in a row (infrastructure failures only: OOMs are the config's
-fault, not the host's) is set aside for ``cooldown`` seconds while the others carry on. When every host is
-set aside at once, :meth:`acquire` raises :class:`NoHostsLeft` and the search ends cleanly.
+``acquire()`` hands out a free host (blocking); ``release(slot, infra_failure=...)`` gives it back after a
+trial, ``put_back(slot)`` without one. A host that fails ``max_consecutive_failures`` trials in a row
+(infrastructure failures only: OOMs are the config's fault, not the host's) is set aside for ``cooldown``
+seconds while the others carry on; after the cooldown it is tried again. A host set aside
+``max_set_asides`` times in a row (no successful trial in between) is retired for the rest of the run.
+While every host is set aside, :meth:`acquire` waits for the first cooldown to end; once every host is
+retired it raises :class:`NoHostsLeft` and the search ends cleanly.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -18,7 +22,7 @@ from runners.host import Host, HostInfo
 
 
 class NoHostsLeft(ServetuneError):
-    """Every host has been set aside after repeated infrastructure failures."""
+    """Every host has been retired after repeated infrastructure failures (or the run is stopping)."""
 
 
 @dataclass
@@ -28,9 +32,13 @@ class HostSlot:
     consecutive_failures: int = 0
     set_aside_until: float = 0.0
     set_aside_count: int = 0
+    set_asides_in_a_row: int = 0
+    retired: bool = False
     info: HostInfo | None = None
     last_error: str = ""
     trials: int = 0
+    last_server_stop: float = -math.inf
+    """``time.monotonic()`` when the last server of ours on it was stopped."""
     state: str = "idle"
     extra: dict[str, object] = field(default_factory=dict)
 
@@ -41,37 +49,42 @@ class HostSlot:
 
 class HostPool:
     def __init__(self, hosts: Sequence[Host], *, max_consecutive_failures: int = 3,
-                 cooldown: float = 300.0) -> None:
+                 cooldown: float = 300.0, max_set_asides: int = 3) -> None:
         if not hosts:
             raise ValueError("a host pool needs at least one host")
         self.slots = [HostSlot(h) for h in hosts]
         self.max_failures = max_consecutive_failures
         self.cooldown = cooldown
+        self.max_set_asides = max_set_asides
         self._cond = threading.Condition()
 
     def __len__(self) -> int:
         return len(self.slots)
 
     def acquire(self, *, stop: threading.Event | None = None) -> HostSlot:
+        """A free host, waiting while all are busy or set aside. NoHostsLeft once every host is retired,
+        or when ``stop`` is set while waiting."""
         with self._cond:
             while True:
                 now = time.monotonic()
-                usable = [s for s in self.slots if s.set_aside_until <= now]
-                if not usable:
+                live = [s for s in self.slots if not s.retired]
+                if not live:
                     raise NoHostsLeft(
-                        "every host is set aside after repeated failures: "
+                        "every host is retired after repeated failures: "
                         + "; ".join(f"{s.name}: {s.last_error}" for s in self.slots)
                     )
-                for slot in usable:
-                    if not slot.busy:
+                for slot in live:
+                    if slot.set_aside_until <= now and not slot.busy:
                         slot.busy = True
                         slot.state = "running"
                         return slot
                 if stop is not None and stop.is_set():
                     raise NoHostsLeft("stopping")
-                self._cond.wait(timeout=0.5)
+                back = min((s.set_aside_until for s in live if s.set_aside_until > now), default=math.inf)
+                self._cond.wait(timeout=min(0.5, max(back - now, 0.01)))
 
     def release(self, slot: HostSlot, *, infra_failure: bool, error: str = "") -> None:
+        """Give a host back after a trial; ``infra_failure``: the trial failed for the host's sake."""
         with self._cond:
             slot.busy = False
             slot.trials += 1
@@ -79,15 +92,29 @@ class HostPool:
                 slot.consecutive_failures += 1
                 slot.last_error = error
                 if slot.consecutive_failures >= self.max_failures:
-                    slot.set_aside_until = time.monotonic() + self.cooldown
-                    slot.set_aside_count += 1
                     slot.consecutive_failures = 0
-                    slot.state = "set aside"
+                    slot.set_aside_count += 1
+                    slot.set_asides_in_a_row += 1
+                    if slot.set_asides_in_a_row >= self.max_set_asides:
+                        slot.retired = True
+                        slot.set_aside_until = math.inf
+                        slot.state = "retired"
+                    else:
+                        slot.set_aside_until = time.monotonic() + self.cooldown
+                        slot.state = "set aside"
                 else:
                     slot.state = "idle"
             else:
                 slot.consecutive_failures = 0
+                slot.set_asides_in_a_row = 0
                 slot.state = "idle"
+            self._cond.notify_all()
+
+    def put_back(self, slot: HostSlot) -> None:
+        """Give a host back unused (no trial ran on it): its failure counts are left as they were."""
+        with self._cond:
+            slot.busy = False
+            slot.state = "idle" if slot.set_aside_until <= time.monotonic() else slot.state
             self._cond.notify_all()
 
     def states(self) -> list[dict[str, object]]:
@@ -96,9 +123,11 @@ class HostPool:
             return [
                 {
                     "host": s.name,
-                    "state": s.state if s.set_aside_until <= now or s.state != "set aside" else "set aside",
+                    "state": "retired" if s.retired else "set aside" if s.set_aside_until > now
+                    else "running" if s.busy else "idle",
                     "trials": s.trials,
                     "consecutive_failures": s.consecutive_failures,
+                    "set_aside_count": s.set_aside_count,
                     "last_error": s.last_error,
                 }
                 for s in self.slots

@@ -35,6 +35,10 @@ class Settings(BaseSettings):
     sim_dir: Path = Path(".servetune/simhost")
     dashboard_port: int = Field(default=8080, ge=1, le=65535)
     smi_interval: float = Field(default=1.0, ge=0)
+    heartbeat_interval: int = Field(default=5, ge=1)
+    """Seconds between a running trial's heartbeats in the study storage."""
+    heartbeat_grace: int = Field(default=20, ge=2)
+    """Seconds without a heartbeat after which a RUNNING trial's controller is taken for dead."""
 
     @classmethod
     def settings_customise_sources(

@@ -1,20 +1,27 @@
 """Opening studies: storage URL -> RDBStorage with heartbeats, the artifact store, create or resume.
 
 Any SQLAlchemy URL works (the default is a SQLite file in the working directory; PostgreSQL for many
-controllers). A stale RUNNING trial (its controller died: no heartbeat for ``grace`` seconds) becomes
-FAIL and is re-queued with the same parameters by Optuna's ``RetryHeartbeatStaleTrialCallback``.
+controllers). A running trial records a heartbeat every ``heartbeat_interval`` seconds; a RUNNING trial
+whose controller died (no heartbeat for ``grace_period`` seconds) becomes FAIL the next time any controller
+of the study starts a trial, and Optuna's ``RetryHeartbeatStaleTrialCallback`` re-queues its configuration
+as a WAITING trial (user attr ``retried_from``: the dead trial's number), which the next trial runs.
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import threading
+import time
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy import event
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError, SQLAlchemyError
 
 from runners.errors import StudyError
@@ -22,6 +29,38 @@ from runners.errors import StudyError
 HEARTBEAT_INTERVAL = 5
 GRACE_PERIOD = 20
 METRIC_NAMES = ["output_throughput"]
+MAX_RETRY = 3
+
+
+class RetryStaleTrial(RetryHeartbeatStaleTrialCallback):
+    """Optuna's retry of a stale trial, re-queued with clean user attrs.
+
+    Optuna copies the dead trial's user attrs into the retry (its host, run id, start-up time...), which
+    would describe a run that never happened; the retry carries only ``retried_from`` instead.
+    """
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        clean = copy.copy(trial)
+        clean.user_attrs = {"retried_from": trial.number}
+        super().__call__(study, clean)
+
+
+_CLAIM_LOCK = threading.Lock()
+
+
+class _Storage(RDBStorage):
+    """RDBStorage whose claim of a WAITING trial (WAITING -> RUNNING) is atomic among this process's threads.
+
+    Optuna claims an enqueued (or re-queued) trial by reading its state and then writing RUNNING; SQLite
+    takes no row lock for the read (no SELECT ... FOR UPDATE), so two host threads could both claim one
+    trial, run it twice, and the second ``tell`` would raise "Cannot tell a COMPLETE trial".
+    """
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState, values: Any = None) -> bool:
+        if state != TrialState.RUNNING:
+            return super().set_trial_state_values(trial_id, state, values)
+        with _CLAIM_LOCK:
+            return super().set_trial_state_values(trial_id, state, values)
 
 
 def open_storage(url: str, *, heartbeat: bool = True, heartbeat_interval: int = HEARTBEAT_INTERVAL,
@@ -37,11 +76,11 @@ def open_storage(url: str, *, heartbeat: bool = True, heartbeat_interval: int = 
             raise StudyError(f"storage {url}: directory {path.parent} does not exist")
         if must_exist and not path.exists():
             raise StudyError(f"storage {url} does not exist (no study has been run with it)")
-    kwargs: dict[str, object] = {}
+    kwargs: dict[str, Any] = {}
     if heartbeat:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            retry = RetryHeartbeatStaleTrialCallback(max_retry=3)
+            retry = RetryStaleTrial(max_retry=MAX_RETRY)
         kwargs = {
             "heartbeat_interval": heartbeat_interval,
             "grace_period": grace_period,
@@ -54,13 +93,46 @@ def open_storage(url: str, *, heartbeat: bool = True, heartbeat_interval: int = 
             # Heartbeats and the retry callback are "experimental" in Optuna's terms; they are what
             # Optuna 5 offers for stale trials, and the warning would only clutter every command.
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)  # type: ignore[arg-type]
+            storage = _create_storage(url, engine_kwargs, kwargs)
+        if url.startswith("sqlite"):
+            _use_wal(storage)
+        return storage
     except (ArgumentError, NoSuchModuleError) as exc:
         raise StudyError(f"storage {url!r} is not a usable SQLAlchemy URL: {_first_line(exc)}") from None
     except OperationalError as exc:
         raise StudyError(f"storage {_redact(url)} is unreachable: {_first_line(exc.orig or exc)}") from None
     except SQLAlchemyError as exc:
         raise StudyError(f"storage {_redact(url)} failed: {_first_line(exc)}") from None
+
+
+def _create_storage(url: str, engine_kwargs: dict[str, object], kwargs: dict[str, Any]) -> RDBStorage:
+    """``_Storage(url, ...)``, tolerating the race of controllers that start at once on a fresh database:
+    both create Optuna's tables, and the slower one fails on what the other just created."""
+    for attempt in range(5):
+        try:
+            return _Storage(url, engine_kwargs=engine_kwargs, **kwargs)
+        except SQLAlchemyError as exc:
+            text = str(exc).lower()
+            racing = any(m in text for m in ("already exists", "duplicate key", "unique constraint failed"))
+            if not racing or attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _use_wal(storage: RDBStorage) -> None:
+    """SQLite in WAL mode with ``synchronous=NORMAL``: a trial writes dozens of user attrs, each a commit;
+    this makes them ~4x cheaper and lets readers (dashboard, ``status``) work while a search writes.
+    Durable against a controller crash (which is what matters here), not against power loss."""
+
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    event.listen(storage.engine, "connect", on_connect)
+    storage.engine.dispose()  # connections opened before the listener reconnect with it
 
 
 def create_or_load(storage: RDBStorage, name: str, *, direction: Literal["minimize", "maximize"] = "maximize",

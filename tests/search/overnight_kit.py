@@ -1,0 +1,262 @@
+"""Helpers for the overnight and distributed tests: fast spaces on the simulated host, ``servetune`` as a real
+subprocess, process and simulated-GPU checks, a real ``mlflow server``. Everything started here is stopped
+by its PID or process group, never by name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import sqlalchemy
+import sqlalchemy.exc
+import yaml
+from optuna.trial import FrozenTrial, TrialState
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE = ROOT / "runners/simhost/profiles/dsv4-flash-nvfp4-tp4-rtxpro6000.yaml"
+BASE = {"num_continuous_decode_steps": 1, "nccl.NCCL_PROTO": "unset", "nccl.NCCL_ALGO": "unset"}
+DIES = {**BASE, "mem_fraction_static": 0.70, "cuda_graph_max_bs": 32}  # seed 003: eager decode OOM at C=64
+SURVIVES = {**BASE, "mem_fraction_static": 0.62, "cuda_graph_max_bs": 64}
+#: A fast workload: a trial is about 1.5 s at sim speed 1000.
+FAST = {"input_len": 64, "output_len": 16, "concurrency": [1, 4], "requests_per_level": [1, 4],
+        "warmup_requests": 0}
+#: The seed-003 workload (requests overlap at C=64, so 0.70/32 dies in eager decode): use with speed ~100.
+SEED003 = {"input_len": 128, "output_len": 96, "concurrency": [1, 16, 64], "requests_per_level": [1, 16, 64],
+           "warmup_requests": 1}
+#: Heartbeats fast enough for tests (the defaults are 5 s and 20 s).
+HEARTBEAT_ENV = {"SERVETUNE_HEARTBEAT_INTERVAL": "1", "SERVETUNE_HEARTBEAT_GRACE": "5"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_space(path: Path, *, speed: float = 1000, workload: Mapping[str, Any] | None = None,
+               budget: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+               knobs: Mapping[str, Any] | None = None, port: int | None = None, safe: bool = True) -> Path:
+    """A space file on the simulated host (seed 003's profile) with fast trials and short budgets.
+
+    ``safe``: memory fractions that never run out of memory on this profile (so a test's outcomes are the
+    faults it injects, not a sampled OOM)."""
+    data = yaml.safe_load((ROOT / "spaces/demo-sim.yaml").read_text())
+    data["engine"]["sim"]["profile"] = str(PROFILE)
+    data["engine"]["sim"]["speed"] = speed
+    data["port"] = port or free_port()
+    data["workload"] = dict(workload or FAST)
+    data["objective"]["level"] = data["workload"]["concurrency"][-1]
+    data["budget"] = {"n_trials": 4, "startup_timeout": "30s", "benchmark_timeout": "60s", "stop_grace": "2s",
+                      **(budget or {})}
+    if env:
+        data["env"] = dict(env)
+    if safe:
+        data["knobs"]["mem_fraction_static"] = {"low": 0.56, "high": 0.66, "step": 0.01}
+    if knobs:
+        data["knobs"].update(knobs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def cli_env(wd: Path, **extra: str) -> dict[str, str]:
+    """The environment of a ``servetune`` subprocess working in ``wd`` (its own runs root)."""
+    env = {**os.environ, **HEARTBEAT_ENV, "SERVETUNE_RUNS_ROOT": str(wd / "runs"),
+           "SERVETUNE_ARTIFACTS_DIR": str(wd / "artifacts"), "PYTHONUNBUFFERED": "1"}
+    env.pop("SERVETUNE_CONFIG", None)
+    env.update(extra)
+    return env
+
+
+def cli(*args: str, cwd: Path, timeout: float = 180, env: Mapping[str, str] | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "search", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, check=False, env=dict(env or cli_env(cwd)))
+
+
+@dataclass
+class Controller:
+    """A ``servetune`` subprocess in a session of its own; its output goes to ``log``."""
+
+    proc: subprocess.Popen[str]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def finish(self, timeout: float = 120) -> int:
+        """Wait for it to exit; killed (by PID) if it overruns."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"controller did not exit within {timeout:g}s:\n{self.output()[-3000:]}") from None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def start_cli(*args: str, cwd: Path, env: Mapping[str, str] | None = None, log: str = "controller.log"
+              ) -> Controller:
+    """``servetune ARGS`` in the background, in a session of its own."""
+    path = cwd / log
+    with path.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "search", *args], cwd=cwd, stdout=out,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                env=dict(env or cli_env(cwd)))
+    return Controller(proc, path)
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def group_alive(pgid: int) -> bool:
+    """Is any non-zombie process left in process group ``pgid``?"""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def server_groups(runs_root: Path) -> dict[str, int]:
+    """Run directory -> process group id of every server ever started under ``runs_root``."""
+    out = {}
+    for pgid in runs_root.glob("*/*/pgid"):
+        text = pgid.read_text().strip()
+        if text.isdigit():
+            out[str(pgid.parent)] = int(text)
+    return out
+
+
+def live_servers(runs_root: Path) -> list[str]:
+    return [d for d, pg in server_groups(runs_root).items() if group_alive(pg)]
+
+
+def gpu_pids(sim_dir: Path) -> str:
+    """What the simulated nvidia-smi of ``sim_dir`` lists as compute processes ('' when none)."""
+    res = subprocess.run(
+        ["bash", "-c", f"PATH={sim_dir}/bin:$PATH SERVETUNE_SIM_STATE={sim_dir}/state "
+         "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits"],
+        capture_output=True, text=True, check=True)
+    return res.stdout.strip()
+
+
+def trials(storage: str, study: str) -> list[FrozenTrial]:
+    """The study's trials; none while it does not exist yet."""
+    if not _schema_ready(storage):  # the first controller is still creating Optuna's tables
+        return []
+    rdb: optuna.storages.RDBStorage | None = None
+    try:
+        rdb = optuna.storages.RDBStorage(storage, skip_table_creation=True)  # a reader creates nothing
+        return optuna.load_study(study_name=study, storage=rdb).get_trials(deepcopy=False)
+    except (KeyError, sqlalchemy.exc.SQLAlchemyError):  # not there yet
+        return []
+    finally:
+        if rdb is not None:
+            rdb.engine.dispose()  # no connection left open (PostgreSQL)
+
+
+def _schema_ready(storage: str) -> bool:
+    engine = sqlalchemy.create_engine(storage)
+    try:
+        with engine.connect() as conn:
+            versions = conn.execute(sqlalchemy.text("SELECT count(*) FROM version_info")).scalar()
+            stamped = conn.execute(sqlalchemy.text("SELECT count(*) FROM alembic_version")).scalar()
+            return bool(versions) and bool(stamped)
+    except sqlalchemy.exc.SQLAlchemyError:
+        return False
+    finally:
+        engine.dispose()
+
+
+def counted(ts: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The trials the budget counts: COMPLETE and PRUNED."""
+    return [t for t in ts if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+
+
+# ---- a real `mlflow server` -----------------------------------------------------------------------
+
+
+@dataclass
+class MlflowServer:
+    root: Path
+    port: int
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 90) -> None:
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job-runner processes
+        cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+               f"sqlite:///{self.root / 'mlflow.db'}", "--artifacts-destination", str(self.root / "artifacts"),
+               "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+        with (self.root / "server.log").open("ab") as out:
+            self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("mlflow server not healthy in time")
+            time.sleep(0.25)
+
+    def stop(self) -> None:
+        """Stop its process group (its own session) and check nothing of it is left."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and group_alive(pgid):
+                self.proc.poll()
+                time.sleep(0.1)
+            if not group_alive(pgid):
+                break
+        self.proc.wait(timeout=5)
+        self.proc = None
