@@ -14,6 +14,17 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from runners.engines.base import LaunchLike, LogParser
+from runners.engines.common import (
+    ARGPARSE_ERROR,
+    PRIORITY,
+    SERVING,
+    death_reason,
+    flag_name,
+    last_error,
+    one_line,
+    rank,
+    signal_of,
+)
 from runners.errors import ConfigError
 from runners.telemetry import Failure, FailureKind, Phase, Telemetry, parse_size_gib
 
@@ -68,9 +79,6 @@ def render_value(knob: str, value: Any) -> str:
         value = int(value)
     return str(value)
 
-
-def _flag_name(arg: str) -> str:
-    return arg.split("=", 1)[0]
 
 
 # ---- log patterns ---------------------------------------------------------------------------------
@@ -145,10 +153,6 @@ _NCCL = re.compile(
     r"NCCL error|ncclInvalidArgument|ncclInvalidUsage|ncclUnhandledCudaError|ncclSystemError"
     r"|ncclInternalError|ncclRemoteError|DistBackendError|unhandled cuda error"
 )
-_ARGPARSE_ERROR = re.compile(
-    r"\berror: ((?:ambiguous option|unrecognized arguments|argument |the following arguments are required"
-    r"|invalid choice|expected one argument).*)"
-)
 _USAGE = re.compile(r"^usage: \S")
 
 # (pattern, phase the server must be in when it appears, or None for "where it is").
@@ -162,20 +166,8 @@ _FATAL_TEXTS: tuple[tuple[re.Pattern[str], Phase | None], ...] = (
                 r"|Subprocess \S+ \(pid=\d+\) crashed"), None),
 )
 
-_STARTUP_ORDER = (
-    Phase.STARTING, Phase.LOAD_WEIGHTS, Phase.KV_POOL, Phase.CUDA_GRAPH, Phase.WARMUP, Phase.READY,
-)
-_SERVING = frozenset({Phase.READY, Phase.PREFILL, Phase.DECODE, Phase.SERVING})
-_PRIORITY = {FailureKind.CRASH: 1, FailureKind.BAD_FLAG: 2, FailureKind.NCCL_ERROR: 2, FailureKind.OOM: 3}
 
 
-def _rank(phase: Phase) -> int:
-    return len(_STARTUP_ORDER) if phase in _SERVING else _STARTUP_ORDER.index(phase)
-
-
-def _one_line(text: str, limit: int = 240) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class SGLangLogParser:
@@ -212,7 +204,7 @@ class SGLangLogParser:
     # ---- internals ----
 
     def _advance(self, phase: Phase) -> None:
-        if (self.phase in _SERVING and phase in _SERVING) or _rank(phase) > _rank(self.phase):
+        if (self.phase in SERVING and phase in SERVING) or rank(phase) > rank(self.phase):
             self.phase = phase
 
     def _own_rank(self, key: str) -> bool:
@@ -311,12 +303,12 @@ class SGLangLogParser:
             return
         if _PREFILL_BATCH.search(text):
             self._last_batch = Phase.PREFILL
-            if self.phase in _SERVING:
+            if self.phase in SERVING:
                 self.phase = Phase.PREFILL
             return
         if _DECODE_BATCH.search(text):
             self._last_batch = Phase.DECODE
-            if self.phase in _SERVING:
+            if self.phase in SERVING:
                 self.phase = Phase.DECODE
             return
         if "Traceback (most recent call last)" in text:
@@ -343,7 +335,7 @@ class SGLangLogParser:
             tele.max_running_requests = int(m.group(1))
 
     def _oom_phase(self, explicit: Phase | None) -> Phase:
-        if self.phase in _SERVING:
+        if self.phase in SERVING:
             if explicit in (Phase.PREFILL, Phase.DECODE):
                 return explicit
             return self._frame_kind or self._last_batch or self.phase
@@ -374,32 +366,32 @@ class SGLangLogParser:
             self._set_fatal(FailureKind.OOM, phase, self._oom_reason(text, phase),
                             explicit=explicit is not None)
             return
-        where = hint if hint is not None and self.phase not in _SERVING else self.phase
+        where = hint if hint is not None and self.phase not in SERVING else self.phase
         if _NCCL.search(text):
             self._set_fatal(FailureKind.NCCL_ERROR, where,
-                            f"NCCL failure in {where.value}: {_one_line(text)}")
+                            f"NCCL failure in {where.value}: {one_line(text)}")
             return
         if generic:
             if self._refine(hint):
                 return
-            self._set_fatal(FailureKind.CRASH, where, f"server crashed in {where.value}: {_one_line(text)}",
+            self._set_fatal(FailureKind.CRASH, where, f"server crashed in {where.value}: {one_line(text)}",
                             explicit=hint is not None)
             return
-        m = _ARGPARSE_ERROR.search(text)
+        m = ARGPARSE_ERROR.search(text)
         if m:
             self._set_fatal(FailureKind.BAD_FLAG, Phase.STARTING,
-                            f"SGLang rejected a flag: {_one_line(m.group(1))}")
+                            f"SGLang rejected a flag: {one_line(m.group(1))}")
             return
         if _USAGE.match(text):
             # The usage line comes before the argparse error: weak evidence the error line replaces.
             self._set_fatal(FailureKind.BAD_FLAG, Phase.STARTING,
-                            f"SGLang printed its usage: {_one_line(text)}", priority=1)
+                            f"SGLang printed its usage: {one_line(text)}", priority=1)
 
     def _refine(self, hint: Phase | None) -> bool:
         """Pin the phase of an OOM already recorded when a later line names it (e.g. capture failed)."""
         fatal = self.fatal
         if (hint is None or fatal is None or fatal.kind is not FailureKind.OOM or self._fatal_phase_explicit
-                or self.phase in _SERVING or hint in (Phase.PREFILL, Phase.DECODE)):
+                or self.phase in SERVING or hint in (Phase.PREFILL, Phase.DECODE)):
             return False
         if hint != fatal.phase:
             self.fatal = replace(fatal, phase=hint, reason=fatal.reason.replace(
@@ -410,7 +402,7 @@ class SGLangLogParser:
 
     def _set_fatal(self, kind: FailureKind, phase: Phase, reason: str, *, explicit: bool = False,
                    priority: int | None = None) -> None:
-        prio = _PRIORITY[kind] if priority is None else priority
+        prio = PRIORITY[kind] if priority is None else priority
         if self.fatal is not None and prio <= self._fatal_priority:
             return
         self.fatal = Failure(kind, phase, reason)
@@ -440,7 +432,7 @@ class SGLangLogParser:
         if tele.tried_to_allocate_gib is not None and tele.free_at_oom_gib is not None:
             return (f"CUDA out of memory in {phase.value}: tried to allocate "
                     f"{tele.tried_to_allocate_gib:.2f} GiB with {tele.free_at_oom_gib:.2f} GiB free")
-        return f"out of memory in {phase.value}: {_one_line(text)}"
+        return f"out of memory in {phase.value}: {one_line(text)}"
 
 
 class SimulatedLogParser(SGLangLogParser):
@@ -453,16 +445,7 @@ class SimulatedLogParser(SGLangLogParser):
 
 # ---- engine -------------------------------------------------------------------------------------------
 
-_PY_EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b:? ?.*")
-_SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 6: "SIGABRT", 11: "SIGSEGV", 2: "SIGINT", 3: "SIGQUIT"}
 
-
-def _signal_of(exit_code: int) -> int | None:
-    if exit_code < 0:
-        return -exit_code
-    if 128 < exit_code < 160:
-        return exit_code - 128
-    return None
 
 
 def _oom_killed(evidence: Mapping[str, Any] | None) -> bool:
@@ -498,7 +481,7 @@ class SGLangEngine:
                 continue
             flags += [flag, render_value(knob, value)]
         fixed = tuple(launch.fixed_args)
-        clash = sorted(set(flags[::2]) & {_flag_name(a) for a in fixed})
+        clash = sorted(set(flags[::2]) & {flag_name(a) for a in fixed})
         if clash:
             raise ConfigError(f"fixed args repeat searched flag(s) {', '.join(clash)}; "
                               "remove them from fixed_args")
@@ -533,19 +516,19 @@ class SGLangEngine:
             for line in log_tail.splitlines():
                 rescan.feed(line)
             found = rescan.fatal
-            if found is not None and (fatal is None or _PRIORITY[found.kind] > _PRIORITY.get(fatal.kind, 0)):
+            if found is not None and (fatal is None or PRIORITY[found.kind] > PRIORITY.get(fatal.kind, 0)):
                 fatal = found
                 for key in ("tried_to_allocate_gib", "free_at_oom_gib", "gpu_total_gib", "oom_phase"):
                     if getattr(parser.telemetry, key) is None:
                         setattr(parser.telemetry, key, getattr(rescan.telemetry, key))
         phase = parser.phase
-        signal = _signal_of(exit_code) if exit_code is not None else None
+        signal = signal_of(exit_code) if exit_code is not None else None
         host_oom = signal == 9 and _oom_killed(evidence)
-        last_error = self._last_error(log_tail)
+        error = last_error(log_tail, lambda line: _PREFIX.sub("", line))
         if fatal is not None and not (host_oom and fatal.kind is FailureKind.CRASH):
-            if fatal.kind is FailureKind.CRASH and last_error and fatal.phase is not None:
+            if fatal.kind is FailureKind.CRASH and error and fatal.phase is not None:
                 # "Scheduler hit an exception: Traceback ..." says little; the exception line says why.
-                fatal = replace(fatal, reason=f"server crashed in {fatal.phase.value}: {last_error}")
+                fatal = replace(fatal, reason=f"server crashed in {fatal.phase.value}: {error}")
             return replace(fatal, exit_code=exit_code)
         if host_oom:
             if parser.telemetry.oom_phase is None:
@@ -556,19 +539,4 @@ class SGLangEngine:
             return Failure(FailureKind.CRASH, phase,
                            f"killed by SIGKILL (exit {exit_code}) in {phase.value} with no error in the log; "
                            f"possibly the host OOM killer (check dmesg)", exit_code)
-        if exit_code is None:
-            what = "server died (exit code unknown)"
-        elif signal is not None:
-            what = f"server killed by {_SIGNALS.get(signal, f'signal {signal}')} (exit {exit_code})"
-        else:
-            what = f"server exited with code {exit_code}"
-        reason = f"{what} in {phase.value}" + (f": {last_error}" if last_error else "")
-        return Failure(FailureKind.CRASH, phase, reason, exit_code)
-
-    @staticmethod
-    def _last_error(log_tail: str) -> str:
-        for line in reversed(log_tail.splitlines()):
-            line = _PREFIX.sub("", line.strip())
-            if line and _PY_EXCEPTION.match(line) and not line.startswith("During handling"):
-                return _one_line(line, 200)
-        return ""
+        return Failure(FailureKind.CRASH, phase, death_reason(exit_code, phase, error), exit_code)

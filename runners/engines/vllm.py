@@ -31,6 +31,16 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from runners.engines.base import LaunchLike, LogParser
+from runners.engines.common import (
+    ARGPARSE_ERROR,
+    PRIORITY,
+    SERVING,
+    death_reason,
+    flag_name,
+    last_error,
+    one_line,
+    rank,
+)
 from runners.engines.sglang import parse_version
 from runners.errors import ConfigError
 from runners.telemetry import Failure, FailureKind, Phase, Telemetry, parse_size_gib
@@ -91,9 +101,6 @@ def _knob_args(knob: str, value: Any, version: tuple[int, int, int]) -> list[str
         return [flag, repr(round(float(value), 4))]
     return [flag, _int_value(knob, value)]
 
-
-def _flag_name(arg: str) -> str:
-    return arg.split("=", 1)[0]
 
 
 # ---- log patterns ---------------------------------------------------------------------------------
@@ -172,25 +179,9 @@ _FATAL = re.compile(
 )
 # A shutdown that a signal started (servetune's stop): the EngineDeadError vLLM then logs is no crash.
 _SIGNALLED_SHUTDOWN = re.compile(r"\[shutdown\] .*(?:received signal=SIG|shutdown triggered)")
-_ARGPARSE_ERROR = re.compile(
-    r"\berror: ((?:ambiguous option|unrecognized arguments|argument |the following arguments are required"
-    r"|invalid choice|expected one argument).*)"
-)
-
-_STARTUP_ORDER = (
-    Phase.STARTING, Phase.LOAD_WEIGHTS, Phase.KV_POOL, Phase.CUDA_GRAPH, Phase.WARMUP, Phase.READY,
-)
-_SERVING = frozenset({Phase.READY, Phase.PREFILL, Phase.DECODE, Phase.SERVING})
-_PRIORITY = {FailureKind.CRASH: 1, FailureKind.BAD_FLAG: 2, FailureKind.NCCL_ERROR: 2, FailureKind.OOM: 3}
 
 
-def _rank(phase: Phase) -> int:
-    return len(_STARTUP_ORDER) if phase in _SERVING else _STARTUP_ORDER.index(phase)
 
-
-def _one_line(text: str, limit: int = 240) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def strip_prefix(line: str) -> str:
@@ -228,9 +219,9 @@ class VLLMLogParser:
     # ---- internals -----------------------------------------------------------------------------
 
     def _advance(self, phase: Phase) -> None:
-        if self.phase in _SERVING:
+        if self.phase in SERVING:
             return
-        if _rank(phase) > _rank(self.phase):
+        if rank(phase) > rank(self.phase):
             self.phase = phase
 
     def _feed_one(self, text: str) -> None:
@@ -307,19 +298,19 @@ class VLLMLogParser:
         if m:
             self._set_fatal(FailureKind.CRASH, self.phase,
                             f"an engine process died in {self.phase.value} with no error of its own in the "
-                            f"log (a kernel OOM kill looks like this): {_one_line(text)}")
+                            f"log (a kernel OOM kill looks like this): {one_line(text)}")
             return
         if _SIGNALLED_SHUTDOWN.search(text):
             self._signalled = True
             return
         if _FATAL.search(text) and not self._signalled:
             self._set_fatal(FailureKind.CRASH, self.phase,
-                            f"server crashed in {self.phase.value}: {_one_line(text)}")
+                            f"server crashed in {self.phase.value}: {one_line(text)}")
             return
-        m = _ARGPARSE_ERROR.search(text)
+        m = ARGPARSE_ERROR.search(text)
         if m:
             self._set_fatal(FailureKind.BAD_FLAG, Phase.STARTING,
-                            f"vLLM rejected a flag: {_one_line(m.group(1))}")
+                            f"vLLM rejected a flag: {one_line(m.group(1))}")
 
     def _memory(self, text: str) -> bool:
         """Record a memory failure (and its figures) if ``text`` reports one."""
@@ -376,8 +367,8 @@ class VLLMLogParser:
             return True
         if _TORCH_OOM.search(text) or _CPU_ALLOC.search(text) or _OOM_GENERIC.search(text):
             self._torch_figures(text)
-            phase = Phase.SERVING if self.phase in _SERVING else self.phase
-            detail = self._torch_reason() or f": {_one_line(text)}"
+            phase = Phase.SERVING if self.phase in SERVING else self.phase
+            detail = self._torch_reason() or f": {one_line(text)}"
             self._oom(phase, f"out of memory in {phase.value}{detail}")
             return True
         return False
@@ -408,7 +399,7 @@ class VLLMLogParser:
                         if not reason.startswith("out of memory") else reason)
 
     def _set_fatal(self, kind: FailureKind, phase: Phase, reason: str) -> None:
-        prio = _PRIORITY[kind]
+        prio = PRIORITY[kind]
         if self.fatal is not None and prio <= self._fatal_priority:
             return
         self.fatal = Failure(kind, phase, reason)
@@ -419,16 +410,7 @@ class VLLMLogParser:
 
 # ---- engine -------------------------------------------------------------------------------------------
 
-_PY_EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b:? ?.*")
-_SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 6: "SIGABRT", 11: "SIGSEGV", 2: "SIGINT", 3: "SIGQUIT"}
 
-
-def _signal_of(exit_code: int) -> int | None:
-    if exit_code < 0:
-        return -exit_code
-    if 128 < exit_code < 160:
-        return exit_code - 128
-    return None
 
 
 def oom_kills(evidence: Mapping[str, Any] | None) -> int:
@@ -469,7 +451,7 @@ class VLLMEngine:
             flags += _knob_args(knob, value, parsed)
         fixed = tuple(launch.fixed_args)
         searched = {a for a in flags if a.startswith("--")}
-        clash = sorted(searched & {_flag_name(a) for a in fixed})
+        clash = sorted(searched & {flag_name(a) for a in fixed})
         if clash:
             raise ConfigError(f"fixed args repeat searched flag(s) {', '.join(clash)}; "
                               "remove them from fixed_args")
@@ -512,7 +494,7 @@ class VLLMEngine:
             for line in log_tail.splitlines():
                 rescan.feed(line)
             found = rescan.fatal
-            if found is not None and (fatal is None or _PRIORITY[found.kind] > _PRIORITY.get(fatal.kind, 0)):
+            if found is not None and (fatal is None or PRIORITY[found.kind] > PRIORITY.get(fatal.kind, 0)):
                 fatal = found
                 for key, value in rescan.telemetry.to_dict().items():
                     if key not in tele.to_dict():
@@ -532,21 +514,5 @@ class VLLMEngine:
             return Failure(FailureKind.OOM, where, reason, exit_code)
         if fatal is not None:
             return replace(fatal, exit_code=exit_code)
-        signal = _signal_of(exit_code) if exit_code is not None else None
-        last_error = self._last_error(log_tail)
-        if exit_code is None:
-            what = "server died (exit code unknown)"
-        elif signal is not None:
-            what = f"server killed by {_SIGNALS.get(signal, f'signal {signal}')} (exit {exit_code})"
-        else:
-            what = f"server exited with code {exit_code}"
-        reason = f"{what} in {phase.value}" + (f": {last_error}" if last_error else "")
-        return Failure(FailureKind.CRASH, phase, reason, exit_code)
-
-    @staticmethod
-    def _last_error(log_tail: str) -> str:
-        for line in reversed(log_tail.splitlines()):
-            line = strip_prefix(line.strip())
-            if line and _PY_EXCEPTION.match(line) and not line.startswith("During handling"):
-                return _one_line(line, 200)
-        return ""
+        error = last_error(log_tail, strip_prefix)
+        return Failure(FailureKind.CRASH, phase, death_reason(exit_code, phase, error), exit_code)

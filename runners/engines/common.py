@@ -1,0 +1,66 @@
+"""Pieces every engine's log parser and classifier share: phase order, fatal priorities, exit signals."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from runners.telemetry import FailureKind, Phase
+
+STARTUP_ORDER = (
+    Phase.STARTING, Phase.LOAD_WEIGHTS, Phase.KV_POOL, Phase.CUDA_GRAPH, Phase.WARMUP, Phase.READY,
+)
+SERVING = frozenset({Phase.READY, Phase.PREFILL, Phase.DECODE, Phase.SERVING})
+PRIORITY = {FailureKind.CRASH: 1, FailureKind.BAD_FLAG: 2, FailureKind.NCCL_ERROR: 2, FailureKind.OOM: 3}
+"""When several fatal lines appear, the more specific kind wins (an OOM over a generic crash)."""
+
+ARGPARSE_ERROR = re.compile(
+    r"\berror: ((?:ambiguous option|unrecognized arguments|argument |the following arguments are required"
+    r"|invalid choice|expected one argument).*)"
+)
+PY_EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b:? ?.*")
+SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 6: "SIGABRT", 11: "SIGSEGV", 2: "SIGINT", 3: "SIGQUIT"}
+
+
+def rank(phase: Phase) -> int:
+    """Start-up phases in order; every serving phase ranks after them."""
+    return len(STARTUP_ORDER) if phase in SERVING else STARTUP_ORDER.index(phase)
+
+
+def one_line(text: str, limit: int = 240) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def flag_name(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def signal_of(exit_code: int) -> int | None:
+    """The signal behind an exit code: -N from Python's subprocess, 128+N from a shell."""
+    if exit_code < 0:
+        return -exit_code
+    if 128 < exit_code < 160:
+        return exit_code - 128
+    return None
+
+
+def last_error(log_tail: str, strip: Callable[[str], str]) -> str:
+    """The last Python exception line of a log (``strip`` removes the engine's line prefix)."""
+    for line in reversed(log_tail.splitlines()):
+        line = strip(line.strip())
+        if line and PY_EXCEPTION.match(line) and not line.startswith("During handling"):
+            return one_line(line, 200)
+    return ""
+
+
+def death_reason(exit_code: int | None, phase: Phase, error: str) -> str:
+    """One line for a death with no better evidence: how it ended, where, and the last exception."""
+    signal = signal_of(exit_code) if exit_code is not None else None
+    if exit_code is None:
+        what = "server died (exit code unknown)"
+    elif signal is not None:
+        what = f"server killed by {SIGNALS.get(signal, f'signal {signal}')} (exit {exit_code})"
+    else:
+        what = f"server exited with code {exit_code}"
+    return f"{what} in {phase.value}" + (f": {error}" if error else "")
