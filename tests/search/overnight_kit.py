@@ -6,12 +6,10 @@ by its PID or process group, never by name.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +20,8 @@ import sqlalchemy
 import sqlalchemy.exc
 import yaml
 from optuna.trial import FrozenTrial, TrialState
+
+from tests.fixtures.mlflow_server import group_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "runners/simhost/profiles/dsv4-flash-nvfp4-tp4-rtxpro6000.yaml"
@@ -135,19 +135,6 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, interval:
         time.sleep(interval)
 
 
-def group_alive(pgid: int) -> bool:
-    """Is any non-zombie process left in process group ``pgid``?"""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False
 
 
 def server_groups(runs_root: Path) -> dict[str, int]:
@@ -207,56 +194,3 @@ def counted(ts: list[FrozenTrial]) -> list[FrozenTrial]:
 
 
 # ---- a real `mlflow server` -----------------------------------------------------------------------
-
-
-@dataclass
-class MlflowServer:
-    root: Path
-    port: int
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 90) -> None:
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job-runner processes
-        cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-               f"sqlite:///{self.root / 'mlflow.db'}", "--artifacts-destination", str(self.root / "artifacts"),
-               "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
-        with (self.root / "server.log").open("ab") as out:
-            self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("mlflow server not healthy in time")
-            time.sleep(0.25)
-
-    def stop(self) -> None:
-        """Stop its process group (its own session) and check nothing of it is left."""
-        if self.proc is None:
-            return
-        pgid = self.proc.pid
-        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and group_alive(pgid):
-                self.proc.poll()
-                time.sleep(0.1)
-            if not group_alive(pgid):
-                break
-        self.proc.wait(timeout=5)
-        self.proc = None

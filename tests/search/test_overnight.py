@@ -30,6 +30,7 @@ from search.hosts import local_host
 from search.run import STALE_REASON, RunOptions, run_search
 from search.study import create_or_load, open_storage
 from spaces.schema import load_space
+from tests.fixtures.mlflow_server import group_alive
 from tests.search.overnight_kit import (
     DIES,
     SEED003,
@@ -38,7 +39,6 @@ from tests.search.overnight_kit import (
     counted,
     free_port,
     gpu_pids,
-    group_alive,
     live_servers,
     make_space,
     start_cli,

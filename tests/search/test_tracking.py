@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ from optuna.trial import TrialState
 
 from runners.errors import StudyError
 from search.tracking import MlflowTracker, SyncResult
+from tests.fixtures.mlflow_server import MlflowServer
 from tests.fixtures.trials import (
     artifact_files,
     build_study,
@@ -250,69 +249,18 @@ def test_mlflow_is_imported_lazily() -> None:
 # ---- a real `mlflow server` ------------------------------------------------------------------------
 
 
-@dataclass
-class Server:
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the server's process group (its own session, recorded at start) and verify it is gone."""
-    pgid = proc.pid
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            proc.poll()
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                proc.wait(timeout=5)
-                return
-            time.sleep(0.1)
-    proc.wait(timeout=5)
-    with pytest.raises(ProcessLookupError):
-        os.killpg(pgid, 0)
-
-
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = closed_port()
-    log = root / "server.log"
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job-runner processes
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-           "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-           "--workers", "1"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"), closed_port())
+    server.start()
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"mlflow server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"mlflow server not healthy after 90 s:\n{log.read_text()[-3000:]}")
-            time.sleep(0.25)
-        yield Server(url, proc, log)
+        yield server
     finally:
-        _stop_group(proc)
+        server.stop()
 
 
 @pytest.mark.slow
-def test_real_mlflow_server(mlflow_server: Server, local: Local, monkeypatch: pytest.MonkeyPatch,
+def test_real_mlflow_server(mlflow_server: MlflowServer, local: Local, monkeypatch: pytest.MonkeyPatch,
                             tmp_path: Path) -> None:
     for key in HTTP_ENV:
         monkeypatch.delenv(key, raising=False)
