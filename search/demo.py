@@ -11,6 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from optuna.trial import TrialState
+
+from runners.errors import ServetuneError
 from search.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,6 +28,25 @@ def _cli(*args: str) -> None:
             raise
 
 
+def _resume_budget(study: str) -> int | None:
+    """A study that already exists is resumed with 6 more trials; a new one gets the space's budget."""
+    db = Path("servetune.db")
+    if not db.exists():
+        return None
+    import optuna
+
+    from search.study import load, open_storage
+
+    try:
+        existing = load(open_storage(f"sqlite:///{db}", heartbeat=False), study)
+    except ServetuneError:
+        return None
+    done = len(existing.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    print(f"resuming study {study}: {done} trials so far, adding 6")
+    return done + 6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--study", default="demo-sim-dsv4")
@@ -32,8 +54,9 @@ def main() -> None:
     args = parser.parse_args()
     space = ROOT / "spaces" / "demo-sim.yaml"
     run_args = ["run", str(space), "--study", args.study, "--seed", "7"]
-    if args.n_trials:
-        run_args += ["--n-trials", args.n_trials]
+    n_trials = args.n_trials or _resume_budget(args.study)
+    if n_trials:
+        run_args += ["--n-trials", str(n_trials)]
     _cli(*run_args)
     out = ROOT / "demo-out"
     out.mkdir(exist_ok=True)
@@ -46,7 +69,7 @@ def main() -> None:
     print("browse the study: .venv/bin/servetune dashboard            # optuna-dashboard on http://127.0.0.1:8080")
     print("MLflow UI:        .venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db "
           "--host 127.0.0.1 --port 5000")
-    print("run it again to resume the study: make demo")
+    print("run it again to resume the study with 6 more trials: make demo")
     if check.returncode != 0:
         sys.exit(1)
 
