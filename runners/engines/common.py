@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from runners.engines.base import LaunchLike
+from runners.errors import ConfigError
 from runners.telemetry import FailureKind, Phase
 
 STARTUP_ORDER = (
@@ -64,3 +66,24 @@ def death_reason(exit_code: int | None, phase: Phase, error: str) -> str:
     else:
         what = f"server exited with code {exit_code}"
     return f"{what} in {phase.value}" + (f": {error}" if error else "")
+
+
+def command(launch: LaunchLike, module: str, model_flag: str, flags: Sequence[str],
+            leading: Sequence[str] = ()) -> list[str]:
+    """``python -m module [leading] <model> --host --port [searched flags] [fixed args]``.
+
+    A fixed arg that repeats a searched flag is refused: the engine would take whichever comes last.
+    """
+    fixed = tuple(launch.fixed_args)
+    searched = {a for a in flags if a.startswith("--")}
+    clash = sorted(searched & {flag_name(a) for a in fixed})
+    if clash:
+        raise ConfigError(f"fixed args repeat searched flag(s) {', '.join(clash)}; remove them from fixed_args")
+    return [
+        launch.python, "-m", module, *leading,
+        model_flag, launch.model_path,
+        "--host", launch.host,
+        "--port", str(launch.port),
+        *flags,
+        *fixed,
+    ]

@@ -18,8 +18,8 @@ from runners.engines.common import (
     ARGPARSE_ERROR,
     PRIORITY,
     SERVING,
+    command,
     death_reason,
-    flag_name,
     last_error,
     one_line,
     rank,
@@ -480,20 +480,7 @@ class SGLangEngine:
             if value is None:
                 continue
             flags += [flag, render_value(knob, value)]
-        fixed = tuple(launch.fixed_args)
-        clash = sorted(set(flags[::2]) & {flag_name(a) for a in fixed})
-        if clash:
-            raise ConfigError(f"fixed args repeat searched flag(s) {', '.join(clash)}; "
-                              "remove them from fixed_args")
-        return [
-            launch.python, "-m", self.module,
-            *self._leading_args(launch, version),
-            "--model-path", launch.model_path,
-            "--host", launch.host,
-            "--port", str(launch.port),
-            *flags,
-            *fixed,
-        ]
+        return command(launch, self.module, "--model-path", flags, self._leading_args(launch, version))
 
     def environment(self, launch: LaunchLike, version: str) -> dict[str, str]:
         return dict(launch.env)

@@ -35,8 +35,8 @@ from runners.engines.common import (
     ARGPARSE_ERROR,
     PRIORITY,
     SERVING,
+    command,
     death_reason,
-    flag_name,
     last_error,
     one_line,
     rank,
@@ -449,20 +449,7 @@ class VLLMEngine:
             if value is None:
                 continue
             flags += _knob_args(knob, value, parsed)
-        fixed = tuple(launch.fixed_args)
-        searched = {a for a in flags if a.startswith("--")}
-        clash = sorted(searched & {flag_name(a) for a in fixed})
-        if clash:
-            raise ConfigError(f"fixed args repeat searched flag(s) {', '.join(clash)}; "
-                              "remove them from fixed_args")
-        return [
-            launch.python, "-m", self.module,
-            "--model", launch.model_path,
-            "--host", launch.host,
-            "--port", str(launch.port),
-            *flags,
-            *fixed,
-        ]
+        return command(launch, self.module, "--model", flags)
 
     def environment(self, launch: LaunchLike, version: str) -> dict[str, str]:
         env = dict(launch.env)
