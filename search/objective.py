@@ -15,6 +15,7 @@ import json
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -367,6 +368,11 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], *, abort: threading.Even
                 assert past.value is not None
                 return float(past.value)
             raise optuna.TrialPruned(f"same configuration as trial {origin}: {past.user_attrs.get('outcome')}")
+        with warnings.catch_warnings():
+            # A twin whose controller died must not be waited for forever: fail it once it is stale
+            # (its configuration is then re-queued), as the budget reservation does.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
         twins = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                  if t.number < trial.number and _normal(t.params) == params]
         if not twins:
