@@ -7,7 +7,6 @@ a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -266,13 +265,18 @@ def dashboard(
     artifacts_dir: Annotated[Path | None, typer.Option(help="Trial artifacts directory.")] = None,
 ) -> None:
     """Start optuna-dashboard on the study storage and its artifact store."""
+    import optuna_dashboard
+
+    from search.study import artifact_store, open_storage
+
     settings = _settings(storage=storage, artifacts_dir=artifacts_dir, dashboard_port=port)
-    store = Path(settings.artifacts_dir) / "optuna-artifacts"
-    store.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "optuna_dashboard", settings.storage, "--host", host,
-           "--port", str(settings.dashboard_port), "--artifact-dir", str(store)]
+    store = artifact_store(Path(settings.artifacts_dir) / "optuna-artifacts")
+    rdb = open_storage(settings.storage, heartbeat=False, must_exist=True)
     console.print(f"optuna-dashboard on http://{host}:{settings.dashboard_port} (Ctrl-C to stop)")
-    raise typer.Exit(subprocess.call(cmd))
+    try:
+        optuna_dashboard.run_server(rdb, host=host, port=settings.dashboard_port, artifact_store=store)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve on {host}:{settings.dashboard_port}: {exc.strerror or exc}") from None
 
 
 @hosts_app.command("check")
