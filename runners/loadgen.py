@@ -258,8 +258,7 @@ def _stats(record: dict[str, Any], name: str, seconds: list[float]) -> None:
 
 
 def summarize(results: list[RequestResult], duration: float, *, level: int, api: str, input_len: int,
-              output_len: int, time_scale: float = 1.0, simulated: bool = False,
-              output_usage: dict[str, int] | None = None) -> dict[str, Any]:
+              output_len: int, time_scale: float = 1.0, simulated: bool = False) -> dict[str, Any]:
     """One level's record from its requests; every time multiplied by ``time_scale``."""
     ok = [r for r in results if r.ok]
     duration = duration * time_scale

@@ -107,7 +107,6 @@ class ServerSession:
         self.server_info: dict[str, Any] = {}
         self.smi_samples: list[tuple[float, list[GpuStatus]]] = []
         self.stop_result: StopResult | None = None
-        self.died_at: float | None = None
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._dead = threading.Event()
@@ -189,11 +188,7 @@ class ServerSession:
                     code = self.host.exit_code(self.ref)
                 except RunnerError:
                     code = None
-                with self._changed:
-                    self.exit_code = code
-                    self.died_at = time.monotonic()
-                    self._dead.set()
-                    self._changed.notify_all()
+                self._mark_dead(code)
                 return
             # Stream lost (connection dropped). Is the host still there?
             try:
@@ -202,12 +197,14 @@ class ServerSession:
                 self._mark_lost()
                 return
             if not alive:
-                with self._changed:
-                    self.exit_code = self.host.exit_code(self.ref)
-                    self.died_at = time.monotonic()
-                    self._dead.set()
-                    self._changed.notify_all()
+                self._mark_dead(self.host.exit_code(self.ref))
                 return
+
+    def _mark_dead(self, code: int | None) -> None:
+        with self._changed:
+            self.exit_code = code
+            self._dead.set()
+            self._changed.notify_all()
 
     def _mark_lost(self) -> None:
         with self._changed:

@@ -28,7 +28,7 @@ from optuna.trial import TrialState
 
 from runners.errors import RunnerError, ServetuneError
 from runners.host import HostInfo
-from runners.server import BenchPlan, ServerSession, merge_smi_peak
+from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
 from runners.telemetry import Failure, FailureKind, Phase
 from search.pool import HostPool, HostSlot
 from search.records import MEM_PREFIX
@@ -233,7 +233,7 @@ class Objective:
                                    f"(last phase: {session.parser.phase.value})")
                 return failure
 
-    def _benchmark(self, session: ServerSession, plan: BenchPlan) -> Any:
+    def _benchmark(self, session: ServerSession, plan: BenchPlan) -> BenchResult:
         # The abort event is honoured by running the sweep in a thread and stopping the server.
         result: dict[str, Any] = {}
 
@@ -249,7 +249,6 @@ class Objective:
                 t.join(timeout=10)
                 bench = result.get("bench")
                 levels = bench.levels if bench else []
-                from runners.server import BenchResult
                 return BenchResult(levels, Failure(FailureKind.INTERRUPTED, session.parser.phase, "interrupted"))
         return result["bench"]
 

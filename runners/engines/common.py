@@ -20,6 +20,13 @@ ARGPARSE_ERROR = re.compile(
     r"\berror: ((?:ambiguous option|unrecognized arguments|argument |the following arguments are required"
     r"|invalid choice|expected one argument).*)"
 )
+SIZE = r"([0-9]+(?:\.[0-9]+)? (?:bytes|KiB|MiB|GiB|TiB))"
+"""A torch ``format_size`` figure, e.g. ``3.94 GiB`` (see :func:`runners.telemetry.parse_size_gib`)."""
+TORCH_OOM = re.compile(
+    r"CUDA out of memory\. Tried to allocate " + SIZE
+    + r"\. GPU \d+ has a total capac\w* of " + SIZE + r" of which " + SIZE + " is free"
+)
+"""PyTorch's caching-allocator OOM text (sglang-facts §3.1): tried, total capacity, free."""
 PY_EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b:? ?.*")
 SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 6: "SIGABRT", 11: "SIGSEGV", 2: "SIGINT", 3: "SIGQUIT"}
 

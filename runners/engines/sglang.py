@@ -18,6 +18,8 @@ from runners.engines.common import (
     ARGPARSE_ERROR,
     PRIORITY,
     SERVING,
+    SIZE,
+    TORCH_OOM,
     command,
     death_reason,
     last_error,
@@ -87,7 +89,6 @@ _LINE_BREAK = re.compile(r"\r\n?|\n")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?")
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
-_SIZE = r"([0-9]+(?:\.[0-9]+)? (?:bytes|KiB|MiB|GiB|TiB))"
 
 _MFS = re.compile(r"\bmem_fraction_static'?\s*[=:]\s*" + _NUM)
 _CG_DECODE = re.compile(r"\bcuda_graph_max_bs_decode'?\s*[=:]\s*(\d+)")
@@ -128,13 +129,9 @@ _DECODE_BATCH = re.compile(r"\bDecode batch\b")
 _FRAME = re.compile(r'^\s*File ".*", line \d+, in (forward_extend|forward_decode)\b')
 
 # torch caching-allocator text (sglang-facts §3.1), current and old wording.
-_TORCH_OOM = re.compile(
-    r"CUDA out of memory\. Tried to allocate " + _SIZE
-    + r"\. GPU \d+ has a total capac\w* of " + _SIZE + r" of which " + _SIZE + " is free"
-)
 _TORCH_OOM_OLD = re.compile(
-    r"CUDA out of memory\. Tried to allocate " + _SIZE + r" \(GPU \d+; " + _SIZE
-    + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE + " free"
+    r"CUDA out of memory\. Tried to allocate " + SIZE + r" \(GPU \d+; " + SIZE
+    + r" total capacity; " + SIZE + r" already allocated; " + SIZE + " free"
 )
 
 # (pattern, explicit phase or None) -- any of these means the GPU ran out of memory.
@@ -413,7 +410,7 @@ class SGLangLogParser:
 
     def _oom_figures(self, text: str) -> None:
         tele = self.telemetry
-        m = _TORCH_OOM.search(text)
+        m = TORCH_OOM.search(text)
         if m:
             tried, total, free = m.groups()
         else:

@@ -35,6 +35,7 @@ from runners.engines.common import (
     ARGPARSE_ERROR,
     PRIORITY,
     SERVING,
+    TORCH_OOM,
     command,
     death_reason,
     last_error,
@@ -113,7 +114,6 @@ _PREFIX = re.compile(
     r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?)?"
 )
 _NUM = r"(-?[0-9]+(?:\.[0-9]+)?)"
-_SIZE = r"([0-9]+(?:\.[0-9]+)? (?:bytes|KiB|MiB|GiB|TiB))"
 
 _LOAD_BEGIN = re.compile(r"Starting to load model |Loading weights|Loading safetensors checkpoint")
 _LOAD_END = re.compile(r"Loading weights took " + _NUM + " seconds")
@@ -160,10 +160,6 @@ _MAX_LEN = re.compile(
 _NO_BLOCKS = re.compile(r"No available memory for the cache blocks")
 _LOAD_OOM = re.compile(r"Failed to load model - not enough GPU memory")
 _SAMPLER_OOM = re.compile(r"CUDA out of memory occurred when warming up sampler with (\d+) dummy requests")
-_TORCH_OOM = re.compile(
-    r"CUDA out of memory\. Tried to allocate " + _SIZE
-    + r"\. GPU \d+ has a total capac\w* of " + _SIZE + r" of which " + _SIZE + " is free"
-)
 _CPU_ALLOC = re.compile(r"DefaultCPUAllocator: (?:can't|not enough memory: you tried to) allocate")
 _OOM_GENERIC = re.compile(
     r"CUDA out of memory|torch\.OutOfMemoryError|\bOutOfMemoryError\b|CUDA error: out of memory"
@@ -365,7 +361,7 @@ class VLLMLogParser:
             tele.extra["sampler_warmup_reqs"] = int(m.group(1))
             self._oom(Phase.WARMUP, f"CUDA out of memory warming up the sampler with {m.group(1)} requests")
             return True
-        if _TORCH_OOM.search(text) or _CPU_ALLOC.search(text) or _OOM_GENERIC.search(text):
+        if TORCH_OOM.search(text) or _CPU_ALLOC.search(text) or _OOM_GENERIC.search(text):
             self._torch_figures(text)
             phase = Phase.SERVING if self.phase in SERVING else self.phase
             detail = self._torch_reason() or f": {one_line(text)}"
@@ -379,7 +375,7 @@ class VLLMLogParser:
         extra.setdefault("kv_available_gib", float(available))
 
     def _torch_figures(self, text: str) -> None:
-        m = _TORCH_OOM.search(text)
+        m = TORCH_OOM.search(text)
         tele = self.telemetry
         if m and tele.tried_to_allocate_gib is None:
             tried, total, free = m.groups()
