@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from runners.simhost.launch import DEFAULT_VERSION, parse_version
+from runners.simhost.launch import DEFAULT_VERSION, emulated_version
 from runners.simhost.model import Workload, predict_from_argv
 from runners.simhost.profile import ProfileError, load_profile
 from runners.simhost.state import HostState, write_host
@@ -75,9 +75,8 @@ def _levels(text: str) -> tuple[int, ...]:
 def _predict(args: argparse.Namespace, rest: Sequence[str]) -> int:
     env = {w.split("=", 1)[0]: w.split("=", 1)[1] for w in rest if _ENV_WORD.match(w)}
     flags = [w for w in rest if not _ENV_WORD.match(w)]
-    version = args.sim_version or os.environ.get("SERVETUNE_SIM_VERSION") or DEFAULT_VERSION
     try:
-        parse_version(version)
+        version = emulated_version(args.sim_version, os.environ)
         profile = load_profile(args.sim_profile)
     except (ValueError, ProfileError) as exc:
         sys.stderr.write(f"predict: {exc}\n")

@@ -22,14 +22,13 @@ The policy follows SGLang's default scheduler closely enough for memory and late
 from __future__ import annotations
 
 import bisect
-import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Batch", "BatchEngine", "Emission", "OomDetail", "RuntimeSpec", "SimRequest"]
+__all__ = ["Batch", "BatchEngine", "Emission", "OomDetail", "RuntimeSpec", "SimRequest", "oom_detail"]
 
 
 class OomDetail(BaseModel):
@@ -37,7 +36,6 @@ class OomDetail(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    gpu: int = 0
     tried_gib: float
     free_gib: float
     total_gib: float
@@ -45,7 +43,34 @@ class OomDetail(BaseModel):
     allocated_gib: float
     private_pool_gib: float
     reserved_unallocated_gib: float
-    other_gib: float = 0.0
+
+
+def oom_detail(
+    tried_gib: float,
+    free_gib: float,
+    *,
+    total_gib: float,
+    fragmentation_gib: float,
+    non_torch_gib: float,
+    torch_gib: float,
+    transient_gib: float = 0.0,
+    private_pool_gib: float = 0.0,
+) -> OomDetail:
+    """The figures PyTorch reports when ``tried_gib`` does not fit in ``free_gib``.
+
+    PyTorch holds ``torch_gib + transient_gib``; the caching allocator keeps up to half the
+    contiguity allowance reserved but unallocated (never more than is free).
+    """
+    reserved = min(fragmentation_gib / 2.0, max(free_gib, 0.0))
+    return OomDetail(
+        tried_gib=tried_gib,
+        free_gib=max(free_gib, 0.0),
+        total_gib=total_gib,
+        process_gib=non_torch_gib + torch_gib + transient_gib + reserved,
+        allocated_gib=torch_gib + transient_gib,
+        private_pool_gib=private_pool_gib,
+        reserved_unallocated_gib=reserved,
+    )
 
 
 class RuntimeSpec(BaseModel):
@@ -72,8 +97,6 @@ class RuntimeSpec(BaseModel):
     non_torch_gib: float  # CUDA context + NCCL
     torch_static_gib: float  # weights + KV + pools + graphs held by PyTorch
     private_pool_gib: float
-    baseline_gib: float = 0.0
-    other_gib: float = 0.0
     # timing (ms) and the run's multiplicative factor (noise x NCCL all-reduce effect)
     decode_base_ms: float
     decode_per_request_ms: float
@@ -110,6 +133,14 @@ class RuntimeSpec(BaseModel):
         return (self.prefill_base_ms + self.prefill_per_token_ms * tokens) * self.time_factor / 1000.0
 
     # -- memory ---------------------------------------------------------------------------------------------
+    def prefill_gib(self, tokens: int) -> float:
+        """Transient working set of a prefill batch of ``tokens`` new tokens."""
+        return tokens * self.prefill_mib_per_token / 1024.0
+
+    def eager_gib(self, n: int) -> float:
+        """Transient working set of an eager decode step with ``n`` running requests."""
+        return n * self.eager_mib_per_request / 1024.0
+
     def transient_oom(self, total_gib: float, largest_fraction: float, first_forward: bool) -> OomDetail | None:
         """Check a transient working set; ``None`` if it fits, else the failing allocation's figures.
 
@@ -134,17 +165,15 @@ class RuntimeSpec(BaseModel):
         return self.oom(rest, free, held)
 
     def oom(self, tried_gib: float, free_at_gib: float, transient_held_gib: float) -> OomDetail:
-        reserved = min(self.fragmentation_gib / 2.0, max(free_at_gib, 0.0))
-        process = self.non_torch_gib + self.torch_static_gib + transient_held_gib + reserved
-        return OomDetail(
-            tried_gib=tried_gib,
-            free_gib=max(free_at_gib, 0.0),
+        return oom_detail(
+            tried_gib,
+            free_at_gib,
             total_gib=self.total_gib,
-            process_gib=process,
-            allocated_gib=self.torch_static_gib + transient_held_gib,
+            fragmentation_gib=self.fragmentation_gib,
+            non_torch_gib=self.non_torch_gib,
+            torch_gib=self.torch_static_gib,
+            transient_gib=transient_held_gib,
             private_pool_gib=self.private_pool_gib,
-            reserved_unallocated_gib=reserved,
-            other_gib=self.other_gib,
         )
 
 
@@ -155,7 +184,6 @@ class SimRequest:
     input_len: int
     max_new_tokens: int
     arrival_s: float = 0.0
-    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     is_warmup: bool = False
     sink: Any = None  # the server's per-request channel
     prefilled: int = 0
@@ -280,9 +308,7 @@ class BatchEngine:
             return None
         tokens = sum(n for _, n in items)
         batch = Batch(kind="prefill", duration_s=s.prefill_s(tokens), prefill=items)
-        oom = s.transient_oom(
-            tokens * s.prefill_mib_per_token / 1024.0, s.prefill_largest_fraction, not self.first_forward_done
-        )
+        oom = s.transient_oom(s.prefill_gib(tokens), s.prefill_largest_fraction, not self.first_forward_done)
         if oom is not None:
             batch.oom = oom
             batch.phase = "warmup" if any(r.is_warmup for r, _ in items) else "prefill"
@@ -292,7 +318,6 @@ class BatchEngine:
     def _plan_decode(self) -> Batch:
         s = self.spec
         remaining = {id(r): r.max_new_tokens - r.generated for r in self.running}
-        n = len(self.running)
         batch = Batch(kind="decode", duration_s=0.0, running=list(self.running))
         for step in range(s.continuous_steps):
             alive = [r for r in self.running if remaining[id(r)] > step]
@@ -301,11 +326,7 @@ class BatchEngine:
                 break
             secs, graph = s.decode_step_s(n)
             if not graph:
-                oom = s.transient_oom(
-                    n * s.eager_mib_per_request / 1024.0,
-                    s.eager_largest_fraction,
-                    not self.first_forward_done,
-                )
+                oom = s.transient_oom(s.eager_gib(n), s.eager_largest_fraction, not self.first_forward_done)
                 if oom is not None:
                     batch.oom = oom
                     batch.phase = "decode"

@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from types import FrameType
 
 from runners.simhost.state import ProcEntry, default_state_dir, process_start_time, remove_proc, write_proc
@@ -32,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gpus = [int(x) for x in args.gpus.split(",") if x.strip()]
     except ValueError:
         parser.error(f"--gpus must be comma-separated integers, not {args.gpus!r}")
-    state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
+    state_dir = default_state_dir(explicit=args.state_dir)
     pid = os.getpid()
 
     def leave(signum: int, frame: FrameType | None) -> None:

@@ -30,12 +30,14 @@ __all__ = [
     "SimLaunch",
     "Version",
     "build_parser",
+    "emulated_version",
     "parse_version",
     "relevant_env",
 ]
 
 Version = tuple[int, int, int]
 DEFAULT_VERSION = "0.5.10"
+ENV_VERSION = "SERVETUNE_SIM_VERSION"
 
 # First release (as checked in sglang-facts) with each behaviour.
 V_NEW_CG_FLAGS: Version = (0, 5, 15)  # --cuda-graph-max-bs-decode & co.
@@ -190,6 +192,21 @@ def parse_version(text: str) -> Version:
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
 
 
+def emulated_version(cli: str | None, env: Mapping[str, str]) -> str:
+    """The SGLang version to emulate: ``--sim-version``, else ``$SERVETUNE_SIM_VERSION``, else the default.
+
+    Raises ``ValueError`` (from :func:`parse_version`) if it is not a version.
+    """
+    version = cli or env.get(ENV_VERSION) or DEFAULT_VERSION
+    parse_version(version)
+    return version
+
+
+def _prog(v: Version) -> str:
+    """argparse's ``prog`` for the emulated version: the name in usage and error lines."""
+    return "sglang serve" if v >= V_PROG_SERVE else "launch_server.py"
+
+
 def _choices(table: list[tuple[Version, list[str]]], v: Version) -> list[str]:
     for since, names in table:
         if v >= since:
@@ -230,8 +247,7 @@ def build_parser(
     turns argparse errors into :class:`BadFlag` rather than printing and exiting 2.
     """
     v = parse_version(version)
-    prog = "sglang serve" if v >= V_PROG_SERVE else "launch_server.py"
-    p = _Parser(prog=prog, raise_errors=raise_errors, add_help=not raise_errors)
+    p = _Parser(prog=_prog(v), raise_errors=raise_errors, add_help=not raise_errors)
     hint = _human_int if v >= V_HUMAN_INT else int
 
     a = p.add_argument
@@ -378,12 +394,10 @@ class SimLaunch(BaseModel):
     max_total_tokens: int | None = None
     chunked_prefill_size: int | None = None
     max_prefill_tokens: int = 16384
-    schedule_conservativeness: float = 1.0
     page_size: int | None = None
     context_length: int | None = None
     kv_cache_dtype: str = "auto"
     attention_backend: str | None = None
-    moe_runner_backend: str = "auto"
     cuda_graph_max_bs: int | None = None
     cuda_graph_bs: tuple[int, ...] | None = None
     disable_cuda_graph: bool = False
@@ -461,12 +475,10 @@ class SimLaunch(BaseModel):
                 max_total_tokens=raw["max_total_tokens"],
                 chunked_prefill_size=raw["chunked_prefill_size"],
                 max_prefill_tokens=raw["max_prefill_tokens"],
-                schedule_conservativeness=raw["schedule_conservativeness"],
                 page_size=raw["page_size"],
                 context_length=raw["context_length"],
                 kv_cache_dtype=raw["kv_cache_dtype"],
                 attention_backend=raw["attention_backend"],
-                moe_runner_backend=raw["moe_runner_backend"],
                 cuda_graph_max_bs=max_bs,
                 cuda_graph_bs=tuple(bs) if bs else None,
                 disable_cuda_graph=disabled,
@@ -488,5 +500,4 @@ class SimLaunch(BaseModel):
         except ValidationError as exc:
             err = exc.errors()[0]
             flag = "--" + str(err["loc"][0]).replace("_", "-")
-            prog = "sglang serve" if v >= V_PROG_SERVE else "launch_server.py"
-            raise BadFlag(f"{prog}: error: argument {flag}: {err['msg']}\n") from exc
+            raise BadFlag(f"{_prog(v)}: error: argument {flag}: {err['msg']}\n") from exc

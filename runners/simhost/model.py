@@ -37,8 +37,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from runners.simhost import texts
-from runners.simhost.engine import BatchEngine, OomDetail, RuntimeSpec, SimRequest
-from runners.simhost.launch import DEFAULT_VERSION, BadFlag, SimLaunch, Version, parse_version
+from runners.simhost.engine import BatchEngine, OomDetail, RuntimeSpec, SimRequest, oom_detail
+from runners.simhost.launch import DEFAULT_VERSION, BadFlag, SimLaunch, Version
 from runners.simhost.profile import SimProfile
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "approx_tokens",
     "evaluate",
     "nccl_effect",
+    "oom_text",
     "plan_startup",
     "predict_from_argv",
     "resolve_args",
@@ -131,9 +132,6 @@ class Workload(_Frozen):
 class ResolvedArgs(_Frozen):
     """The server arguments after SGLang's defaults were filled in for this host (sglang-facts §1.3)."""
 
-    version: str
-    model_path: str
-    served_model_name: str
     tp_size: int
     mem_fraction_static: float
     chunked_prefill_size: int
@@ -148,7 +146,6 @@ class ResolvedArgs(_Frozen):
     kv_bytes_per_token: float
     max_running_requests: int | None  # as given (or the model's override), before the pool is sized
     num_continuous_decode_steps: int
-    attention_backend: str
     server_args: dict[str, Any]  # every field, named as the emulated version names them
 
 
@@ -202,17 +199,11 @@ class StartupPlan(_Frozen):
     nccl: NcclEffect
     memory: MemoryFigures
     ctx_gib: float = 0.0  # CUDA context + NCCL buffers
-    others_gib: float = 0.0
     failure: Failure | None = None
     durations: dict[str, float] = Field(default_factory=dict)  # simulated seconds per stage
     noise_factor: float = 1.0
     runtime: RuntimeSpec | None = None
     warnings: list[str] = Field(default_factory=list)
-    profiled_tokens: int | None = None
-
-    @property
-    def version_tuple(self) -> Version:
-        return parse_version(self.version)
 
 
 class LevelResult(_Frozen):
@@ -397,9 +388,6 @@ def resolve_args(profile: SimProfile, launch: SimLaunch) -> ResolvedArgs:
     else:
         sa["cuda_graph_max_bs_decode"] = max_bs
     return ResolvedArgs(
-        version=launch.version,
-        model_path=launch.model_path,
-        served_model_name=served,
         tp_size=tp,
         mem_fraction_static=float(mfs),
         chunked_prefill_size=int(chunked),
@@ -414,7 +402,6 @@ def resolve_args(profile: SimProfile, launch: SimLaunch) -> ResolvedArgs:
         kv_bytes_per_token=mdl.kv_bytes(tp, ratio),
         max_running_requests=max_running_arg,
         num_continuous_decode_steps=launch.num_continuous_decode_steps,
-        attention_backend=attention_backend,
         server_args=sa,
     )
 
@@ -579,7 +566,6 @@ def plan_startup(
             nccl=nccl,
             memory=MemoryFigures(**figs),
             ctx_gib=ctx,
-            others_gib=others,
             failure=failure,
             durations=durations,
             noise_factor=nf,
@@ -588,16 +574,14 @@ def plan_startup(
         )
 
     def oom(tried: float, free: float, torch_alloc: float, private: float = 0.0) -> OomDetail:
-        reserved = min(frag / 2.0, max(free, 0.0))
-        return OomDetail(
-            tried_gib=tried,
-            free_gib=max(free, 0.0),
+        return oom_detail(
+            tried,
+            free,
             total_gib=total,
-            process_gib=ctx + torch_alloc + reserved,
-            allocated_gib=torch_alloc,
+            fragmentation_gib=frag,
+            non_torch_gib=ctx,
+            torch_gib=torch_alloc,
             private_pool_gib=private,
-            reserved_unallocated_gib=reserved,
-            other_gib=others,
         )
 
     resolved = resolve_args(profile, launch)
@@ -637,14 +621,16 @@ def plan_startup(
         shard = mdl.weight_shard_gib
         loaded = math.floor(pre / shard) * shard
         tried = min(shard, weights - loaded)
-        f = Failure(
-            kind="oom",
-            phase="load_weights",
-            elapsed_s=durations["load_weights"] * loaded / weights,
-            message="",
-            oom=oom(tried, pre - loaded, loaded),
+        detail = oom(tried, pre - loaded, loaded)
+        return plan(
+            Failure(
+                kind="oom",
+                phase="load_weights",
+                elapsed_s=durations["load_weights"] * loaded / weights,
+                message=_oom_line(detail),
+                oom=detail,
+            )
         )
-        return plan(f.model_copy(update={"message": _oom_line(f.oom)}))
     avail = pre - weights
     figs["avail_after_weights_gib"] = avail
 
@@ -693,8 +679,8 @@ def plan_startup(
         tried = rtt if rtt > after_kv - frag else mem.misc_static_gib
         free_at = after_kv if tried == rtt else after_kv - rtt
         held = weights + kv_gib + (0.0 if tried == rtt else rtt)
-        f = Failure(kind="oom", phase="kv_pool", message="", oom=oom(tried, free_at, held))
-        return plan(f.model_copy(update={"message": _oom_line(f.oom)}))
+        detail = oom(tried, free_at, held)
+        return plan(Failure(kind="oom", phase="kv_pool", message=_oom_line(detail), oom=detail))
     free_pool = after_kv - rtt - mem.misc_static_gib
     figs["free_after_pool_gib"] = free_pool
     static_torch = weights + kv_gib + rtt + mem.misc_static_gib
@@ -709,29 +695,33 @@ def plan_startup(
         free = free_pool
         ws = mem.graph_workspace_gib
         if ws > free - frag:
-            f = Failure(
-                kind="oom",
-                phase="cuda_graph",
-                message="",
-                elapsed_s=tim.capture_base_s * 0.5 * tc * nf,
-                oom=oom(ws, free, static_torch),
+            detail = oom(ws, free, static_torch)
+            return plan(
+                Failure(
+                    kind="oom",
+                    phase="cuda_graph",
+                    message=texts.capture_failed_exception(v, oom_text(detail)),
+                    elapsed_s=tim.capture_base_s * 0.5 * tc * nf,
+                    oom=detail,
+                )
             )
-            return plan(f.model_copy(update={"message": texts.capture_failed_exception(v, _oom_text(f.oom))}))
         free -= ws
         allocs = [mem.graph_pool_base_gib + mem.graph_pool_per_bs_gib * capture[-1]]
         allocs += [mem.graph_pool_per_graph_gib] * (len(capture) - 1)
         for i, size in enumerate(allocs):
             if size > free - frag:
                 elapsed = (tim.capture_base_s + tim.capture_per_graph_s * i) * tc * nf
-                f = Failure(
-                    kind="oom",
-                    phase="cuda_graph",
-                    message="",
-                    elapsed_s=elapsed,
-                    oom=oom(size, free, static_torch + ws + graph, private=graph),
-                )
+                detail = oom(size, free, static_torch + ws + graph, private=graph)
                 figs["graph_gib"] = graph
-                return plan(f.model_copy(update={"message": texts.capture_failed_exception(v, _oom_text(f.oom))}))
+                return plan(
+                    Failure(
+                        kind="oom",
+                        phase="cuda_graph",
+                        message=texts.capture_failed_exception(v, oom_text(detail)),
+                        elapsed_s=elapsed,
+                        oom=detail,
+                    )
+                )
             free -= size
             graph += size
     figs["graph_gib"] = graph
@@ -758,8 +748,6 @@ def plan_startup(
         non_torch_gib=ctx,
         torch_static_gib=static_torch + graph,
         private_pool_gib=graph,
-        baseline_gib=baseline,
-        other_gib=others,
         decode_base_ms=tim.decode_base_ms,
         decode_per_request_ms=tim.decode_per_request_ms,
         scheduler_overhead_ms=tim.scheduler_overhead_ms,
@@ -772,25 +760,26 @@ def plan_startup(
         torch_compile_factor=tim.torch_compile_factor,
         time_factor=nf * nccl.step_factor,
     )
-    return plan(runtime=runtime, profiled_tokens=profiled)
+    return plan(runtime=runtime)
 
 
-def _oom_text(detail: OomDetail | None) -> str:
-    assert detail is not None
+def oom_text(detail: OomDetail, *, gpu: int = 0, others: Sequence[tuple[int, float]] = ()) -> str:
+    """PyTorch's OutOfMemoryError text for ``detail`` on ``gpu``, after ``others`` (pid, GiB in use)."""
     return texts.torch_oom(
         tried_gib=detail.tried_gib,
-        gpu=detail.gpu,
+        gpu=gpu,
         total_gib=detail.total_gib,
         free_gib=detail.free_gib,
         process_gib=detail.process_gib,
         allocated_gib=detail.allocated_gib,
         private_pool_gib=detail.private_pool_gib,
         reserved_unallocated_gib=detail.reserved_unallocated_gib,
+        others=others,
     )
 
 
-def _oom_line(detail: OomDetail | None) -> str:
-    return f"torch.OutOfMemoryError: {_oom_text(detail)}"
+def _oom_line(detail: OomDetail) -> str:
+    return f"torch.OutOfMemoryError: {oom_text(detail)}"
 
 
 # ---------------------------------------------------------------------------------------------------------

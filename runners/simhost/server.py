@@ -46,13 +46,14 @@ from typing import Any
 
 from runners.simhost import texts
 from runners.simhost.engine import Batch, BatchEngine, OomDetail, RuntimeSpec, SimRequest
-from runners.simhost.launch import DEFAULT_VERSION, BadFlag, SimLaunch, build_parser, parse_version
+from runners.simhost.launch import BadFlag, SimLaunch, build_parser, emulated_version
 from runners.simhost.model import (
     WARMUP_MAX_NEW_TOKENS,
     WARMUP_PROMPT,
     Failure,
     StartupPlan,
     approx_tokens,
+    oom_text,
     plan_startup,
 )
 from runners.simhost.profile import ProfileError, SimProfile, load_profile
@@ -107,7 +108,7 @@ class SimLog:
 
     def ranks(self, message: str, level: str = "info") -> None:
         for rank in range(self.tp_size):
-            self.line(message, rank=rank if self.tp_size > 1 else None, level=level)
+            self.line(message, rank=rank, level=level)
 
     def uvicorn(self, message: str, level: str = "INFO") -> None:
         if level == "INFO" and self._http_quiet:
@@ -791,9 +792,9 @@ class SimServer:
     def note_transient(self, batch: Batch, spec: RuntimeSpec) -> None:
         """The caching allocator keeps the largest working set it has seen: nvidia-smi shows it."""
         if batch.kind == "prefill":
-            gib = spec.first_forward_gib + batch.new_tokens * spec.prefill_mib_per_token / 1024
+            gib = spec.first_forward_gib + spec.prefill_gib(batch.new_tokens)
         elif not batch.graph:
-            gib = spec.first_forward_gib + max(n for n, _, _ in batch.decode_steps) * spec.eager_mib_per_request / 1024
+            gib = spec.first_forward_gib + spec.eager_gib(max(n for n, _, _ in batch.decode_steps))
         else:
             gib = spec.first_forward_gib
         if gib > self._transient_gib + 1 / 1024:
@@ -832,17 +833,7 @@ class SimServer:
     def _oom_message(self, phase: str, detail: OomDetail, rank: int) -> str:
         """The traceback a rank logs after ``Scheduler hit an exception: `` for an OOM in ``phase``."""
         gpu = self.gpus[rank] if rank < len(self.gpus) else rank
-        text = texts.torch_oom(
-            tried_gib=detail.tried_gib,
-            gpu=rank,
-            total_gib=detail.total_gib,
-            free_gib=detail.free_gib,
-            process_gib=detail.process_gib,
-            allocated_gib=detail.allocated_gib,
-            private_pool_gib=detail.private_pool_gib,
-            reserved_unallocated_gib=detail.reserved_unallocated_gib,
-            others=self.others.get(gpu, []),
-        )
+        text = oom_text(detail, gpu=rank, others=self.others.get(gpu, []))
         arch = self.profile.model.architecture
         if phase != "cuda_graph":
             return _traceback(phase, arch, f"torch.OutOfMemoryError: {text}")
@@ -862,11 +853,7 @@ class SimServer:
         """Log each rank's scheduler exception, the main process's SIGQUIT handling, then SIGKILL itself."""
         self._dying.acquire(blocking=False)
         for rank, message in enumerate(messages):
-            self.log.line(
-                f"Scheduler hit an exception: {message}",
-                rank=rank if self.launch.tp_size > 1 else None,
-                level="error",
-            )
+            self.log.line(f"Scheduler hit an exception: {message}", rank=rank, level="error")
         self.log.line(texts.sigquit_line(self.v, running=running), level="error")
         if self.v >= (0, 5, 13):
             self.log.line(f"kill_process_tree called: parent_pid={self.pid}, include_parent=True, pid={self.pid}")
@@ -1023,7 +1010,7 @@ class SimServer:
                 context_len=r.context_len,
                 avail_gib=mem.free_after_capture_gib,
             ),
-            rank=0 if launch.tp_size > 1 else None,
+            rank=0,
         )
 
         # HTTP
@@ -1225,9 +1212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--sim-version", default=None)
     known, _ = pre.parse_known_args(args)
-    version = known.sim_version or env.get("SERVETUNE_SIM_VERSION") or DEFAULT_VERSION
     try:
-        parse_version(version)
+        version = emulated_version(known.sim_version, env)
     except ValueError as exc:
         sys.stderr.write(f"servetune simhost: {exc}\n")
         return 2
@@ -1242,7 +1228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "yes",
     )
     seed = ns.sim_seed if ns.sim_seed is not None else random.SystemRandom().randrange(1 << 31)
-    state_dir = Path(ns.sim_state_dir).expanduser() if ns.sim_state_dir else default_state_dir(env)
+    state_dir = default_state_dir(env, explicit=ns.sim_state_dir)
     try:
         profile = load_profile(ns.sim_profile)
     except ProfileError as exc:

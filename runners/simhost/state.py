@@ -40,7 +40,10 @@ __all__ = [
 ENV_STATE = "SERVETUNE_SIM_STATE"
 
 
-def default_state_dir(env: dict[str, str] | None = None) -> Path:
+def default_state_dir(env: dict[str, str] | None = None, *, explicit: str | None = None) -> Path:
+    """``explicit`` if given, else ``$SERVETUNE_SIM_STATE``, else ``~/.servetune/simhost``."""
+    if explicit:
+        return Path(explicit).expanduser()
     env = dict(os.environ) if env is None else env
     value = env.get(ENV_STATE)
     return Path(value).expanduser() if value else Path.home() / ".servetune" / "simhost"
@@ -182,7 +185,7 @@ def remove_proc(state_dir: Path, pid: int) -> None:
         (state_dir / "procs" / f"{pid}.json").unlink()
 
 
-def live_procs(state_dir: Path, *, cleanup: bool = True) -> list[ProcEntry]:
+def live_procs(state_dir: Path) -> list[ProcEntry]:
     """Entries of processes that are still alive, ordered by pid; dead ones are dropped (and removed)."""
     out: list[ProcEntry] = []
     procs = state_dir / "procs"
@@ -195,9 +198,8 @@ def live_procs(state_dir: Path, *, cleanup: bool = True) -> list[ProcEntry]:
             continue
         started = process_start_time(entry.pid)
         if started is None or (entry.start_time is not None and started != entry.start_time):
-            if cleanup:
-                with contextlib.suppress(OSError):
-                    path.unlink()
+            with contextlib.suppress(OSError):
+                path.unlink()
             continue
         out.append(entry)
     return sorted(out, key=lambda e: e.pid)
