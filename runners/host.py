@@ -122,11 +122,11 @@ if ! ours $pg $tag; then echo '{"result":"not_ours"}'; exit 3; fi
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
 start=$(ms)
 kill -TERM -$pg 2>/dev/null
-method=term; resent=0
+method=term; resent=false
 deadline=$(( start + grace_ms )); half=$(( start + grace_ms / 2 ))
 while [ -n "$(members $pg)" ]; do
   now=$(ms)
-  if [ $resent = 0 ] && [ $now -gt $half ]; then kill -TERM -$pg 2>/dev/null; resent=1; fi
+  if [ $resent = false ] && [ $now -gt $half ]; then kill -TERM -$pg 2>/dev/null; resent=true; fi
   if [ $now -gt $deadline ]; then
     method=kill
     for p in $(members $pg); do kill -KILL $p 2>/dev/null; done
@@ -140,7 +140,8 @@ done
 end=$(ms)
 surv=$(members $pg | paste -sd, -)
 [ -n "$surv" ] || drop_alias
-printf '{"result":"stopped","method":"%s","ms":%s,"survivors":[%s]}\n' $method $(( end - start )) "$surv"
+printf '{"result":"stopped","method":"%s","resent_term":%s,"ms":%s,"survivors":[%s]}\n' \
+  $method $resent $(( end - start )) "$surv"
 """
 )
 
@@ -180,11 +181,15 @@ class RunRef:
 
 @dataclass(frozen=True)
 class StopResult:
-    """How a stop went: ``gone`` (already dead), ``term`` or ``kill``; survivors must be empty."""
+    """How a stop went: ``gone`` (already dead), ``term`` or ``kill``; survivors must be empty.
+
+    ``resent_term``: the group outlived half the grace, so SIGTERM was sent a second time.
+    """
 
     method: str
     seconds: float
     survivors: tuple[int, ...] = ()
+    resent_term: bool = False
 
 
 @dataclass
@@ -363,8 +368,9 @@ class Host:
         ``memory_limit_bytes`` runs the tree in a memory cgroup of its own with that limit (root only;
         RunnerError when the host cannot make one); :meth:`remove_cgroup` removes it after the stop.
         """
-        abs_dir = self.resolve(run_dir)
-        mk = self.run(f"rm -rf {shlex.quote(abs_dir)} && mkdir -p {shlex.quote(abs_dir)}", timeout=timeout)
+        # One round trip: the absolute form of run_dir (as resolve() gives it), then a fresh directory there.
+        mk = self.run(f'd={self._path(run_dir)}; echo "$d"; rm -rf "$d" && mkdir -p "$d"', timeout=timeout)
+        abs_dir = mk.stdout.strip()
         if not mk.ok:
             raise RunnerError(f"cannot create {abs_dir} on {self.name}: {mk.stderr.strip()[:200]}",
                               host=self.name)
@@ -446,7 +452,8 @@ class Host:
         survivors = tuple(int(p) for p in data.get("survivors", []))
         if survivors:
             raise RunnerError(f"processes {survivors} survived SIGKILL on {self.name}", host=self.name)
-        return StopResult(data.get("method", "gone"), float(data.get("ms", 0)) / 1000, survivors)
+        return StopResult(data.get("method", "gone"), float(data.get("ms", 0)) / 1000, survivors,
+                          resent_term=bool(data.get("resent_term", False)))
 
     def remove_scratch(self, ref: RunRef) -> None:
         """Delete the run's scratch directories (call only once its process group is gone)."""

@@ -13,6 +13,7 @@ Everything it learns is a value: :class:`~runners.telemetry.Failure` for how it 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import queue
 import shlex
@@ -58,12 +59,10 @@ class BenchResult:
     levels: list[dict[str, Any]] = field(default_factory=list)
     failure: Failure | None = None
 
-    @property
-    def complete(self) -> bool:
-        return self.failure is None
 
-
+@functools.cache
 def loadgen_source() -> bytes:
+    """The load generator's source, copied into every run directory (read once per process)."""
     return resources.files("runners").joinpath("loadgen.py").read_bytes()
 
 
@@ -128,7 +127,7 @@ class ServerSession:
     def start(self) -> None:
         self.ref = self.host.start(self.run_dir, self.script, self.run_id,
                                    files={"loadgen.py": loadgen_source().decode()},
-                                   scratch_vars=tuple(getattr(self.engine, "scratch_vars", ("TMPDIR",))),
+                                   scratch_vars=self.engine.scratch_vars,
                                    memory_limit_bytes=self.memory_limit_bytes)
         self._spawn(self._follow, "follow")
         if self.smi_interval > 0:
@@ -239,10 +238,6 @@ class ServerSession:
     @property
     def dead(self) -> bool:
         return self._dead.is_set()
-
-    @property
-    def lost(self) -> bool:
-        return self._lost.is_set()
 
     def _dying(self) -> bool:
         """Dead, or a fatal line was logged long enough ago that the server is as good as dead."""
@@ -496,12 +491,10 @@ def _n(value: float | None) -> str:
     return "" if value is None else f"{value:g}"
 
 
-def merge_smi_peak(session: ServerSession, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def merge_smi_peak(session: ServerSession) -> dict[str, Any]:
     """The session's telemetry as a dict, with the nvidia-smi peak folded in."""
     tele = session.parser.telemetry
     peak = session.smi_peak_mib()
     if peak is not None:
         tele.smi_peak_used_mib = peak
-    out = tele.to_dict()
-    out.update(extra or {})
-    return out
+    return tele.to_dict()

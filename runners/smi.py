@@ -9,7 +9,6 @@ GPU_QUERY = (
     "--format=csv,noheader,nounits"
 )
 APPS_QUERY = "nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader,nounits"
-UUID_QUERY = "nvidia-smi --query-gpu=index,uuid --format=csv,noheader,nounits"
 
 _MISSING = {"[N/A]", "[Not Supported]", "[Insufficient Permissions]", "N/A", ""}
 

@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -43,8 +43,8 @@ from paramiko.ssh_exception import (
     SSHException,
 )
 
-from runners.errors import AuthError, CommandTimeout, ConfigError, HostKeyError, HostUnreachable, RunnerError
-from runners.transport import CommandResult, LineStream
+from runners.errors import AuthError, ConfigError, HostKeyError, HostUnreachable, RunnerError
+from runners.transport import CommandResult, LineStream, command_timeout
 
 __all__ = ["DEFAULT_KNOWN_HOSTS", "DEFAULT_SSH_CONFIG", "SSHTransport", "ssh_errors"]
 
@@ -272,7 +272,7 @@ class SSHTransport:
                 if known is not None:
                     _prefer_key_types(t, list(known.keys()))
                 t.start_client(timeout=self.connect_timeout)
-                self._check_host_key(t, ep)
+                self._check_host_key(t, ep, known)
                 self._authenticate(t, ep)
                 t.set_keepalive(self.keepalive)
             except BaseException:
@@ -286,10 +286,12 @@ class SSHTransport:
             keys.load(self.known_hosts)
         return keys
 
-    def _check_host_key(self, t: paramiko.Transport, ep: _Endpoint) -> None:
+    def _check_host_key(
+        self, t: paramiko.Transport, ep: _Endpoint, known: Mapping[str, paramiko.PKey] | None
+    ) -> None:
+        """Check the server's key against ``known``, the known_hosts entries of ``ep`` (None: none)."""
         key = t.get_remote_server_key()
         name = ep.known_hosts_name
-        known = self._known_hosts().lookup(name)
         if known is None or len(known) == 0:
             if self.accept_new_host_key:
                 self._append_known_host(name, key)
@@ -326,15 +328,22 @@ class SSHTransport:
 
     def _authenticate(self, t: paramiko.Transport, ep: _Endpoint) -> None:
         tried: list[str] = []
-        files = list(ep.identity_files)
-        for path in files:
+
+        def key_file_accepted(path: str) -> bool:
+            """Offer the key in ``path``; note it (and why it could not be loaded) in ``tried`` if refused."""
             key, why = _load_key(path)
             if key is None:
                 tried.append(f"{path} ({why})")
-            elif _try_key(t, ep, key):
+                return False
+            if _try_key(t, ep, key):
+                return True
+            tried.append(path)
+            return False
+
+        files = list(ep.identity_files)
+        for path in files:
+            if key_file_accepted(path):
                 return
-            else:
-                tried.append(path)
         if self.use_agent and not ep.identities_only:
             agent = paramiko.Agent()
             try:
@@ -348,15 +357,8 @@ class SSHTransport:
                 agent.close()
         if not files:
             for path in map(os.path.expanduser, _DEFAULT_IDENTITIES):
-                if not os.path.isfile(path):
-                    continue
-                key, why = _load_key(path)
-                if key is None:
-                    tried.append(f"{path} ({why})")
-                elif _try_key(t, ep, key):
+                if os.path.isfile(path) and key_file_accepted(path):
                     return
-                else:
-                    tried.append(path)
         what = ", ".join(tried) if tried else "no key file, no agent key, no ~/.ssh/id_* key found"
         raise AuthError(f"{ep}: no key was accepted (tried {what})", host=self.name)
 
@@ -390,7 +392,7 @@ class SSHTransport:
                     try:
                         chan.sendall(stdin)
                     except TimeoutError:
-                        raise self._timeout(timeout, command) from None
+                        raise command_timeout(self.name, timeout, command) from None
                 chan.shutdown_write()
                 rc = self._collect(chan, out, err, timeout, command)
         finally:
@@ -417,7 +419,7 @@ class SSHTransport:
                 break
             left = deadline - time.monotonic()
             if left <= 0:
-                raise self._timeout(timeout, command)
+                raise command_timeout(self.name, timeout, command)
             if chan.eof_received:
                 # Both streams are at EOF; the exit status follows.
                 chan.status_event.wait(min(left, 0.5))
@@ -436,10 +438,6 @@ class SSHTransport:
             # A dropped connection closes channels without EOF.
             raise HostUnreachable(f"connection to {self.name} dropped during a command", host=self.name)
         return -1
-
-    def _timeout(self, timeout: float, command: str) -> CommandTimeout:
-        what = shlex.quote(command)[:120]
-        return CommandTimeout(f"command timed out after {timeout:g}s on {self.name}: {what}", host=self.name)
 
     def stream(self, command: str) -> LineStream:
         chan = self._session("stream")

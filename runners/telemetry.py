@@ -1,8 +1,8 @@
 """What a trial's server did, as values: phases, failure kinds, memory telemetry.
 
 A server that dies is data, not an exception. :class:`Failure` says how it died; :class:`Telemetry`
-holds every memory figure read from its log and from nvidia-smi. Both serialise to plain dicts so the
-search layer can store them as Optuna user attrs and MLflow params/metrics.
+holds every memory figure read from its log and from nvidia-smi, and serialises to a plain dict so the
+search layer can store it as Optuna user attrs and MLflow params/metrics.
 """
 
 from __future__ import annotations
@@ -60,14 +60,6 @@ class Failure:
     phase: Phase | None = None
     reason: str = ""
     exit_code: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind.value,
-            "phase": self.phase.value if self.phase else None,
-            "reason": self.reason,
-            "exit_code": self.exit_code,
-        }
 
 
 @dataclass

@@ -14,12 +14,17 @@ import os
 import shlex
 import signal
 import subprocess
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from runners.errors import CommandTimeout
+
+
+def command_timeout(host: str, timeout: float, command: str) -> CommandTimeout:
+    """The error every transport raises when ``command`` outlives its ``timeout`` on ``host``."""
+    return CommandTimeout(f"command timed out after {timeout:g}s on {host}: {shlex.quote(command)[:120]}",
+                          host=host)
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,6 @@ class LocalTransport:
 
     def __init__(self, name: str = "local") -> None:
         self.name = name
-        self._lock = threading.Lock()
 
     def run(self, command: str, *, timeout: float = 30.0, stdin: bytes | None = None) -> CommandResult:
         proc = subprocess.Popen(
@@ -115,10 +119,7 @@ class LocalTransport:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-            raise CommandTimeout(
-                f"command timed out after {timeout:g}s on {self.name}: {shlex.quote(command)[:120]}",
-                host=self.name,
-            ) from None
+            raise command_timeout(self.name, timeout, command) from None
         return CommandResult(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def stream(self, command: str) -> LineStream:

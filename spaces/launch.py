@@ -74,13 +74,12 @@ class LaunchConfig(BaseModel):
         return self.engine_impl().environment(self, version)
 
 
-def render_script(launch: LaunchConfig, version: str, *, header: Sequence[str] = (),
-                  extra_env: Mapping[str, str] | None = None) -> str:
+def render_script(launch: LaunchConfig, version: str, *, header: Sequence[str] = ()) -> str:
     """A runnable bash launch script: header comments, exports, then ``exec`` of the server."""
     lines = ["#!/usr/bin/env bash"]
     lines += [f"# {h}" if h else "#" for h in header]
     lines.append("set -euo pipefail")
-    env = {**launch.environment(version), **(extra_env or {})}
+    env = launch.environment(version)
     for key in sorted(env):
         lines.append(f"export {key}={shlex.quote(env[key])}")
     argv = launch.argv(version)

@@ -32,7 +32,6 @@ path with the allowed range, in one line). Example (see ``spaces/demo-sim.yaml``
 
 from __future__ import annotations
 
-import math
 import re
 import sys
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from runners.engines import sglang, vllm
 from runners.errors import ConfigError
 
 UNSET = "unset"
@@ -184,11 +184,6 @@ class FloatRange(_Strict):
             raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
         return self
 
-    def grid_size(self) -> float:
-        if self.step is None:
-            return math.inf
-        return math.floor((self.high - self.low) / self.step + 1e-9) + 1
-
 
 class IntChoices(_Strict):
     choices: list[int | None] = Field(min_length=1)
@@ -264,10 +259,10 @@ class Knobs(_Strict):
         return out
 
 
-SGLANG_KNOBS = {"mem_fraction_static", "cuda_graph_max_bs", "num_continuous_decode_steps",
-                "max_running_requests", "chunked_prefill_size", "nccl"}
-VLLM_KNOBS = {"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "cuda_graph_sizes",
-              "max_model_len", "enforce_eager", "kv_cache_space_gib"}
+SGLANG_KNOBS = {*sglang.KNOB_FLAGS, "nccl"}
+"""Knobs a space may search for SGLang and the simulated host: the engine's flags and NCCL variables."""
+VLLM_KNOBS = {*vllm.KNOB_FLAGS, *vllm.ENV_KNOBS}
+"""Knobs a space may search for vLLM: the engine's flags and its environment knobs."""
 
 
 class SimOptions(_Strict):
@@ -328,9 +323,6 @@ class Workload(_Strict):
 class Slo(_Strict):
     p99_ttft_ms: float | None = Field(default=None, gt=0)
     p99_tpot_ms: float | None = Field(default=None, gt=0)
-
-
-OBJECTIVE_METRICS = ("output_throughput", "request_throughput", "total_throughput")
 
 
 class Objective(_Strict):

@@ -37,13 +37,11 @@ def _vllm(options: Mapping[str, Any]) -> Engine:
 
 def _sim(options: Mapping[str, Any]) -> Engine:
     _check_options("sim", options, {"profile", "speed", "version", "seed", "extra"})
-    if not options.get("profile"):
-        raise ConfigError("engine 'sim' needs option 'profile' (the simulated host's profile file)")
     extra = {str(k): str(v) for k, v in dict(options.get("extra") or {}).items()}
     if options.get("seed") is not None:
         extra.setdefault("sim-seed", str(options["seed"]))
-    return SimEngine(
-        profile=str(options["profile"]),
+    return SimEngine(  # checks profile, speed and version
+        profile=str(options.get("profile") or ""),
         speed=options.get("speed", 1.0),
         version=str(options.get("version") or "0.5.10"),
         extra=extra,

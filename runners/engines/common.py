@@ -1,9 +1,11 @@
-"""Pieces every engine's log parser and classifier share: phase order, fatal priorities, exit signals."""
+"""Pieces every engine's log parser and classifier share: phase order, fatal priorities, exit signals,
+flag values and host OOM evidence."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from runners.engines.base import LaunchLike
 from runners.errors import ConfigError
@@ -29,6 +31,8 @@ TORCH_OOM = re.compile(
 """PyTorch's caching-allocator OOM text (sglang-facts §3.1): tried, total capacity, free."""
 PY_EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b:? ?.*")
 SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 6: "SIGABRT", 11: "SIGSEGV", 2: "SIGINT", 3: "SIGQUIT"}
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+"""Terminal colour and cursor codes, removed from log lines before they are matched."""
 
 
 def rank(phase: Phase) -> int:
@@ -43,6 +47,32 @@ def one_line(text: str, limit: int = 240) -> str:
 
 def flag_name(arg: str) -> str:
     return arg.split("=", 1)[0]
+
+
+def number_arg(knob: str, value: Any, *, is_float: bool) -> str:
+    """A knob value as its flag's argument (or environment value): a float short and exact (4 decimals)
+    when ``is_float``, else an integer (a whole float such as ``64.0`` is accepted). Raises ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"knob {knob!r} needs {'a number' if is_float else 'an integer'}, got {value!r}")
+    if is_float:
+        return repr(round(float(value), 4))
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ConfigError(f"knob {knob!r} needs an integer, got {value!r}")
+        value = int(value)
+    return str(value)
+
+
+def oom_kills(evidence: Mapping[str, Any] | None) -> int:
+    """How many OOM kills the host evidence reports (cgroup ``oom_kill`` or a kernel-log count)."""
+    if not evidence:
+        return 0
+    total = 0
+    for key in ("oom_kill", "kernel_oom_kill"):
+        value = evidence.get(key)
+        if isinstance(value, int | float):  # bool is an int: True counts one kill
+            total += int(value)
+    return total
 
 
 def signal_of(exit_code: int) -> int | None:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from runners.engines.base import LaunchLike, LogParser
 from runners.engines.common import (
+    ANSI,
     ARGPARSE_ERROR,
     PRIORITY,
     SERVING,
@@ -23,7 +24,9 @@ from runners.engines.common import (
     command,
     death_reason,
     last_error,
+    number_arg,
     one_line,
+    oom_kills,
     rank,
     signal_of,
 )
@@ -69,24 +72,9 @@ def knob_flag(knob: str, version: tuple[int, int, int]) -> str:
     return KNOB_FLAGS[knob]
 
 
-def render_value(knob: str, value: Any) -> str:
-    """A knob value as the flag's argument: floats short and exact (4 decimals), ints as ints."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"knob {knob!r} needs a number, got {value!r}")
-    if knob in _FLOAT_KNOBS:
-        return repr(round(float(value), 4))
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ConfigError(f"knob {knob!r} needs an integer, got {value!r}")
-        value = int(value)
-    return str(value)
-
-
-
 # ---- log patterns ---------------------------------------------------------------------------------
 
 _LINE_BREAK = re.compile(r"\r\n?|\n")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?")
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
 
@@ -194,7 +182,7 @@ class SGLangLogParser:
 
     def feed(self, line: str) -> None:
         for fragment in _LINE_BREAK.split(line):
-            fragment = _ANSI.sub("", fragment)
+            fragment = ANSI.sub("", fragment)
             if fragment.strip():
                 self._feed_one(fragment)
 
@@ -443,14 +431,6 @@ class SimulatedLogParser(SGLangLogParser):
 # ---- engine -------------------------------------------------------------------------------------------
 
 
-
-
-def _oom_killed(evidence: Mapping[str, Any] | None) -> bool:
-    if not evidence:
-        return False
-    return any(bool(evidence.get(key)) for key in ("oom_kill", "oom_killed", "host_oom_kill"))
-
-
 class SGLangEngine:
     """The SGLang engine (:class:`~runners.engines.base.Engine`): ``python -m sglang.launch_server``."""
 
@@ -476,7 +456,7 @@ class SGLangEngine:
             flag = knob_flag(knob, parsed)
             if value is None:
                 continue
-            flags += [flag, render_value(knob, value)]
+            flags += [flag, number_arg(knob, value, is_float=knob in _FLOAT_KNOBS)]
         return command(launch, self.module, "--model-path", flags, self._leading_args(launch, version))
 
     def environment(self, launch: LaunchLike, version: str) -> dict[str, str]:
@@ -507,7 +487,7 @@ class SGLangEngine:
                         setattr(parser.telemetry, key, getattr(rescan.telemetry, key))
         phase = parser.phase
         signal = signal_of(exit_code) if exit_code is not None else None
-        host_oom = signal == 9 and _oom_killed(evidence)
+        host_oom = signal == 9 and oom_kills(evidence) > 0
         error = last_error(log_tail, lambda line: _PREFIX.sub("", line))
         if fatal is not None and not (host_oom and fatal.kind is FailureKind.CRASH):
             if fatal.kind is FailureKind.CRASH and error and fatal.phase is not None:

