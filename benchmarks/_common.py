@@ -49,7 +49,9 @@ def workdir(prefix: str) -> Path:
 
 
 def run(space_path: Path, wd: Path, n_trials: int, *, mlflow: bool = True, seed: int = 1) -> tuple[Any, float]:
-    """Run a search in ``wd`` (chdir) and return (study, wall seconds)."""
+    """Run a search in ``wd`` (chdir) and return (study, wall seconds).
+
+    ``mlflow``: with the study callbacks of ``servetune run`` (MLflow, dashboard notes)."""
     from search.hosts import local_host
     from search.run import RunOptions, run_search
     from search.settings import load_settings
@@ -58,11 +60,13 @@ def run(space_path: Path, wd: Path, n_trials: int, *, mlflow: bool = True, seed:
     os.chdir(wd)
     space = load_space(space_path)
     settings = load_settings()
-    callbacks = []
+    callbacks: list[Any] = []
     if mlflow:
+        from search.notes import notes_callback
         from search.tracking import MlflowTracker
 
         callbacks.append(MlflowTracker(settings.mlflow_uri).callback(background=True))
+        callbacks.append(notes_callback())
     host = local_host(space, runs_root=str(wd / "runs"), sim_dir=wd / "sim")
     options = RunOptions(study_name="bench", storage_url=f"sqlite:///{wd}/bench.db",
                          artifacts_dir=wd / "artifacts", n_trials=n_trials, timeout=None, seed=seed,
@@ -70,7 +74,8 @@ def run(space_path: Path, wd: Path, n_trials: int, *, mlflow: bool = True, seed:
     t0 = time.perf_counter()
     summary = run_search(space, [host], options)
     for cb in callbacks:
-        cb.drain()  # the MLflow logging still queued counts too
+        if hasattr(cb, "drain"):
+            cb.drain()  # the MLflow logging still queued counts too
     return summary.study, time.perf_counter() - t0
 
 

@@ -26,26 +26,30 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from _common import metadata, workdir, write_space
 
 
-def session_processes() -> list[int]:
-    """PIDs in this process's session other than itself (zombies included: an unreaped child is a leak)."""
-    me, sid = os.getpid(), os.getsid(0)
-    out = []
+def proc_stats() -> Iterator[tuple[int, list[str]]]:
+    """``(pid, fields)`` of every process: the fields of ``/proc/PID/stat`` after the command name
+    (``fields[0]`` state, ``[2]`` process group, ``[3]`` session)."""
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
+        if not entry.name.isdigit():
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[3]) == sid:
-            out.append(int(entry.name))
-    return out
+        yield int(entry.name), fields
+
+
+def session_processes() -> list[int]:
+    """PIDs in this process's session other than itself (zombies included: an unreaped child is a leak)."""
+    me, sid = os.getpid(), os.getsid(0)
+    return [pid for pid, fields in proc_stats() if pid != me and int(fields[3]) == sid]
 
 
 def open_fds() -> int:
@@ -64,16 +68,7 @@ def peak_rss_mib() -> float:
 
 
 def group_alive(pgid: int) -> bool:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False
+    return any(fields[0] != "Z" and int(fields[2]) == pgid for _, fields in proc_stats())
 
 
 def live_servers(runs_root: Path) -> list[str]:
@@ -86,13 +81,13 @@ def live_servers(runs_root: Path) -> list[str]:
 
 
 def snapshot(host: Any, runs_root: Path) -> dict[str, Any]:
-    gpus = host.gpus()
+    gpus, apps = host.gpu_state()  # one nvidia-smi round trip
     return {
         "session_processes": len(session_processes()),
         "threads": threading.active_count(),
         "open_fds": open_fds(),
         "live_servers": len(live_servers(runs_root)),
-        "gpu_compute_processes": len(host.compute_apps()),
+        "gpu_compute_processes": len(apps),
         "gpu_used_mib": round(sum(g.used_mib or 0.0 for g in gpus), 1),
         "rss_mib": round(rss_mib(), 1),
     }
@@ -142,9 +137,12 @@ def main() -> int:
         callbacks.append(mlflow_callback)
     callbacks.append(notes_callback())
 
+    finished = 0  # trials finished so far: the study is new, and this one controller runs them all
+
     def mark(study: Any, trial: Any) -> None:
-        done = sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished())
-        if done == warmup and "before" not in marks:
+        nonlocal finished
+        finished += 1
+        if finished == warmup and "before" not in marks:
             if mlflow_callback is not None:
                 mlflow_callback.drain()
             marks["before"] = snapshot(host, runs_root)
@@ -153,7 +151,7 @@ def main() -> int:
     callbacks.append(mark)
     options = RunOptions(study_name="soak", storage_url=f"sqlite:///{wd}/soak.db", artifacts_dir=wd / "artifacts",
                          n_trials=args.trials, timeout=None, seed=7, smi_interval=settings.smi_interval,
-                         callbacks=callbacks, install_signals=True)
+                         callbacks=callbacks)
     started = time.perf_counter()
     summary = run_search(space, [host], options)
     if tracker is not None:

@@ -41,10 +41,13 @@ def _settings(**cli: Any) -> Any:
     return load_settings(**cli)
 
 
-def _open(study: str, storage: str | None) -> Any:
+def _open(study: str, storage: str | None = None, *, settings: Any = None) -> Any:
+    """Load an existing study (StudyError when the storage or the study is missing); ``settings``: already
+    loaded ones (then ``storage`` is not looked at)."""
     from search.study import load, open_storage
 
-    settings = _settings(storage=storage)
+    if settings is None:
+        settings = _settings(storage=storage)
     return load(open_storage(settings.storage, heartbeat=False, must_exist=True), study)
 
 
@@ -92,12 +95,12 @@ def run(
         from search.tracking import MlflowTracker
 
         tracker = MlflowTracker(settings.mlflow_uri,
-                                optuna_artifact_store=artifact_store(settings.artifacts_dir / "optuna-artifacts"))
+                                optuna_artifact_store=artifact_store(settings.artifacts_dir))
         callbacks.append(tracker.callback(background=True))
     from search.notes import notes_callback
 
     callbacks.append(notes_callback())
-    progress = Progress(console, n_trials=trials_budget, already=0, metric=space.objective.metric, live=live)
+    progress = Progress(console, n_trials=trials_budget, metric=space.objective.metric, live=live)
     callbacks.append(progress.callback)
     options = RunOptions(
         study_name=name, storage_url=settings.storage, artifacts_dir=settings.artifacts_dir,
@@ -130,7 +133,7 @@ def run(
     console.print(f"ran {summary.ran} trial(s) in this run; stopped by: {summary.stopped_by}")
     from search.records import best_record
 
-    best = best_record(summary.study)
+    best = best_record(recs, summary.study.direction)
     if best is not None:
         params = ", ".join(f"{k}={v}" for k, v in best.params.items())
         console.print(f"[green]best[/]: trial {best.number}, {space.objective.metric}={best.value:.1f} "
@@ -210,10 +213,10 @@ def sync_mlflow(study: StudyOpt, storage: StorageOpt = None, mlflow_uri: MlflowO
     from search.tracking import MlflowTracker
 
     settings = _settings(storage=storage, mlflow_uri=mlflow_uri)
-    st = _open(study, settings.storage)
+    st = _open(study, settings=settings)
     from search.study import artifact_store
 
-    store = artifact_store(settings.artifacts_dir / "optuna-artifacts")
+    store = artifact_store(settings.artifacts_dir)
     result = MlflowTracker(settings.mlflow_uri, optuna_artifact_store=store).sync(st)
     console.print(f"mlflow: {result.added} run(s) added, {result.present} already present")
 
@@ -270,7 +273,7 @@ def dashboard(
     from search.study import artifact_store, open_storage
 
     settings = _settings(storage=storage, artifacts_dir=artifacts_dir, dashboard_port=port)
-    store = artifact_store(Path(settings.artifacts_dir) / "optuna-artifacts")
+    store = artifact_store(settings.artifacts_dir)
     rdb = open_storage(settings.storage, heartbeat=False, must_exist=True)
     console.print(f"optuna-dashboard on http://{host}:{settings.dashboard_port} (Ctrl-C to stop)")
     try:
@@ -289,21 +292,19 @@ def hosts_check(
     """Preflight each host and print a table: reachable, engine and version, GPUs, free memory, busy."""
     from rich.table import Table
 
-    from search.hosts import build_hosts
-    from spaces.launch import LaunchConfig
+    from search.hosts import build_hosts, preflight
 
     space = load_space(space_file)
     settings = _settings()
     hosts = build_hosts(space, host_args=host or [], inventory=inventory, runs_root=settings.runs_root,
                         sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key)
-    engine = LaunchConfig.from_params(space, {}).engine_impl()
     table = Table(title="servetune hosts")
     for col in ("host", "reachable", "engine", "version", "GPUs", "free MiB", "busy"):
         table.add_column(col)
     bad = 0
     for h in hosts:
         try:
-            info = h.preflight(space.engine.kind, space.engine.python, engine.version_command(space.engine.python))
+            info = preflight(h, space)
             gpus = f"{len(info.gpus)}x {info.gpu_name}"
             table.add_row(h.name, "yes", info.engine, info.engine_version, gpus, f"{info.free_mib:.0f}",
                           info.reason if info.busy else "no")

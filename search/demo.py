@@ -14,6 +14,7 @@ from pathlib import Path
 from optuna.trial import TrialState
 
 from runners.errors import ServetuneError
+from search.cli import _open
 from search.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,16 +30,14 @@ def _cli(*args: str) -> None:
 
 
 def _resume_budget(study: str) -> int | None:
-    """A study that already exists is resumed with 6 more trials; a new one gets the space's budget."""
-    db = Path("servetune.db")
-    if not db.exists():
-        return None
+    """A study that already exists is resumed with 6 more trials; a new one gets the space's budget.
+
+    The study is looked up where ``servetune run`` keeps it (``SERVETUNE_STORAGE``, ``servetune.toml``).
+    """
     import optuna
 
-    from search.study import load, open_storage
-
     try:
-        existing = load(open_storage(f"sqlite:///{db}", heartbeat=False), study)
+        existing = _open(study)
     except ServetuneError:
         return None
     done = len(existing.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))

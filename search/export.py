@@ -56,11 +56,12 @@ def pick_record(study: optuna.Study, *, trial: int | None = None,
                 min_free_gib: float | None = None) -> TrialRecord:
     """The trial record to export (see :func:`export_script`). Raises ConfigError."""
     name = study.study_name
+    recs = records(study)
     if trial is not None:
-        recs = {r.number: r for r in records(study)}
-        rec = recs.get(trial)
+        by_number = {r.number: r for r in recs}
+        rec = by_number.get(trial)
         if rec is None:
-            known = f"trials 0-{max(recs)}" if recs else "no trials yet"
+            known = f"trials 0-{max(by_number)}" if by_number else "no trials yet"
             raise ConfigError(f"study {name!r} has no trial {trial} ({known})")
         if rec.state != "COMPLETE":
             why = rec.outcome + (f" in {rec.phase}" if rec.phase else "")
@@ -69,10 +70,10 @@ def pick_record(study: optuna.Study, *, trial: int | None = None,
         return rec
     if min_free_gib is not None and min_free_gib < 0:
         raise ConfigError(f"--min-free-gib must be 0 or more, got {min_free_gib:g}")
-    best = best_record(study, min_free_gib=min_free_gib)
+    best = best_record(recs, study.direction, min_free_gib=min_free_gib)
     if best is not None:
         return best
-    complete = [r for r in records(study) if r.state == "COMPLETE" and r.feasible and r.value is not None]
+    complete = [r for r in recs if r.state == "COMPLETE" and r.feasible and r.value is not None]
     if not complete:
         raise ConfigError(f"study {name!r} has no COMPLETE feasible trial to export yet")
     measured = sorted((r for r in complete if r.free_after_capture_gib is not None),

@@ -12,12 +12,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runners.errors import ConfigError
-from runners.host import Host
+from runners.host import Host, HostInfo
 from runners.transport import LocalTransport
+from spaces.launch import LaunchConfig
 from spaces.schema import Space
 
 
-def sim_env(space: Space, sim_dir: Path, python: str | None = None) -> dict[str, str]:
+def sim_env(space: Space, sim_dir: Path) -> dict[str, str]:
     """Install the simulated nvidia-smi for ``space``'s profile; return the env a host needs for it."""
     assert space.engine.sim is not None
     sim_dir = sim_dir.resolve()
@@ -25,7 +26,7 @@ def sim_env(space: Space, sim_dir: Path, python: str | None = None) -> dict[str,
     state = sim_dir / "state"
     bin_dir.mkdir(parents=True, exist_ok=True)
     state.mkdir(parents=True, exist_ok=True)
-    cmd = [python or sys.executable, "-m", "runners.simhost", "install-smi", "--sim-profile",
+    cmd = [sys.executable, "-m", "runners.simhost", "install-smi", "--sim-profile",
            space.engine.sim.profile, "--state-dir", str(state), "--bin-dir", str(bin_dir)]
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
@@ -64,3 +65,11 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
         else:
             hosts.append(open_host(spec))
     return hosts
+
+
+def preflight(host: Host, space: Space) -> HostInfo:
+    """:meth:`Host.preflight` for ``space``'s engine and python (nvidia-smi only for a GPU engine)."""
+    engine = LaunchConfig.from_params(space, {}).engine_impl()
+    python = space.engine.python
+    return host.preflight(space.engine.kind, python, engine.version_command(python),
+                          gpus=space.engine.device == "gpu")

@@ -44,14 +44,13 @@ class _TrialRef:
         self._trial_id = trial_id
 
 
-def write_note(study: optuna.Study, trial: FrozenTrial | optuna.Trial) -> None:
+def write_note(study: optuna.Study, trial: FrozenTrial) -> None:
     """Save (replace) the trial's dashboard note."""
     # optuna_dashboard imports its web app (about a second): only when a note is written.
     from optuna_dashboard import save_note
 
-    frozen = trial if isinstance(trial, FrozenTrial) else study._storage.get_trial(trial._trial_id)
-    ref: Any = trial if isinstance(trial, optuna.Trial) else _TrialRef(study, frozen._trial_id)
-    save_note(ref, note_markdown(frozen))
+    ref: Any = _TrialRef(study, trial._trial_id)
+    save_note(ref, note_markdown(trial))
 
 
 def note_markdown(trial: FrozenTrial) -> str:

@@ -15,7 +15,6 @@ import json
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +29,11 @@ from runners.errors import RunnerError, ServetuneError
 from runners.host import HostInfo
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
 from runners.telemetry import Failure, FailureKind, Phase
-from search.pool import HostPool, HostSlot
+from search.hosts import preflight
+from search.pool import HostSlot
 from search.records import MEM_PREFIX
-from search.sampling import sample
+from search.sampling import normal_params, sample
+from search.study import fail_stale
 from spaces.launch import LaunchConfig, render_script
 from spaces.schema import Space
 
@@ -57,7 +58,6 @@ class TrialEnv:
 
     space: Space
     study_name: str
-    pool: HostPool
     artifacts_dir: Path
     artifact_store: ArtifactStore | None = None
     hook: ProgressHook | None = None
@@ -67,23 +67,10 @@ class TrialEnv:
 
 
 class Objective:
-    """Callable objective bound to a :class:`TrialEnv`."""
+    """The objective bound to a :class:`TrialEnv`: :meth:`run` runs a trial on a host the caller holds."""
 
     def __init__(self, env: TrialEnv) -> None:
         self.env = env
-
-    def __call__(self, trial: optuna.Trial) -> float:
-        """Acquire a host from the pool, run the trial on it, give the host back."""
-        slot = self.env.pool.acquire(stop=self.env.abort)
-        infra = False
-        error = ""
-        try:
-            return self.run(trial, slot)
-        except TrialFailed as exc:
-            infra, error = True, str(exc)
-            raise
-        finally:
-            self.env.pool.release(slot, infra_failure=infra, error=error)
 
     def run(self, trial: optuna.Trial, slot: HostSlot) -> float:
         """Run the trial on a host the caller holds (and gives back)."""
@@ -93,7 +80,6 @@ class Objective:
         if reused is not None:
             return reused
         launch = LaunchConfig.from_params(env.space, params)
-        trial.set_user_attr("launch_config", launch.model_dump(mode="json"))
         trial.set_user_attr("engine", launch.engine)
         trial.set_user_attr("objective_metric", env.space.objective.metric)
         trial.set_user_attr("objective_level", env.space.target_level)
@@ -110,19 +96,15 @@ class Objective:
         env = self.env
         host = slot.host
         orphans = host.cleanup_orphans(grace=env.space.budget.stop_grace)
-        gpu = env.space.engine.device == "gpu"
-        engine = LaunchConfig.from_params(env.space, {}).engine_impl()
         cached = env.preflight_cache.get(host.name)
         if cached is None:
-            info = host.preflight(env.space.engine.kind, env.space.engine.python,
-                                  engine.version_command(env.space.engine.python), gpus=gpu)
+            info = preflight(host, env.space)
             env.preflight_cache[host.name] = info
         else:
             # Engine and python do not change between trials; the GPUs do.
-            gpus, apps = host.gpu_state() if gpu else ([], [])
+            gpus, apps = host.gpu_state() if env.space.engine.device == "gpu" else ([], [])
             info = HostInfo(cached.name, cached.python, cached.engine, cached.engine_version, gpus, apps)
             host.judge_busy(info)
-        slot.info = info
         if info.busy and (orphans or time.monotonic() - slot.last_server_stop < RELEASE_WINDOW_S):
             # A server of ours stopped a moment ago may still be releasing memory: give it a moment.
             # (Otherwise the memory is a foreign process's, and waiting would only delay the FAIL.)
@@ -140,7 +122,7 @@ class Objective:
         port = slot.host.server_port
         if port is not None and port != launch.port:
             launch = launch.model_copy(update={"port": port})
-            trial.set_user_attr("launch_config", launch.model_dump(mode="json"))
+        trial.set_user_attr("launch_config", launch.model_dump(mode="json"))
         self._emit(trial, "host", slot.name)
         trial.set_user_attr("host", slot.name)
         try:
@@ -351,10 +333,10 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], *, abort: threading.Even
     (infrastructure trouble), this trial runs the configuration itself.
     """
     study = trial.study
-    params = _normal(params)
+    params = normal_params(params)
     while True:
         for past in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            if past.number == trial.number or _normal(past.params) != params:
+            if past.number == trial.number or normal_params(past.params) != params:
                 continue
             origin = past.user_attrs.get("duplicate_of", past.number)
             for key, value in past.user_attrs.items():
@@ -362,18 +344,16 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], *, abort: threading.Even
                     trial.set_user_attr(key, value)
             trial.set_user_attr("duplicate_of", origin)
             if past.state == TrialState.COMPLETE:
-                for key, value in past.constraints.items() if isinstance(past.constraints, dict) else []:
+                for key, value in past.constraints.items():
                     trial.set_constraint(key, value)
                 assert past.value is not None
                 return float(past.value)
             raise optuna.TrialPruned(f"same configuration as trial {origin}: {past.user_attrs.get('outcome')}")
-        with warnings.catch_warnings():
-            # A twin whose controller died must not be waited for forever: fail it once it is stale
-            # (its configuration is then re-queued), as the budget reservation does.
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
+        # A twin whose controller died must not be waited for forever: fail it once it is stale
+        # (its configuration is then re-queued), as the budget reservation does.
+        fail_stale(study)
         twins = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                 if t.number < trial.number and _normal(t.params) == params]
+                 if t.number < trial.number and normal_params(t.params) == params]
         if not twins:
             return None
         if abort is not None and abort.is_set():
@@ -383,9 +363,3 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], *, abort: threading.Even
             raise TrialFailed(Failure(FailureKind.INTERRUPTED, None, "interrupted"))
         trial.set_user_attr("waiting_for", twins[0])
         time.sleep(poll)
-
-
-def _normal(params: dict[str, Any]) -> dict[str, Any]:
-    """Params as :func:`~search.sampling.sample` returns them (floats rounded), so that a stored trial's
-    ``0.6100000000000001`` and a sampled ``0.61`` are the same configuration."""
-    return {k: round(v, 6) if isinstance(v, float) else v for k, v in params.items()}

@@ -15,10 +15,10 @@ import math
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from runners.errors import ServetuneError
-from runners.host import Host, HostInfo
+from runners.host import Host
 
 
 class NoHostsLeft(ServetuneError):
@@ -34,13 +34,10 @@ class HostSlot:
     set_aside_count: int = 0
     set_asides_in_a_row: int = 0
     retired: bool = False
-    info: HostInfo | None = None
     last_error: str = ""
     trials: int = 0
     last_server_stop: float = -math.inf
     """``time.monotonic()`` when the last server of ours on it was stopped."""
-    state: str = "idle"
-    extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -76,7 +73,6 @@ class HostPool:
                 for slot in live:
                     if slot.set_aside_until <= now and not slot.busy:
                         slot.busy = True
-                        slot.state = "running"
                         return slot
                 if stop is not None and stop.is_set():
                     raise NoHostsLeft("stopping")
@@ -98,23 +94,17 @@ class HostPool:
                     if slot.set_asides_in_a_row >= self.max_set_asides:
                         slot.retired = True
                         slot.set_aside_until = math.inf
-                        slot.state = "retired"
                     else:
                         slot.set_aside_until = time.monotonic() + self.cooldown
-                        slot.state = "set aside"
-                else:
-                    slot.state = "idle"
             else:
                 slot.consecutive_failures = 0
                 slot.set_asides_in_a_row = 0
-                slot.state = "idle"
             self._cond.notify_all()
 
     def put_back(self, slot: HostSlot) -> None:
         """Give a host back unused (no trial ran on it): its failure counts are left as they were."""
         with self._cond:
             slot.busy = False
-            slot.state = "idle" if slot.set_aside_until <= time.monotonic() else slot.state
             self._cond.notify_all()
 
     def states(self) -> list[dict[str, object]]:

@@ -32,17 +32,15 @@ _PHASE_WORDS = {
 class Progress:
     """Receives trial events from the objective and trial results from a study callback."""
 
-    def __init__(self, console: Console, *, n_trials: int | None, already: int, metric: str,
-                 live: bool = True) -> None:
+    def __init__(self, console: Console, *, n_trials: int | None, metric: str, live: bool = True) -> None:
         self.console = console
         self.n_trials = n_trials
-        self.done = already
+        self.done = 0
         self.metric = metric
         self.live_enabled = live and console.is_terminal
         self.running: dict[int, dict[str, Any]] = {}
         self.best: tuple[float, int] | None = None
         self.ooms = 0
-        self.pruned = 0
         self.failed = 0
         self._lock = threading.Lock()
         self._live: Live | None = None
@@ -72,9 +70,7 @@ class Progress:
             self.done += 1
             if rec.outcome == "oom":
                 self.ooms += 1
-            if rec.state == "PRUNED":
-                self.pruned += 1
-            elif rec.state == "FAIL":
+            if rec.state == "FAIL":
                 self.failed += 1
             if rec.value is not None and rec.feasible and (self.best is None or rec.value > self.best[0]):
                 self.best = (rec.value, trial.number)

@@ -24,12 +24,15 @@ The objective writes these user attrs (all JSON values), so the dashboard, MLflo
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
+from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
+
+from search.sampling import normal_params
 
 MEM_PREFIX = "mem."
 
@@ -73,7 +76,7 @@ class TrialRecord:
             number=trial.number,
             state=state,
             value=trial.value if trial.state == TrialState.COMPLETE else None,
-            params={k: round(v, 6) if isinstance(v, float) else v for k, v in trial.params.items()},
+            params=normal_params(trial.params),
             outcome=outcome,
             phase=attrs.get("phase"),
             reason=attrs.get("reason", ""),
@@ -85,7 +88,7 @@ class TrialRecord:
             memory=memory,
             levels=list(attrs.get("levels", [])),
             launch_config=attrs.get("launch_config"),
-            feasible=all(v <= 0 for v in _constraints(trial)),
+            feasible=all(float(v) <= 0 for v in trial.constraints.values()),
             datetime_start=trial.datetime_start.isoformat(timespec="seconds") if trial.datetime_start else None,
             datetime_complete=trial.datetime_complete.isoformat(timespec="seconds")
             if trial.datetime_complete else None,
@@ -120,22 +123,17 @@ class TrialRecord:
         }
 
 
-def _constraints(trial: FrozenTrial) -> list[float]:
-    constraints = getattr(trial, "constraints", None)
-    if isinstance(constraints, dict):
-        return [float(v) for v in constraints.values()]
-    return []
-
-
 def records(study: optuna.Study) -> list[TrialRecord]:
     return [TrialRecord.from_trial(t) for t in study.get_trials(deepcopy=False)]
 
 
-def best_record(study: optuna.Study, *, min_free_gib: float | None = None) -> TrialRecord | None:
-    """The best COMPLETE, feasible trial (optionally with at least ``min_free_gib`` after capture)."""
-    direction_max = study.direction == optuna.study.StudyDirection.MAXIMIZE
+def best_record(recs: Iterable[TrialRecord], direction: StudyDirection, *,
+                min_free_gib: float | None = None) -> TrialRecord | None:
+    """The best COMPLETE, feasible trial of ``recs`` (a study's :func:`records`) for the study's
+    ``direction`` (optionally with at least ``min_free_gib`` after capture)."""
+    direction_max = direction == StudyDirection.MAXIMIZE
     best: TrialRecord | None = None
-    for rec in records(study):
+    for rec in recs:
         if rec.state != "COMPLETE" or rec.value is None or not rec.feasible:
             continue
         if rec.attrs.get("duplicate_of") is not None:
@@ -147,6 +145,3 @@ def best_record(study: optuna.Study, *, min_free_gib: float | None = None) -> Tr
             best = rec
     return best
 
-
-def dumps(data: Any) -> str:
-    return json.dumps(data, indent=2, sort_keys=True, default=str)

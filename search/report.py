@@ -86,7 +86,7 @@ def report_markdown(study: optuna.Study) -> str:
     if any(r.simulated for r in recs):
         out += ["> Figures marked simulated come from the simulated GPU host, not from real hardware.", ""]
     out += _counts_section(recs)
-    out += _best_section(study)
+    out += _best_section(study, recs)
     out += _boundary_section(recs)
     out += _failures_section(recs)
     out += _time_section(recs)
@@ -118,8 +118,8 @@ def _counts_section(recs: Sequence[TrialRecord]) -> list[str]:
     return out
 
 
-def _best_section(study: optuna.Study) -> list[str]:
-    best = best_record(study)
+def _best_section(study: optuna.Study, recs: Sequence[TrialRecord]) -> list[str]:
+    best = best_record(recs, study.direction)
     out = ["## Best configuration", ""]
     if best is None:
         return [*out, "No COMPLETE feasible trial yet.", ""]
@@ -304,7 +304,7 @@ def status_data(study: optuna.Study, *, n_trials: int | None = None, workers: in
     remaining = max(0, n_trials - counts["COMPLETE"] - counts["PRUNED"]) if n_trials is not None else None
     parallel = max(1, workers if workers is not None else len(running))
     eta = mean * remaining / parallel if mean is not None and remaining is not None else None
-    best = best_record(study)
+    best = best_record(recs, study.direction)
     starts = [datetime.fromisoformat(r.datetime_start) for r in recs if r.datetime_start]
     return {
         "study": study.study_name,

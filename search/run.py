@@ -43,7 +43,6 @@ import logging
 import signal
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +50,7 @@ from types import FrameType
 from typing import Any
 
 import optuna
-from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
@@ -59,7 +58,8 @@ from runners.errors import RunnerError, ServetuneError
 from runners.host import Host
 from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
 from search.pool import HostPool, HostSlot, NoHostsLeft
-from search.study import GRACE_PERIOD, HEARTBEAT_INTERVAL, artifact_store, create_or_load, open_storage
+from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL
+from search.study import artifact_store, create_or_load, fail_stale, open_storage
 from spaces.schema import Space
 
 log = logging.getLogger("servetune")
@@ -85,7 +85,6 @@ class RunOptions:
     grace_period: int = GRACE_PERIOD
     callbacks: list[StudyCallback] = field(default_factory=list)
     hook: ProgressHook | None = None
-    install_signals: bool = True
 
 
 @dataclass
@@ -186,9 +185,7 @@ class _Budget:
     def reserve(self) -> optuna.Trial | str:
         """A new (or re-queued) trial with its first heartbeat recorded; or DONE; or WAIT."""
         with self.lock():
-            with warnings.catch_warnings():  # "experimental" in Optuna's terms; serialised by the lock
-                warnings.simplefilter("ignore", ExperimentalWarning)
-                optuna.storages.fail_stale_trials(self.study)
+            fail_stale(self.study)  # serialised by the lock
             if self.n_trials is not None:
                 finished, running = self.counts()
                 if finished >= self.n_trials:
@@ -232,16 +229,15 @@ class _Heartbeat:
 class _Signals:
     """First signal: finish the running trials, then stop. Second: abort them."""
 
-    def __init__(self, stop: threading.Event, abort: threading.Event, *, install: bool = True) -> None:
+    def __init__(self, stop: threading.Event, abort: threading.Event) -> None:
         self.stop = stop
         self.abort = abort
-        self.install = install
         self.stop_requested = threading.Event()
         self.count = 0
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _Signals:
-        if self.install and threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
@@ -380,9 +376,8 @@ def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunS
     env = TrialEnv(
         space=space,
         study_name=options.study_name,
-        pool=pool,
         artifacts_dir=options.artifacts_dir,
-        artifact_store=artifact_store(options.artifacts_dir / "optuna-artifacts"),
+        artifact_store=artifact_store(options.artifacts_dir),
         hook=options.hook,
         abort=abort,
         smi_interval=options.smi_interval,
@@ -395,7 +390,7 @@ def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunS
         return RunSummary(study, 0, "budget already reached", pool.states(), orphans)
 
     run = _Run(study, storage, pool, Objective(env), budget, options, stop, abort)
-    with _Signals(stop, abort, install=options.install_signals) as signals:
+    with _Signals(stop, abort) as signals:
         threads = [threading.Thread(target=run.worker, name=f"servetune-worker-{i}", daemon=True)
                    for i in range(len(pool))]
         for t in threads:

@@ -24,20 +24,26 @@ from pydantic_settings import (
 
 from runners.errors import ConfigError
 
+#: Defaults shared with the library entry points (:mod:`search.study`, :mod:`search.run`,
+#: :mod:`search.tracking`), which take them when no settings are given.
+HEARTBEAT_INTERVAL = 5
+GRACE_PERIOD = 20
+DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SERVETUNE_", extra="forbid", toml_file="servetune.toml")
 
     storage: str = "sqlite:///servetune.db"
-    mlflow_uri: str = "sqlite:///mlruns/mlflow.db"
+    mlflow_uri: str = DEFAULT_TRACKING_URI
     artifacts_dir: Path = Path("servetune-artifacts")
     runs_root: str = "~/.servetune/runs"
     sim_dir: Path = Path(".servetune/simhost")
     dashboard_port: int = Field(default=8080, ge=1, le=65535)
     smi_interval: float = Field(default=1.0, ge=0)
-    heartbeat_interval: int = Field(default=5, ge=1)
+    heartbeat_interval: int = Field(default=HEARTBEAT_INTERVAL, ge=1)
     """Seconds between a running trial's heartbeats in the study storage."""
-    heartbeat_grace: int = Field(default=20, ge=2)
+    heartbeat_grace: int = Field(default=GRACE_PERIOD, ge=2)
     """Seconds without a heartbeat after which a RUNNING trial's controller is taken for dead."""
 
     @classmethod

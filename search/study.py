@@ -9,11 +9,13 @@ as a WAITING trial (user attr ``retried_from``: the dead trial's number), which 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,11 +27,27 @@ from sqlalchemy import event
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError, SQLAlchemyError
 
 from runners.errors import StudyError
+from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL
 
-HEARTBEAT_INTERVAL = 5
-GRACE_PERIOD = 20
 METRIC_NAMES = ["output_throughput"]
 MAX_RETRY = 3
+
+
+@contextlib.contextmanager
+def experimental_ok() -> Iterator[None]:
+    """Silence Optuna's ExperimentalWarning: heartbeats, the stale-trial retry, ``fail_stale_trials`` and
+    metric names are "experimental" in Optuna's terms; they are what Optuna 5 offers, and the warning would
+    only clutter every command."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Fail the study's stale RUNNING trials (no heartbeat for the grace period); the storage's retry
+    callback re-queues their configurations."""
+    with experimental_ok():
+        optuna.storages.fail_stale_trials(study)
 
 
 class RetryStaleTrial(RetryHeartbeatStaleTrialCallback):
@@ -72,27 +90,22 @@ def open_storage(url: str, *, heartbeat: bool = True, heartbeat_interval: int = 
     """
     if url.startswith("sqlite:///"):
         path = Path(url.removeprefix("sqlite:///"))
-        if path.parent and not path.parent.exists():
+        if not path.parent.exists():
             raise StudyError(f"storage {url}: directory {path.parent} does not exist")
         if must_exist and not path.exists():
             raise StudyError(f"storage {url} does not exist (no study has been run with it)")
+    engine_kwargs: dict[str, object] = (
+        {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    )
     kwargs: dict[str, Any] = {}
-    if heartbeat:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            retry = RetryStaleTrial(max_retry=MAX_RETRY)
-        kwargs = {
-            "heartbeat_interval": heartbeat_interval,
-            "grace_period": grace_period,
-            "heartbeat_stale_trial_callback": retry,
-        }
-    engine_kwargs: dict[str, object] = {}
-    engine_kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     try:
-        with warnings.catch_warnings():
-            # Heartbeats and the retry callback are "experimental" in Optuna's terms; they are what
-            # Optuna 5 offers for stale trials, and the warning would only clutter every command.
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        with experimental_ok():  # heartbeats and the retry callback
+            if heartbeat:
+                kwargs = {
+                    "heartbeat_interval": heartbeat_interval,
+                    "grace_period": grace_period,
+                    "heartbeat_stale_trial_callback": RetryStaleTrial(max_retry=MAX_RETRY),
+                }
             storage = _create_storage(url, engine_kwargs, kwargs)
         if url.startswith("sqlite"):
             _use_wal(storage)
@@ -146,8 +159,7 @@ def create_or_load(storage: RDBStorage, name: str, *, direction: Literal["minimi
     except SQLAlchemyError as exc:
         raise StudyError(f"cannot create study {name!r}: {_first_line(exc)}") from None
     if study.metric_names is None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        with experimental_ok():
             study.set_metric_names(METRIC_NAMES)
     return study
 
@@ -162,8 +174,10 @@ def load(storage: RDBStorage, name: str) -> optuna.Study:
         raise StudyError(f"no study named {name!r} in this storage (studies: {known})") from None
 
 
-def artifact_store(path: str | os.PathLike[str]) -> FileSystemArtifactStore:
-    Path(path).mkdir(parents=True, exist_ok=True)
+def artifact_store(artifacts_dir: str | os.PathLike[str]) -> FileSystemArtifactStore:
+    """Optuna's artifact store of a trial-artifacts directory: its ``optuna-artifacts`` folder (created)."""
+    path = Path(artifacts_dir) / "optuna-artifacts"
+    path.mkdir(parents=True, exist_ok=True)
     return FileSystemArtifactStore(str(path))
 
 

@@ -46,7 +46,10 @@ from optuna.artifacts import download_artifact
 from optuna.trial import FrozenTrial, TrialState
 
 from runners.errors import ServetuneError, StudyError
-from search.records import MEM_PREFIX, TrialRecord, best_record, records
+from search.records import MEM_PREFIX, TrialRecord
+from search.report import status_data
+from search.settings import DEFAULT_TRACKING_URI
+from search.study import _redact
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -57,7 +60,6 @@ __all__ = ["DEFAULT_ARTIFACT_ROOT", "DEFAULT_TRACKING_URI", "MlflowCallback", "M
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
 DEFAULT_ARTIFACT_ROOT = "mlruns/artifacts"
 
 TAG_STUDY = "servetune.study"
@@ -171,28 +173,26 @@ class MlflowTracker:
         for callback in self._callbacks:
             callback.drain()
         name = study.study_name
-        recs = records(study)
-        counts = {state: sum(1 for r in recs if r.state == state)
-                  for state in ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")}
-        best = best_record(study)
-        finished = counts["COMPLETE"] + counts["PRUNED"] + counts["FAIL"]
+        data = status_data(study)  # the figures of ``servetune status``
+        counts, best = data["trials"], data["best"]
+        finished = counts["done"]
         now = _now_ms()
         from mlflow.entities import Metric, RunTag
 
         metrics = [
-            Metric("n_trials", float(len(recs)), now, finished),
-            Metric("n_complete", float(counts["COMPLETE"]), now, finished),
-            Metric("n_pruned", float(counts["PRUNED"]), now, finished),
-            Metric("n_failed", float(counts["FAIL"]), now, finished),
-            Metric("n_running", float(counts["RUNNING"]), now, finished),
-            Metric("n_oom", float(sum(1 for r in recs if r.outcome == "oom")), now, finished),
+            Metric("n_trials", float(counts["total"]), now, finished),
+            Metric("n_complete", float(counts["complete"]), now, finished),
+            Metric("n_pruned", float(counts["pruned"]), now, finished),
+            Metric("n_failed", float(counts["failed"]), now, finished),
+            Metric("n_running", float(counts["running"]), now, finished),
+            Metric("n_oom", float(counts["oom"]), now, finished),
         ]
-        tags = [RunTag("servetune.direction", study.direction.name.lower())]
-        if best is not None and best.value is not None:
-            metrics.append(Metric("best_value", float(best.value), now, finished))
-            tags.append(RunTag("servetune.best_trial", str(best.number)))
-            if best.free_after_capture_gib is not None:
-                metrics.append(Metric("best_free_after_capture_gib", best.free_after_capture_gib, now,
+        tags = [RunTag("servetune.direction", data["direction"])]
+        if best is not None and best["value"] is not None:
+            metrics.append(Metric("best_value", float(best["value"]), now, finished))
+            tags.append(RunTag("servetune.best_trial", str(best["number"])))
+            if best["free_after_capture_gib"] is not None:
+                metrics.append(Metric("best_free_after_capture_gib", best["free_after_capture_gib"], now,
                                       finished))
         with self._lock, self._boundary(f"finishing study {name!r}"):
             client = self._client()
@@ -540,14 +540,6 @@ def _one_line(exc: BaseException) -> str:
             return f"unreachable ({cause.lower()})"
     line = text.splitlines()[0] if text else type(exc).__name__
     return line if len(line) <= 240 else line[:237] + "..."
-
-
-def _redact(uri: str) -> str:
-    if "://" in uri and "@" in uri:
-        scheme, rest = uri.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
-    return uri
 
 
 def _number(value: Any) -> bool:
