@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from runners.errors import CommandTimeout, NotOurProcess
 from runners.host import Host, RunRef
 from runners.inventory import HostSpec, open_host
 from runners.transport import LineStream
+from tests.fixtures.procs import gone, wait_for
 from tests.fixtures.sshd import SshServer
 
 MakeHost = Callable[[], Host]
@@ -47,23 +47,6 @@ def make_host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeHo
         open_host(HostSpec(address="local", name=spec.name, runs_root=runs_root)).cleanup_orphans(grace=1)
         for host in made:
             host.close()
-
-
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state == "Z"
-
-
-def _wait_gone(pid: int, within: float = 10.0) -> bool:
-    deadline = time.monotonic() + within
-    while not _gone(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def _first_line_with(stream: LineStream, text: str) -> str:
@@ -107,7 +90,8 @@ class TestHostContract:
         pidfile = tmp_path / "pid"
         with pytest.raises(CommandTimeout):
             make_host().run(f"echo $$ > {pidfile}; exec sleep 30", timeout=0.5)
-        assert _wait_gone(int(pidfile.read_text()))
+        pid = int(pidfile.read_text())
+        assert wait_for(lambda: gone(pid))
 
     # ---- stream ---------------------------------------------------------------------------------
 
@@ -119,10 +103,10 @@ class TestHostContract:
     def test_stream_is_live_and_close_stops_the_command(self, make_host: MakeHost) -> None:
         stream = make_host().stream("echo $$; exec sleep 30")
         pid = int(next(iter(stream)))
-        assert not _gone(pid), "the first line arrived while the command still ran"
+        assert not gone(pid), "the first line arrived while the command still ran"
         stream.close()
         assert stream.exit_code is None
-        assert _wait_gone(pid)
+        assert wait_for(lambda: gone(pid))
 
     # ---- put ------------------------------------------------------------------------------------
 
@@ -161,17 +145,18 @@ class TestHostContract:
         assert result.method == "term"
         assert result.survivors == ()
         assert host.members(ref) == []
-        assert all(_gone(pid) for pid in members)
+        assert all(gone(pid) for pid in members)
 
     def test_stop_kills_a_server_that_ignores_sigterm(self, make_host: MakeHost) -> None:
         host = make_host()
         ref = _start(host, TERM_IGNORING_SERVER)
         _first_line_with(host.follow(ref), "ready")
         members = host.members(ref)
+        assert ref.pgid in members
         result = host.stop(ref, grace=1.0)
         assert result.method == "kill"
         assert host.members(ref) == []
-        assert all(_gone(pid) for pid in members)
+        assert all(gone(pid) for pid in members)
 
     def test_stop_of_a_finished_server_reports_gone(self, make_host: MakeHost) -> None:
         host = make_host()
@@ -186,10 +171,10 @@ class TestHostContract:
         try:
             with pytest.raises(NotOurProcess):
                 host.stop(RunRef(str(tmp_path), pid, "run-not-this-one"), grace=1)
-            assert not _gone(pid), "a foreign group must not be signalled"
+            assert not gone(pid), "a foreign group must not be signalled"
         finally:
             os.kill(pid, signal.SIGKILL)  # our own test process, by its PID
-        assert _wait_gone(pid)
+        assert wait_for(lambda: gone(pid))
 
     def test_stop_refuses_a_server_of_another_run(self, make_host: MakeHost) -> None:
         host = make_host()
@@ -205,6 +190,7 @@ class TestHostContract:
         finished = _start(first, "exit 0\n", trial="finished")
         list(first.follow(finished))
         members = first.members(running)
+        assert running.pgid in members
         first.close()  # the controller goes away; the server stays
 
         second = make_host()
@@ -215,5 +201,5 @@ class TestHostContract:
 
         assert second.cleanup_orphans(grace=5) == [running]
         assert second.members(running) == []
-        assert all(_gone(pid) for pid in members)
+        assert all(gone(pid) for pid in members)
         assert second.orphans() == []

@@ -6,9 +6,11 @@ import os
 import re
 import stat
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
+
+# The engine tests import these two from here.
+from tests.fixtures.procs import alive as live  # noqa: F401
+from tests.fixtures.procs import wait_for  # noqa: F401
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -17,12 +19,6 @@ def _stat(pid: int) -> list[str] | None:
     except OSError:
         return None
     return text.rsplit(")", 1)[1].split()
-
-
-def live(pid: int) -> bool:
-    """Running and not a zombie (a zombie is dead: PID 1 reaps it later)."""
-    fields = _stat(pid)
-    return fields is not None and fields[0] != "Z"
 
 
 def tree_members(pgid: int) -> list[int]:
@@ -75,12 +71,3 @@ def vllm_temp_files() -> set[str]:
         except OSError:
             continue
     return out
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import io
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from runners import loadgen
+from tests.fixtures.ports import free_port
 
 LOADGEN = Path(loadgen.__file__)
 
@@ -203,10 +203,15 @@ def test_ttft_and_tpot_from_a_paced_stream(api: str, server: FakeServer,
                                                         "--warmup": "0"}), capsys)
     assert code == 0
     rec = records[0]
-    assert 150 <= rec["mean_ttft_ms"] < 250
-    assert 40 <= rec["mean_tpot_ms"] < 70
-    assert 40 <= rec["median_itl_ms"] < 70
-    assert 150 + 4 * 40 <= rec["mean_e2e_latency_ms"] < 600
+    # Lower bounds only: the fake server sleeps that long; a loaded machine only adds to it. The arithmetic
+    # of the figures is pinned by test_summary_math_on_a_deterministic_fake.
+    assert rec["completed"] == 2 and rec["total_output_tokens"] == 10
+    assert rec["mean_ttft_ms"] >= 150
+    assert rec["mean_tpot_ms"] >= 40
+    assert rec["median_itl_ms"] >= 40
+    assert rec["mean_e2e_latency_ms"] >= 150 + 4 * 40
+    # TPOT: the time after the first token, over the 4 tokens that followed it.
+    assert rec["mean_e2e_latency_ms"] == pytest.approx(rec["mean_ttft_ms"] + 4 * rec["mean_tpot_ms"], abs=0.01)
 
 
 def test_failed_requests_are_counted_with_their_errors(server: FakeServer,
@@ -229,7 +234,7 @@ def test_time_scale_auto_reads_a_simulated_host(server: FakeServer,
     assert code == 0
     rec = records[0]
     assert rec["simulated"] is True and rec["time_scale"] == 10.0
-    assert 200 <= rec["mean_ttft_ms"] < 800
+    assert rec["mean_ttft_ms"] >= 10 * 20  # the fake's 20 ms TTFT, times 10 (lower bound, as above)
     assert rec["duration"] >= 10 * 2 * (0.02 + 4 * 0.005)
     assert rec["output_throughput"] == pytest.approx(rec["total_output_tokens"] / rec["duration"], rel=1e-3)
 
@@ -240,9 +245,7 @@ def test_time_scale_auto_on_a_real_server_is_one(server: FakeServer) -> None:
 
 
 def test_all_failed_level_exits_3_after_printing_it(tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens there
     # Run the file itself, as servetune does on a host: a standalone script.
     res = subprocess.run(
         [sys.executable, str(LOADGEN), "--base-url", f"http://127.0.0.1:{port}", "--levels", "1,4",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
+import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -150,14 +152,23 @@ def test_sim_bad_options(kwargs: dict[str, Any]) -> None:
         SimEngine(**kwargs)
 
 
-def test_sim_version_command_fails_without_the_simhost_and_prints_the_version_with_it() -> None:
-    cmd = SimEngine("p.yaml", version="0.5.15").version_command(sys.executable)
-    res = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
-    if importlib.util.find_spec("runners.simhost.server") is None:
-        assert res.returncode != 0
-    else:
-        assert res.returncode == 0, res.stderr
-        assert res.stdout.strip().splitlines()[-1] == "0.5.15"
+def test_sim_version_command_fails_without_the_simhost_and_prints_the_version_with_it(tmp_path: Path) -> None:
+    engine = SimEngine("p.yaml", version="0.5.15")
+    res = subprocess.run(["bash", "-c", engine.version_command(sys.executable)], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "0.5.15"
+    # A python that cannot import the simulated host: this one without site-packages (where servetune is
+    # installed), run outside the repository and without PYTHONPATH.
+    bare = tmp_path / "python-without-servetune"
+    bare.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -S "$@"\n')
+    bare.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    res = subprocess.run(["bash", "-c", engine.version_command(str(bare))], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path, env=env)
+    assert res.returncode != 0
+    assert "No module named 'runners'" in res.stderr
+    assert "0.5.15" not in res.stdout
     missing = SimEngine("p.yaml").version_command("/nonexistent/python")
     assert subprocess.run(["bash", "-c", missing], capture_output=True, timeout=60).returncode != 0
 

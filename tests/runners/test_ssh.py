@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,29 +28,14 @@ from runners.errors import AuthError, ConfigError, HostBusy, HostKeyError, HostU
 from runners.host import Host, HostInfo, RunRef
 from runners.inventory import open_host
 from runners.ssh import SSHTransport, ssh_errors
+from tests.fixtures.hog import start_hog, stop_hog
+from tests.fixtures.procs import alive, gone, wait_for
 from tests.fixtures.sshd import SshServer, make_key, public_line, write_known_hosts
 
 pytestmark = pytest.mark.ssh
 
 REPO = Path(__file__).resolve().parents[2]
 SshdFactory = Callable[[str], SshServer]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _wait(cond: Callable[[], bool], within: float = 10.0) -> bool:
-    deadline = time.monotonic() + within
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 @pytest.fixture
@@ -164,7 +148,7 @@ def test_agent_key_is_used(
     agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
-        assert _wait(sock.exists, 5)
+        assert wait_for(sock.exists, 5)
         env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
         subprocess.run(["ssh-add", str(sshd.client_key)], env=env, check=True, capture_output=True)
         monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
@@ -273,7 +257,7 @@ def test_drop_during_a_command_is_host_unreachable(
 
     worker = threading.Thread(target=call)
     worker.start()
-    assert _wait(marker.exists)
+    assert wait_for(marker.exists)
     server.drop_sessions()
     worker.join(10)
     assert not worker.is_alive()
@@ -291,7 +275,7 @@ def test_stream_ends_without_exit_code_when_the_connection_drops(
     server.drop_sessions()
     assert list(lines) == []
     assert stream.exit_code is None
-    assert _wait(lambda: not _alive(pid)), "the pty hangs up the remote command"
+    assert wait_for(lambda: gone(pid)), "the pty hangs up the remote command"
     stream.close()
 
 
@@ -304,22 +288,23 @@ def test_detached_server_survives_a_drop_and_is_cleaned_after_reconnecting(
     host = open_host(spec, ssh_config=None)
     ref = host.start(host.run_dir("study", "trial-1"), "echo ready; exec sleep 60\n", run_id="run-1")
     members = host.members(ref)
+    assert ref.pgid in members
     try:
         server.stop()  # connection dropped, sshd down
         with pytest.raises(HostUnreachable):
             host.orphans()
-        assert all(_alive(p) for p in members), "the detached server outlives the connection"
+        assert all(alive(p) for p in members), "the detached server outlives the connection"
         server.start()
         later = open_host(spec, ssh_config=None)  # a new controller
         assert later.cleanup_orphans(grace=5) == [ref]
         assert later.members(ref) == []
-        assert not any(_alive(p) for p in members)
+        assert not any(alive(p) for p in members)
         later.close()
         # The first Host reconnects by itself, too.
         assert host.orphans() == []
     finally:
         for p in members:
-            if _alive(p):
+            if alive(p):
                 os.kill(p, signal.SIGKILL)  # only if the test failed; these are our own PIDs
         host.close()
 
@@ -386,14 +371,8 @@ def test_a_foreign_gpu_process_makes_only_its_host_busy(
     busy = open_host(sshd_b.spec(known, env=busy_env, runs_root=str(tmp_path / "runs-b")), ssh_config=None)
     free = open_host(sshd_c.spec(known, env=free_env, runs_root=str(tmp_path / "runs-c")), ssh_config=None)
     assert not _preflight(busy).busy
-    hog = subprocess.Popen(
-        [sys.executable, "-m", "runners.simhost.hog", "--mib", "20000"],
-        cwd=REPO, env={**os.environ, "SERVETUNE_SIM_STATE": busy_env["SERVETUNE_SIM_STATE"]},
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
+    hog = start_hog(busy_env["SERVETUNE_SIM_STATE"], 20000)
     try:
-        assert hog.stdout is not None
-        assert hog.stdout.readline().startswith("holding"), "the hog registered on the simulated GPU"
         info = _preflight(busy)
         assert info.busy
         assert str(hog.pid) in info.reason
@@ -402,15 +381,10 @@ def test_a_foreign_gpu_process_makes_only_its_host_busy(
         other = _preflight(free)
         assert not other.busy
         free.require_free(other)
-        hog.terminate()
-        hog.wait(10)
+        stop_hog(hog)
         assert busy.compute_apps() == [], "a gone process no longer holds GPU memory"
     finally:
-        if hog.poll() is None:
-            hog.kill()  # our own process, by its PID
-            hog.wait(10)
-        if hog.stdout is not None:
-            hog.stdout.close()
+        stop_hog(hog)
         busy.close()
         free.close()
 

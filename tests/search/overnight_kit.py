@@ -6,11 +6,9 @@ by its PID or process group, never by name.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,8 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from tests.fixtures.mlflow_server import group_alive
+from tests.fixtures.ports import free_port
+from tests.fixtures.procs import wait_for as poll
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "runners/simhost/profiles/dsv4-flash-nvfp4-tp4-rtxpro6000.yaml"
@@ -34,31 +34,30 @@ FAST = {"input_len": 64, "output_len": 16, "concurrency": [1, 4], "requests_per_
 #: The seed-003 workload (requests overlap at C=64, so 0.70/32 dies in eager decode): use with speed ~100.
 SEED003 = {"input_len": 128, "output_len": 96, "concurrency": [1, 16, 64], "requests_per_level": [1, 16, 64],
            "warmup_requests": 1}
+#: The budget of a fast test space (the demo's is 14 trials, 60 s, 120 s and 5 s).
+SHORT_BUDGET = {"n_trials": 4, "startup_timeout": "30s", "benchmark_timeout": "60s", "stop_grace": "2s"}
 #: Heartbeats fast enough for tests (the defaults are 5 s and 20 s).
 HEARTBEAT_ENV = {"SERVETUNE_HEARTBEAT_INTERVAL": "1", "SERVETUNE_HEARTBEAT_GRACE": "5"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def make_space(path: Path, *, speed: float = 1000, workload: Mapping[str, Any] | None = None,
                budget: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
-               knobs: Mapping[str, Any] | None = None, port: int | None = None, safe: bool = True) -> Path:
+               knobs: Mapping[str, Any] | None = None, port: int | None = None, safe: bool = True,
+               fixed_args: Sequence[str] = (), base_budget: Mapping[str, Any] | None = SHORT_BUDGET) -> Path:
     """A space file on the simulated host (seed 003's profile) with fast trials and short budgets.
 
     ``safe``: memory fractions that never run out of memory on this profile (so a test's outcomes are the
-    faults it injects, not a sampled OOM)."""
+    faults it injects, not a sampled OOM). ``fixed_args`` are added to the demo's; ``knobs`` replace the
+    demo's knobs of those names. The budget is ``base_budget`` (``None``: the demo's) updated by ``budget``."""
     data = yaml.safe_load((ROOT / "spaces/demo-sim.yaml").read_text())
     data["engine"]["sim"]["profile"] = str(PROFILE)
     data["engine"]["sim"]["speed"] = speed
     data["port"] = port or free_port()
     data["workload"] = dict(workload or FAST)
     data["objective"]["level"] = data["workload"]["concurrency"][-1]
-    data["budget"] = {"n_trials": 4, "startup_timeout": "30s", "benchmark_timeout": "60s", "stop_grace": "2s",
-                      **(budget or {})}
+    data["budget"] = {**(data["budget"] if base_budget is None else base_budget), **(budget or {})}
+    if fixed_args:
+        data["fixed_args"] = data["fixed_args"] + list(fixed_args)
     if env:
         data["env"] = dict(env)
     if safe:
@@ -81,6 +80,7 @@ def cli_env(wd: Path, **extra: str) -> dict[str, str]:
 
 def cli(*args: str, cwd: Path, timeout: float = 180, env: Mapping[str, str] | None = None
         ) -> subprocess.CompletedProcess[str]:
+    """``servetune ARGS`` in ``cwd``; ``env``: the whole environment (default: :func:`cli_env`)."""
     return subprocess.run([sys.executable, "-m", "search", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, check=False, env=dict(env or cli_env(cwd)))
 
@@ -125,16 +125,11 @@ def start_cli(*args: str, cwd: Path, env: Mapping[str, str] | None = None, log: 
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
-
-
+    """The first truthy value of ``check()``; AssertionError naming ``what`` after ``timeout`` seconds."""
+    value = poll(check, timeout, interval)
+    if not value:
+        raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+    return value
 
 
 def server_groups(runs_root: Path) -> dict[str, int]:

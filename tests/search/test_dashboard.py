@@ -12,18 +12,14 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
 from tests.fixtures.mlflow_server import group_alive
+from tests.fixtures.ports import free_port
 from tests.fixtures.trials import build_study, standard_trials
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str) -> dict:
@@ -63,8 +59,9 @@ def test_dashboard_serves_trials_with_their_artifacts(tmp_path: Path) -> None:
         keys = {a["key"] for a in pruned["user_attrs"]}
         assert {"outcome", "phase", "log_tail"} <= keys
         assert {a["filename"] for a in pruned["artifacts"]} >= {"server.log", "launch.sh"}
-        with socket.create_connection(("127.0.0.1", port), timeout=2):
-            pass  # bound on loopback, where the default says
+        # Bound to 127.0.0.1 only (the default), not to every address: another loopback address is refused.
+        with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.2", port), timeout=5):
+            pass
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=15)

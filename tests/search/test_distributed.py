@@ -30,12 +30,12 @@ from search.study import create_or_load, open_storage
 from search.tracking import MlflowTracker
 from spaces.schema import load_space
 from tests.fixtures.mlflow_server import MlflowServer
+from tests.fixtures.ports import free_port
 from tests.fixtures.postgres import PostgresCluster, start_postgres
 from tests.fixtures.sshd import SshServer, write_known_hosts
 from tests.search.overnight_kit import (
     cli,
     counted,
-    free_port,
     gpu_pids,
     live_servers,
     make_space,

@@ -12,13 +12,12 @@ The trials are enqueued so the outcomes are the seed incidents, not luck:
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 import optuna
 import pytest
-import yaml
 from optuna.trial import TrialState
 
 from search.hosts import local_host
@@ -26,30 +25,20 @@ from search.run import RunOptions, run_search
 from search.study import create_or_load, open_storage
 from search.tracking import MlflowTracker
 from spaces.schema import load_space
-
-ROOT = Path(__file__).resolve().parents[2]
-PROFILE = ROOT / "runners/simhost/profiles/dsv4-flash-nvfp4-tp4-rtxpro6000.yaml"
-
-BASE = {"num_continuous_decode_steps": 1, "nccl.NCCL_PROTO": "unset", "nccl.NCCL_ALGO": "unset"}
+from tests.search.overnight_kit import DIES, SEED003, SURVIVES, gpu_pids
+from tests.search.overnight_kit import cli as kit_cli
+from tests.search.overnight_kit import make_space as kit_make_space
 
 
-def make_space(tmp_path: Path, **overrides: object) -> Path:
-    data = yaml.safe_load((ROOT / "spaces/demo-sim.yaml").read_text())
-    data["engine"]["sim"]["profile"] = str(PROFILE)
-    data["engine"]["sim"]["speed"] = 100
-    data["port"] = 30211
-    data["workload"] = {"input_len": 128, "output_len": 96, "concurrency": [1, 16, 64],
-                        "requests_per_level": [1, 16, 64], "warmup_requests": 1}
-    data["knobs"]["nccl"] = {"NCCL_PROTO": ["unset", "LL"], "NCCL_ALGO": ["unset", "Ring", "NVLS"]}
-    data.update(overrides)
-    path = tmp_path / "space.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+def make_space(wd: Path) -> Path:
+    """``wd/space.yaml``: the demo space and budget on a fixed port, with NVLS among the NCCL algorithms."""
+    return kit_make_space(wd / "space.yaml", speed=100, workload=SEED003, port=30211, safe=False,
+                          knobs={"nccl": {"NCCL_PROTO": ["unset", "LL"], "NCCL_ALGO": ["unset", "Ring", "NVLS"]}},
+                          base_budget=None)
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "search", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, check=False)
+    return kit_cli(*args, cwd=cwd, timeout=300, env=os.environ)
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +48,10 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, optuna.Stu
     space = load_space(space_path)
     url = f"sqlite:///{wd}/servetune.db"
     study = create_or_load(open_storage(url), "e2e")
-    study.enqueue_trial({**BASE, "mem_fraction_static": 0.70, "cuda_graph_max_bs": 32})
-    study.enqueue_trial({**BASE, "mem_fraction_static": 0.62, "cuda_graph_max_bs": 64})
-    study.enqueue_trial({**BASE, "mem_fraction_static": 0.62, "cuda_graph_max_bs": 64,
-                         "nccl.NCCL_ALGO": "NVLS"})
-    study.enqueue_trial({**BASE, "mem_fraction_static": 0.62, "cuda_graph_max_bs": 64})
+    study.enqueue_trial(DIES)
+    study.enqueue_trial(SURVIVES)
+    study.enqueue_trial({**SURVIVES, "nccl.NCCL_ALGO": "NVLS"})
+    study.enqueue_trial(SURVIVES)
     tracker = MlflowTracker(f"sqlite:///{wd}/mlruns/mlflow.db", artifact_root=str(wd / "mlruns" / "artifacts"))
     host = local_host(space, runs_root=str(wd / "runs"), sim_dir=wd / "sim")
     options = RunOptions(study_name="e2e", storage_url=url, artifacts_dir=wd / "artifacts", n_trials=4,
@@ -134,10 +122,7 @@ def test_servers_are_gone_and_artifacts_kept(searched: tuple[Path, optuna.Study]
         assert (art / "launch.sh").read_text().startswith("#!/usr/bin/env bash")
         assert set(t.user_attrs["artifact_ids"]) == {"server.log", "launch.sh", "bench.json", "nvidia-smi.csv"}
         assert not (wd / "runs" / "e2e" / str(number) / "scratch").exists()
-    smi = subprocess.run(["bash", "-c", f"PATH={wd}/sim/bin:$PATH SERVETUNE_SIM_STATE={wd}/sim/state "
-                          "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits"],
-                         capture_output=True, text=True, check=True)
-    assert smi.stdout.strip() == ""  # no simulated GPU memory left held
+    assert gpu_pids(wd / "sim") == ""  # no simulated GPU memory left held
 
 
 def test_every_trial_is_in_mlflow(searched: tuple[Path, optuna.Study]) -> None:

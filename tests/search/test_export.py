@@ -14,15 +14,9 @@ from optuna.trial import TrialState
 
 from runners.errors import ConfigError
 from search.export import export_script
-from tests.fixtures.trials import build_study, level, make_trial, standard_trials
+from tests.fixtures.trials import build_study, level, make_trial
 
 NOW = datetime(2026, 11, 29, 7, 30, tzinfo=UTC)
-
-
-@pytest.fixture(scope="module")
-def study(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
-    url = f"sqlite:///{tmp_path_factory.mktemp('export') / 'optuna.db'}"
-    return build_study(url, "qwen-h100", standard_trials())
 
 
 def exec_argv(script: str) -> list[str]:

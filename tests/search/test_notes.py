@@ -11,7 +11,7 @@ import pytest
 from optuna_dashboard._note import get_note_from_system_attrs
 
 from search.notes import note_markdown, notes_callback, oom_lines, write_note
-from tests.fixtures.trials import OOM_CUDA_GRAPH_TAIL, build_study, standard_trials
+from tests.fixtures.trials import OOM_CUDA_GRAPH_TAIL
 
 
 def read_note(study: optuna.Study, number: int) -> str:
@@ -19,12 +19,6 @@ def read_note(study: optuna.Study, number: int) -> str:
     trial_id = study.trials[number]._trial_id
     attrs = study._storage.get_study_system_attrs(study._study_id)
     return str(get_note_from_system_attrs(attrs, trial_id)["body"])
-
-
-@pytest.fixture(scope="module")
-def study(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
-    url = f"sqlite:///{tmp_path_factory.mktemp('notes') / 'optuna.db'}"
-    return build_study(url, "qwen-h100", standard_trials())
 
 
 def test_oom_note(study: optuna.Study) -> None:

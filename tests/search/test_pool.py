@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from runners.host import Host
 from runners.transport import LocalTransport
-from search.pool import HostPool, NoHostsLeft
+from search.pool import HostPool, HostSlot, NoHostsLeft
 
 
 def hosts(n: int) -> list[Host]:
@@ -63,14 +62,34 @@ def test_no_hosts_left_ends_the_search() -> None:
 
 
 def test_all_set_aside_waits_for_the_cooldown_then_retires() -> None:
-    pool = HostPool(hosts(1), max_consecutive_failures=1, cooldown=0.3, max_set_asides=2)
-    slot = pool.acquire()
-    pool.release(slot, infra_failure=True, error="ssh refused")
+    pool = HostPool(hosts(1), max_consecutive_failures=1, cooldown=2.0, max_set_asides=2)
+    first = pool.acquire()
+    pool.release(first, infra_failure=True, error="ssh refused")
     assert pool.states()[0]["state"] == "set aside"
-    started = time.monotonic()
-    slot = pool.acquire()  # waits for the cooldown instead of ending the search
-    assert 0.2 < time.monotonic() - started < 2
-    pool.release(slot, infra_failure=True, error="ssh refused")
+    got: list[HostSlot] = []
+    waiting = threading.Event()
+
+    def acquire() -> None:
+        waiting.set()
+        got.append(pool.acquire())  # waits for the cooldown instead of ending the search
+
+    t = threading.Thread(target=acquire, daemon=True)
+    t.start()
+    assert waiting.wait(timeout=10)
+    blocked_while_set_aside = False
+    while True:
+        done = bool(got)  # read before the state: a host set aside now was set aside then, too
+        state = pool.states()[0]["state"]
+        if done:
+            assert state == "running", "acquire() returned a host that is still set aside"
+            break
+        blocked_while_set_aside |= state == "set aside"
+        assert t.is_alive() or got, "acquire() ended without a host"
+        t.join(timeout=0.01)
+    assert blocked_while_set_aside, "acquire() returned before the cooldown was over"
+    assert len(got) == 1 and got[0] is first and first.name == "h0"
+    t.join(timeout=10)
+    pool.release(first, infra_failure=True, error="ssh refused")
     with pytest.raises(NoHostsLeft, match="retired"):
         pool.acquire()  # set aside twice in a row: retired
 

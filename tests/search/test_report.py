@@ -19,16 +19,9 @@ from tests.fixtures.trials import (
     build_study,
     level,
     make_trial,
-    standard_trials,
 )
 
 # ---- tests ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def study(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
-    url = f"sqlite:///{tmp_path_factory.mktemp('report') / 'optuna.db'}"
-    return build_study(url, "qwen-h100", standard_trials())
 
 
 def test_counts_and_best_configuration(study: optuna.Study) -> None:

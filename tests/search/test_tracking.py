@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +18,14 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Run
+from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
 from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import TrialState
 
 from runners.errors import StudyError
-from search.tracking import MlflowTracker, SyncResult
+from search.tracking import HTTP_ENV_DEFAULTS, MlflowTracker, SyncResult
 from tests.fixtures.mlflow_server import MlflowServer
+from tests.fixtures.ports import free_port
 from tests.fixtures.trials import (
     artifact_files,
     build_study,
@@ -74,12 +74,6 @@ def metric_steps(client: MlflowClient, run: Run, key: str) -> dict[int, float]:
 
 def artifact_names(client: MlflowClient, run: Run) -> list[str]:
     return sorted(f.path for f in client.list_artifacts(run.info.run_id))
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_default_locations(local: Local) -> None:
@@ -199,15 +193,17 @@ def test_callback_survives_unreachable_mlflow_and_sync_backfills(
         local: Local, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     for key in HTTP_ENV:
         monkeypatch.delenv(key, raising=False)  # the tracker sets them; undone after the test
-    bad = MlflowTracker(f"http://127.0.0.1:{closed_port()}")
+    bad = MlflowTracker(f"http://127.0.0.1:{free_port()}")  # nothing listens there
     study = optuna.create_study(storage=local.storage, study_name="qwen-offline", direction="maximize")
     callback = bad.callback()
-    started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="search.tracking"):
         study.optimize(_objective, n_trials=3, callbacks=[callback])
-    assert time.monotonic() - started < 20  # fail fast: no retries
     assert len(study.trials) == 3 and callback.failures == 3
+    # Fail fast: the tracker set MLflow's HTTP settings to no retries and a short timeout, and MLflow reads them.
+    assert {key: os.environ[key] for key in HTTP_ENV} == HTTP_ENV_DEFAULTS
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
+    assert MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() == 0
+    assert MLFLOW_HTTP_REQUEST_TIMEOUT.get() == int(HTTP_ENV_DEFAULTS["MLFLOW_HTTP_REQUEST_TIMEOUT"])
     warnings = [r.getMessage() for r in caplog.records if r.name == "search.tracking"]
     assert len(warnings) == 1 and "unreachable" in warnings[0] and "sync-mlflow" in warnings[0]
 
@@ -251,7 +247,7 @@ def test_mlflow_is_imported_lazily() -> None:
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"), closed_port())
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"), free_port())
     server.start()
     try:
         yield server

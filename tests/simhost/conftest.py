@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,15 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = REPO / "runners" / "simhost" / "profiles"
 READY = "The server is fired up and ready to roll!"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def profile_path(name: str) -> str:

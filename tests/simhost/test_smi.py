@@ -6,7 +6,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,8 +13,8 @@ from runners.simhost.__main__ import install_smi
 from runners.simhost.profile import shipped_profile
 from runners.simhost.smi import render
 from runners.simhost.state import HostState, read_host, write_host
+from tests.fixtures.hog import start_hog, stop_hog
 
-REPO = Path(__file__).resolve().parents[2]
 NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 GPU_Q = "--query-gpu=index,name,memory.total,memory.used,memory.free,utilization.gpu"
 
@@ -27,28 +26,6 @@ def _host(state: Path) -> HostState:
     return host
 
 
-def _hog(state: Path, mib: int, gpus: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "SERVETUNE_SIM_STATE": str(state), "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runners.simhost.hog", "--mib", str(mib), "--gpus", gpus],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().startswith(f"holding {mib} MiB")
-    return proc
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
-    if proc.stdout is not None:
-        proc.stdout.close()
-
-
 def test_query_gpu_nounits_is_bare_csv(tmp_path: Path) -> None:
     _host(tmp_path)
     out, code = render([GPU_Q, "--format=csv,noheader,nounits"], tmp_path)
@@ -56,9 +33,8 @@ def test_query_gpu_nounits_is_bare_csv(tmp_path: Path) -> None:
     lines = out.split("\n")
     assert lines[-1] == "" and len(lines) == 9
     assert lines[0] == f"0, {NAME}, 97887, 4, 97883, 0"
-    sample = "0, NVIDIA H100 80GB HBM3, 81559, 20480, 61079, 87"  # sglang-facts §7
-    shape = re.compile(r"^\d+, [^,]+, \d+, \d+, \d+, \d+$")
-    assert shape.match(sample) and all(shape.match(line) for line in lines[:-1])
+    shape = re.compile(r"^\d+, [^,]+, \d+, \d+, \d+, \d+$")  # sglang-facts §7
+    assert all(shape.match(line) for line in lines[:-1])
 
 
 def test_query_gpu_with_header_and_units(tmp_path: Path) -> None:
@@ -67,15 +43,16 @@ def test_query_gpu_with_header_and_units(tmp_path: Path) -> None:
     lines = out.splitlines()
     assert lines[0] == "index, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], utilization.gpu [%]"
     assert lines[1] == f"0, {NAME}, 97887 MiB, 4 MiB, 97883 MiB, 0 %"
-    total, _ = render(["--query-gpu=memory.total", "--format=csv,noheader,nounits"], tmp_path)
-    assert all(re.match(r"^\d+(\.\d+)?$", line) for line in total.splitlines())  # SGLang's own parser
+    total, code = render(["--query-gpu=memory.total", "--format=csv,noheader,nounits"], tmp_path)
+    assert code == 0
+    assert total == "97887\n" * 8  # one bare number per GPU, as SGLang's own parser wants
 
 
 def test_compute_apps_empty_then_listed_then_released_on_kill(tmp_path: Path) -> None:
     host = _host(tmp_path)
     q = "--query-compute-apps=pid,used_memory,gpu_uuid"
     assert render([q, "--format=csv,noheader,nounits"], tmp_path) == ("", 0)
-    hog = _hog(tmp_path, 20480, "1,2")
+    hog = start_hog(tmp_path, 20480, "1,2")
     try:
         out, _ = render([q, "--format=csv,noheader,nounits"], tmp_path)
         assert out == f"{hog.pid}, 20480, {host.uuids[1]}\n{hog.pid}, 20480, {host.uuids[2]}\n"
@@ -91,18 +68,18 @@ def test_compute_apps_empty_then_listed_then_released_on_kill(tmp_path: Path) ->
         assert render([q, "--format=csv,noheader,nounits"], tmp_path) == ("", 0)
         assert render(["--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "1"], tmp_path)[0] == "4\n"
     finally:
-        _stop(hog)
+        stop_hog(hog)
 
 
 def test_hog_sigterm_releases(tmp_path: Path) -> None:
     _host(tmp_path)
-    hog = _hog(tmp_path, 1000, "0")
+    hog = start_hog(tmp_path, 1000, "0")
     try:
         hog.send_signal(signal.SIGTERM)
         assert hog.wait(timeout=10) == 0
         assert render(["--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"], tmp_path)[0] == "4\n"
     finally:
-        _stop(hog)
+        stop_hog(hog)
 
 
 def test_errors(tmp_path: Path) -> None:
