@@ -230,6 +230,7 @@ class Host:
         env: Mapping[str, str] | None = None,
         busy_mib: float = 1024.0,
         server_port: int | None = None,
+        python: str | None = None,
     ) -> None:
         self.transport = transport
         self.name = transport.name
@@ -237,6 +238,7 @@ class Host:
         self.env = dict(env or {})
         self.busy_mib = busy_mib
         self.server_port = server_port
+        self.python = python  # the engine's python on this host, instead of the space's engine.python
 
     # ---- commands -------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ an inventory file::
         env: {CUDA_HOME: /usr/local/cuda}
         runs_root: ~/.servetune/runs
         server_port: 30001       # instead of the space's port (two hosts on one machine)
+        python: /opt/sglang/bin/python   # instead of the space's engine.python (a venv elsewhere)
 
 :func:`open_host` turns a spec into a :class:`runners.host.Host` on an SSH transport, or on the local
 transport when ``address`` is the literal ``local``.
@@ -47,7 +48,8 @@ class HostSpec(BaseModel):
     user: str | None = Field(default=None, description="None: from ~/.ssh/config, else the local user")
     key_file: str | None = None
     known_hosts: str | None = Field(default=None, description="None: ~/.ssh/known_hosts")
-    python: str | None = Field(default=None, description="python to run the engine with, if not the default")
+    python: str | None = Field(default=None, description="the engine's python on this host, instead of the "
+                               "space's engine.python")
     env: dict[str, str] = Field(default_factory=dict, description="exported before every command")
     runs_root: str = "~/.servetune/runs"
     server_port: int | None = Field(
@@ -176,7 +178,8 @@ def open_host(
             accept_new_host_key=spec.accept_new_host_key,
             connect_timeout=connect_timeout,
         )
-    return Host(transport, runs_root=spec.runs_root, env=spec.env, server_port=spec.server_port)
+    return Host(transport, runs_root=spec.runs_root, env=spec.env, server_port=spec.server_port,
+                python=spec.python)
 
 
 _M = TypeVar("_M", bound=BaseModel)

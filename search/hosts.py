@@ -68,8 +68,9 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
 
 
 def preflight(host: Host, space: Space) -> HostInfo:
-    """:meth:`Host.preflight` for ``space``'s engine and python (nvidia-smi only for a GPU engine)."""
+    """:meth:`Host.preflight` for ``space``'s engine and python, or the host's own python (nvidia-smi only
+    for a GPU engine)."""
     engine = LaunchConfig.from_params(space, {}).engine_impl()
-    python = space.engine.python
+    python = host.python or space.engine.python
     return host.preflight(space.engine.kind, python, engine.version_command(python),
                           gpus=space.engine.device == "gpu")

@@ -119,9 +119,9 @@ class Objective:
     def _run(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot) -> float:
         env = self.env
         space = env.space
-        port = slot.host.server_port
-        if port is not None and port != launch.port:
-            launch = launch.model_copy(update={"port": port})
+        # What the host's inventory entry overrides: the port the server binds, the engine's python.
+        host_overrides = {"port": slot.host.server_port, "python": slot.host.python}
+        launch = launch.model_copy(update={k: v for k, v in host_overrides.items() if v is not None})
         trial.set_user_attr("launch_config", launch.model_dump(mode="json"))
         self._emit(trial, "host", slot.name)
         trial.set_user_attr("host", slot.name)
@@ -151,7 +151,7 @@ class Objective:
 
         session = ServerSession(
             slot.host, engine, launch, script=script, run_dir=run_dir, run_id=run_id,
-            python=space.engine.python, stop_grace=space.budget.stop_grace,
+            python=launch.python, stop_grace=space.budget.stop_grace,
             smi_interval=env.smi_interval if space.engine.device == "gpu" else 0.0, hook=hook,
             memory_limit_bytes=space.memory_limit_bytes,
         )

@@ -94,9 +94,9 @@ def test_missing_inventory_file(tmp_path: Path) -> None:
 
 
 def test_open_host_picks_the_transport() -> None:
-    local = open_host(HostSpec(address="local", runs_root="/tmp/r", env={"A": "1"}))
+    local = open_host(HostSpec(address="local", runs_root="/tmp/r", env={"A": "1"}, python="/opt/v/bin/python"))
     assert isinstance(local.transport, LocalTransport)
-    assert (local.name, local.runs_root, local.env) == ("local", "/tmp/r", {"A": "1"})
+    assert (local.name, local.runs_root, local.env, local.python) == ("local", "/tmp/r", {"A": "1"}, "/opt/v/bin/python")
 
     spec = HostSpec.parse("root@127.0.0.2:2222", key_file="/k", known_hosts="/kh", accept_new_host_key=True)
     remote = open_host(spec, ssh_config=None)  # nothing connects yet
