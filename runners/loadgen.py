@@ -49,7 +49,6 @@ RECORD_KEYS = (
 )
 """Keys of one level's record, in order."""
 
-_THROUGHPUT_KEYS = ("request_throughput", "input_throughput", "output_throughput", "total_throughput")
 
 
 # ---- one request -----------------------------------------------------------------------------------
@@ -412,79 +411,6 @@ class Sweep:
         if self.args.out:
             with open(self.args.out, "a", encoding="utf-8") as fh:
                 fh.write(line + "\n")
-
-
-# ---- sglang.bench_serving ------------------------------------------------------------------------------
-
-_BENCH_ALIASES = {
-    # vLLM ``bench serve`` spellings of the same figures.
-    "total_throughput": ("total_token_throughput",),
-    "mean_e2e_latency_ms": ("mean_e2el_ms",),
-    "median_e2e_latency_ms": ("median_e2el_ms",),
-    "p99_e2e_latency_ms": ("p99_e2el_ms",),
-}
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def scale_record(record: dict[str, Any], factor: float) -> dict[str, Any]:
-    """A copy with every time multiplied and every throughput divided by ``factor``."""
-    out = dict(record)
-    for key, value in record.items():
-        if not _number(value):
-            continue
-        if key == "duration" or key.endswith("_ms"):
-            out[key] = value * factor
-        elif key in _THROUGHPUT_KEYS:
-            out[key] = value / factor
-    out["time_scale"] = factor
-    return out
-
-
-def from_bench_serving(line: str) -> dict[str, Any]:
-    """Map one JSON line written by ``python -m sglang.bench_serving`` (0.5.2, 0.5.10 or 0.5.23 keys; vLLM's
-    ``bench serve`` spellings too) into a level record. Missing figures are None; raises ValueError."""
-    data = json.loads(line)
-    if not isinstance(data, dict):
-        raise ValueError("a bench_serving result line is a JSON object")
-    record: dict[str, Any] = {}
-    for key in RECORD_KEYS:
-        value = data.get(key)
-        for alias in _BENCH_ALIASES.get(key, ()):
-            if value is None:
-                value = data.get(alias)
-        record[key] = value
-    duration = record["duration"]
-    if record["total_throughput"] is None:
-        if _number(record["input_throughput"]) and _number(record["output_throughput"]):
-            record["total_throughput"] = record["input_throughput"] + record["output_throughput"]
-        elif _number(duration) and duration > 0 and _number(record["total_input_tokens"]):
-            tokens = record["total_input_tokens"] + (record["total_output_tokens"] or 0)
-            record["total_throughput"] = tokens / duration
-    if record["input_throughput"] is None and _number(duration) and duration > 0 \
-            and _number(record["total_input_tokens"]):
-        record["input_throughput"] = record["total_input_tokens"] / duration
-    raw_errors = data.get("errors")
-    errors: list[str] = []
-    if isinstance(raw_errors, list):
-        for err in raw_errors:
-            if err and str(err) not in errors and len(errors) < MAX_ERRORS:
-                errors.append(str(err))
-        if record["failed"] is None:
-            record["failed"] = sum(1 for err in raw_errors if err)
-    record["errors"] = errors
-    if record["num_prompts"] is None and _number(record["completed"]) and _number(record["failed"]):
-        record["num_prompts"] = record["completed"] + record["failed"]
-    record["simulated"] = False
-    record["time_scale"] = 1.0
-    factor, simulated = detect_time_scale(data.get("server_info") if isinstance(data.get("server_info"), dict)
-                                          else None)
-    if simulated:
-        record = scale_record(record, factor)
-        record["simulated"] = True
-    return record
 
 
 # ---- command line ----------------------------------------------------------------------------------

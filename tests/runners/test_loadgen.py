@@ -349,59 +349,6 @@ def test_loadgen_is_standalone_stdlib() -> None:
     ast.parse(LOADGEN.read_text(), feature_version=(3, 8))  # no syntax newer than 3.8
 
 
-# ---- sglang.bench_serving lines ----------------------------------------------------------------------
-
-BENCH_0_5_2 = {
-    "backend": "sglang", "dataset_name": "random", "request_rate": float("inf"), "max_concurrency": 16,
-    "sharegpt_output_len": None, "random_input_len": 256, "random_output_len": 128, "random_range_ratio": 1.0,
-    "duration": 10.0, "completed": 64, "total_input_tokens": 16384, "total_output_tokens": 8192,
-    "total_output_tokens_retokenized": 8190, "request_throughput": 6.4, "input_throughput": 1638.4,
-    "output_throughput": 819.2, "mean_e2e_latency_ms": 2400.0, "median_e2e_latency_ms": 2390.0,
-    "std_e2e_latency_ms": 10.0, "p99_e2e_latency_ms": 2500.0, "mean_ttft_ms": 100.0, "median_ttft_ms": 95.0,
-    "std_ttft_ms": 5.0, "p99_ttft_ms": 180.0, "mean_tpot_ms": 18.0, "median_tpot_ms": 18.0,
-    "std_tpot_ms": 1.0, "p99_tpot_ms": 21.0, "mean_itl_ms": 18.0, "median_itl_ms": 17.5, "std_itl_ms": 2.0,
-    "p95_itl_ms": 20.0,
-    "p99_itl_ms": 25.0, "concurrency": 15.4, "accept_length": None,
-}
-BENCH_0_5_10 = {"tag": None, **BENCH_0_5_2, "server_info": {"mem_fraction_static": 0.83, "version": "0.5.10"},
-                "total_input_text_tokens": 16384, "total_input_vision_tokens": 0, "total_throughput": 2457.6,
-                "p90_e2e_latency_ms": 2450.0, "max_output_tokens_per_s": 900.0, "max_concurrent_requests": 16}
-BENCH_0_5_23 = {**BENCH_0_5_10, "p95_e2e_latency_ms": 2480.0, "p90_ttft_ms": 150.0, "p95_ttft_ms": 170.0,
-                "p90_tpot_ms": 20.0, "p95_tpot_ms": 20.5, "p90_itl_ms": 19.0,
-                "errors": ["", "", "ConnectionResetError", ""]}
-
-
-@pytest.mark.parametrize("data", [BENCH_0_5_2, BENCH_0_5_10, BENCH_0_5_23], ids=["0.5.2", "0.5.10", "0.5.23"])
-def test_from_bench_serving(data: dict[str, Any]) -> None:
-    rec = loadgen.from_bench_serving(json.dumps(data))
-    assert list(rec) == list(loadgen.RECORD_KEYS)
-    assert rec["max_concurrency"] == 16 and rec["completed"] == 64
-    assert rec["total_throughput"] == pytest.approx(2457.6)
-    assert rec["p99_ttft_ms"] == 180.0 and rec["median_itl_ms"] == 17.5
-    assert rec["mean_e2e_latency_ms"] == 2400.0
-    assert rec["simulated"] is False and rec["time_scale"] == 1.0
-    if "errors" in data:
-        assert rec["failed"] == 1 and rec["errors"] == ["ConnectionResetError"] and rec["num_prompts"] == 65
-    else:
-        assert rec["failed"] is None and rec["errors"] == []
-
-
-def test_from_bench_serving_simulated_host_and_vllm_names() -> None:
-    data = {**BENCH_0_5_10, "server_info": {"simulated": True, "sim_speed": 100}}
-    rec = loadgen.from_bench_serving(json.dumps(data))
-    assert rec["simulated"] is True and rec["time_scale"] == 100.0
-    assert rec["duration"] == 1000.0 and rec["mean_ttft_ms"] == 10000.0
-    assert rec["output_throughput"] == pytest.approx(8.192)
-    vllm = loadgen.from_bench_serving(json.dumps({"max_concurrency": 4, "duration": 2.0, "completed": 8,
-                                                  "failed": 0, "total_input_tokens": 100,
-                                                  "total_output_tokens": 50, "total_token_throughput": 75.0,
-                                                  "mean_e2el_ms": 900.0}))
-    assert vllm["total_throughput"] == 75.0 and vllm["input_throughput"] == 50.0
-    assert vllm["mean_e2e_latency_ms"] == 900.0
-    with pytest.raises(ValueError):
-        loadgen.from_bench_serving("[1, 2]")
-
-
 @pytest.mark.parametrize("api", ["sglang", "openai"])
 def test_a_stream_cut_short_is_a_failed_request(server: FakeServer, api: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
