@@ -142,10 +142,20 @@ class TestHostContract:
         members = host.members(ref)
         assert ref.pgid in members
         result = host.stop(ref, grace=5)
-        assert result.method == "term"
+        assert result.method == "term" and not result.resent_term
         assert result.survivors == ()
         assert host.members(ref) == []
         assert all(gone(pid) for pid in members)
+
+    def test_stop_resends_term_to_a_server_that_ignores_the_first(self, make_host: MakeHost) -> None:
+        host = make_host()
+        # The first SIGTERM only clears the trap (as vLLM's API server ignores one during start-up); the
+        # one re-sent at half the grace ends the server.
+        ref = _start(host, "trap 'trap - TERM' TERM\necho ready\nwhile :; do sleep 0.1; done\n")
+        _first_line_with(host.follow(ref), "ready")
+        result = host.stop(ref, grace=2.0)
+        assert result.method == "term" and result.resent_term, result
+        assert host.members(ref) == []
 
     def test_stop_kills_a_server_that_ignores_sigterm(self, make_host: MakeHost) -> None:
         host = make_host()
@@ -162,7 +172,8 @@ class TestHostContract:
         host = make_host()
         ref = _start(host, "exit 0\n")
         list(host.follow(ref))
-        assert host.stop(ref, grace=1).method == "gone"
+        result = host.stop(ref, grace=1)
+        assert result.method == "gone" and not result.resent_term
 
     def test_stop_refuses_a_foreign_process_group(self, make_host: MakeHost, tmp_path: Path) -> None:
         host = make_host()
