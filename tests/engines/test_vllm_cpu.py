@@ -20,7 +20,7 @@ from typing import Any
 
 import optuna
 import pytest
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from runners.host import Host
 from runners.server import ServerSession
@@ -56,33 +56,10 @@ def _search(space: Space, host: Host, root: Path, name: str, trials: list[dict[s
     return run_search(space, [host], options)
 
 
-def _trial_figures(t: FrozenTrial) -> dict[str, Any]:
-    attrs = t.user_attrs
-    out: dict[str, Any] = {
-        "params": t.params, "state": t.state.name, "outcome": attrs.get("outcome"),
-        "phase": attrs.get("phase"),
-        "reason": attrs.get("reason"), "startup_s": attrs.get("startup_s"), "stop_s": attrs.get("stop_s"),
-        "stop_method": attrs.get("stop_method"), "value": t.value,
-        "mem": {k.removeprefix(MEM_PREFIX): v for k, v in attrs.items() if k.startswith(MEM_PREFIX)},
-    }
-    out["levels"] = [
-        {k: lv.get(k) for k in ("max_concurrency", "completed", "failed", "total_output_tokens",
-                                "output_throughput", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
-                                "p99_tpot_ms")}
-        for lv in attrs.get("levels", [])
-    ]
-    return out
-
-
 @pytest.fixture(scope="module")
-def search(vllm_space: Space, ssh_host: Host, tmp_path_factory: pytest.TempPathFactory,
-           figures: dict[str, Any]) -> RunSummary:
+def search(vllm_space: Space, ssh_host: Host, tmp_path_factory: pytest.TempPathFactory) -> RunSummary:
     root = tmp_path_factory.mktemp("vllm-search")
-    started = time.monotonic()
-    summary = _search(vllm_space, ssh_host, root, "vllm-cpu-tiny", TRIALS)
-    figures["search_wall_s"] = round(time.monotonic() - started, 1)
-    figures["search_trials"] = [_trial_figures(t) for t in summary.study.trials]
-    return summary
+    return _search(vllm_space, ssh_host, root, "vllm-cpu-tiny", TRIALS)
 
 
 @pytest.mark.timeout(900)
@@ -123,8 +100,7 @@ def test_search_prunes_kv_oom_and_completes_with_real_throughput(search: RunSumm
 
 @pytest.mark.timeout(600)
 def test_kernel_oom_kill_in_a_memory_cgroup_is_pruned_as_oom(
-        vllm_space: Space, ssh_host: Host, tmp_path_factory: pytest.TempPathFactory,
-        figures: dict[str, Any]) -> None:
+        vllm_space: Space, ssh_host: Host, tmp_path_factory: pytest.TempPathFactory) -> None:
     # 3 GiB of KV passes vLLM's own check (it reads the node's meminfo, not the cgroup), then the tree
     # outgrows its 2.5 GiB cgroup and the kernel kills the biggest process (the worker). The log then has
     # no memory wording ("Worker proc ... died unexpectedly"): only the cgroup's oom_kill says OOM.
@@ -138,7 +114,6 @@ def test_kernel_oom_kill_in_a_memory_cgroup_is_pruned_as_oom(
                       [{"kv_cache_space_gib": 3, "max_num_seqs": 4, "enforce_eager": True}])
     (t,) = summary.study.trials
     attrs = t.user_attrs
-    figures["oom_kill_trial"] = _trial_figures(t)
     assert not attrs.get("reason", "").startswith("cannot create a memory cgroup"), attrs.get("reason")
     assert t.state == TrialState.PRUNED, (attrs.get("outcome"), attrs.get("reason"), attrs.get("log_tail"))
     assert attrs["outcome"] == FailureKind.OOM.value, attrs.get("reason")
@@ -149,8 +124,7 @@ def test_kernel_oom_kill_in_a_memory_cgroup_is_pruned_as_oom(
     assert attrs[MEM_PREFIX + "cgroup_peak_gib"] >= 2.4
     # the memory cgroup is gone with the server
     run_dir = Path(ssh_host.resolve(ssh_host.run_dir("vllm-cpu-oom-kill", str(t.number))))
-    version, _, path = (run_dir / "cgroup").read_text().strip().partition(" ")
-    figures["cgroup_version"] = int(version)
+    _version, _, path = (run_dir / "cgroup").read_text().strip().partition(" ")
     assert not Path(path).exists()
 
 
@@ -186,8 +160,7 @@ def _assert_all_gone(host: Host, session: ServerSession, pids: list[int], scratc
 
 
 @pytest.mark.timeout(300)
-def test_stop_during_startup_ends_the_whole_tree(vllm_space: Space, ssh_host: Host, vllm_python: str,
-                                                  figures: dict[str, Any]) -> None:
+def test_stop_during_startup_ends_the_whole_tree(vllm_space: Space, ssh_host: Host, vllm_python: str) -> None:
     temp_before = vllm_temp_files()
     session = _session(ssh_host, vllm_space, vllm_python, "stop-during-startup")
     session.start()
@@ -212,23 +185,18 @@ def test_stop_during_startup_ends_the_whole_tree(vllm_space: Space, ssh_host: Ho
     assert stop is not None
     # vLLM's API server ignored the first SIGTERM: the one re-sent at half the grace ended it.
     assert stop.method == "term" and stop.resent_term, stop
-    figures["stop_during_startup"] = {"method": stop.method, "seconds": round(stop.seconds, 2),
-                                      "processes": len(pids), "grace_s": STOP_GRACE,
-                                      "tmpdir_entries": len(sockets)}
     _assert_all_gone(ssh_host, session, pids, scratch, temp_before)
 
 
 @pytest.mark.timeout(300)
 def test_sigkill_of_the_api_server_alone_leaves_orphans_that_stop_removes(
-        vllm_space: Space, ssh_host: Host, vllm_python: str, figures: dict[str, Any]) -> None:
+        vllm_space: Space, ssh_host: Host, vllm_python: str) -> None:
     temp_before = vllm_temp_files()
     session = _session(ssh_host, vllm_space, vllm_python, "sigkill-leader")
     session.start()
     try:
         assert session.ref is not None
-        started = time.monotonic()
         assert session.wait_ready(240) is None, session.log_tail(60)
-        ready_s = time.monotonic() - started
         pgid = session.ref.pgid
         pids = tree_members(pgid)
         scratch = _scratch(session)
@@ -237,21 +205,18 @@ def test_sigkill_of_the_api_server_alone_leaves_orphans_that_stop_removes(
         assert ssh_host.run(f"kill -KILL {api[0]}").ok
         assert wait_for(lambda: session.dead, 30), "the wrapper did not notice its server's death"
         time.sleep(2.0)
-        orphans = [cmdline(p)[:80] for p in tree_members(pgid) if p != pgid]
+        orphans = [p for p in tree_members(pgid) if p != pgid]
+        assert orphans, "the SIGKILL of the API server alone should have left its engine processes running"
         failure = session.failure()
         assert failure.kind is FailureKind.CRASH and failure.exit_code == 137, failure
     finally:
         stop = session.stop()
     assert stop is not None
-    figures["sigkill_leader"] = {"ready_s": round(ready_s, 1), "processes": len(pids),
-                                 "orphans_after_kill": orphans,
-                                 "stop_method": stop.method, "stop_s": round(stop.seconds, 2)}
     _assert_all_gone(ssh_host, session, pids, scratch, temp_before)
 
 
 @pytest.mark.timeout(300)
-def test_exported_script_of_the_best_trial_serves(search: RunSummary, ssh_host: Host, vllm_python: str,
-                                                  figures: dict[str, Any]) -> None:
+def test_exported_script_of_the_best_trial_serves(search: RunSummary, ssh_host: Host, vllm_python: str) -> None:
     from search.export import export_script
 
     study: optuna.Study = search.study
@@ -265,9 +230,7 @@ def test_exported_script_of_the_best_trial_serves(search: RunSummary, ssh_host: 
                             run_id=f"engines-exported-{uuid.uuid4().hex[:8]}", python=vllm_python,
                             stop_grace=STOP_GRACE, smi_interval=0)
     with session:
-        started = time.monotonic()
         assert session.wait_ready(240) is None, session.log_tail(60)
-        figures["exported_ready_s"] = round(time.monotonic() - started, 1)
         status, _ = session.http_get("/health")
         assert status == 200
     assert session.stop_result is not None and not session.stop_result.survivors
