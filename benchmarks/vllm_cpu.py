@@ -107,7 +107,7 @@ def stop_during_startup(host: Host, space: Space, version: str) -> dict[str, Any
         stop = session.stop()
     assert stop is not None
     return {"processes": processes, "stop_method": stop.method, "stop_s": round(stop.seconds, 2),
-            "survivors": len(stop.survivors)}
+            "resent_term": stop.resent_term, "survivors": len(stop.survivors)}
 
 
 def sigkill_leader(host: Host, space: Space, version: str) -> dict[str, Any]:
@@ -177,7 +177,7 @@ def main() -> None:
     version = str(trials[0].user_attrs["engine_version"])  # what the search's preflight read on the host
     s = stop_during_startup(host, space, version)
     print(f"stop during start-up: {s['processes']} processes, stopped by {s['stop_method']} in {s['stop_s']} s "
-          f"(grace {GRACE:g} s), survivors {s['survivors']}")
+          f"(grace {GRACE:g} s; SIGTERM re-sent: {s['resent_term']}), survivors {s['survivors']}")
     k = sigkill_leader(host, space, version)
     print(f"SIGKILL of the API server alone: {k['processes']} processes, {k['orphans']} orphaned; servetune's "
           f"stop: {k['stop_method']} in {k['stop_s']} s, survivors {k['survivors']}")
