@@ -44,11 +44,11 @@ def _settings(**cli: Any) -> Any:
 def _open(study: str, storage: str | None = None, *, settings: Any = None) -> Any:
     """Load an existing study (StudyError when the storage or the study is missing); ``settings``: already
     loaded ones (then ``storage`` is not looked at)."""
-    from search.study import load, open_storage
+    from search.study import open_study
 
     if settings is None:
         settings = _settings(storage=storage)
-    return load(open_storage(settings.storage, heartbeat=False, must_exist=True), study)
+    return open_study(settings.storage, study)
 
 
 @app.command()
@@ -76,77 +76,25 @@ def run(
     ``--storage``) each controller runs its own hosts and the budget is shared. First Ctrl-C/SIGTERM:
     finish the running trials and stop; second: abort them.
     """
-    from search.hosts import build_hosts
-    from search.progress import Progress, summary_table
-    from search.records import records
-    from search.run import RunOptions, run_search
+    from search.api import RunPlan, run_study
+    from search.progress import Progress, print_run
 
     space = load_space(space_file)
     settings = _settings(storage=storage, mlflow_uri=mlflow_uri, artifacts_dir=artifacts_dir)
-    seconds = _duration("--timeout", timeout) if timeout else space.budget.timeout
-    trials_budget = n_trials if n_trials is not None else space.budget.n_trials
-    name = study or space.name
-    hosts = build_hosts(space, host_args=host or [], inventory=inventory, runs_root=settings.runs_root,
-                        sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key)
-    callbacks: list[Any] = []
-    tracker = None
-    if not no_mlflow:
-        from search.study import artifact_store
-        from search.tracking import MlflowTracker
 
-        tracker = MlflowTracker(settings.mlflow_uri,
-                                optuna_artifact_store=artifact_store(settings.artifacts_dir))
-        callbacks.append(tracker.callback(background=True))
-    from search.notes import notes_callback
+    def announce(plan: RunPlan) -> None:
+        console.print(f"study [bold]{plan.study}[/] on {', '.join(plan.hosts)} "
+                      f"(storage {plan.storage}; budget {plan.n_trials or 'unlimited'} trials)")
 
-    callbacks.append(notes_callback())
-    progress = Progress(console, n_trials=trials_budget, metric=space.objective.metric, live=live)
-    callbacks.append(progress.callback)
-    options = RunOptions(
-        study_name=name, storage_url=settings.storage, artifacts_dir=settings.artifacts_dir,
-        n_trials=trials_budget, timeout=seconds, seed=seed, smi_interval=settings.smi_interval,
+    summary = run_study(
+        space, settings, study_name=study, n_trials=n_trials,
+        timeout=_duration("--timeout", timeout) if timeout else None, hosts=host or [], inventory=inventory,
+        accept_new_host_key=accept_new_host_key, mlflow=not no_mlflow, seed=seed,
         cooldown=_duration("--host-cooldown", host_cooldown),
-        heartbeat_interval=settings.heartbeat_interval, grace_period=settings.heartbeat_grace,
-        callbacks=callbacks, hook=progress.hook,
+        progress=Progress(console, n_trials=None, metric=space.objective.metric, live=live), on_start=announce,
     )
-    console.print(f"study [bold]{name}[/] on {', '.join(h.name for h in hosts)} "
-                  f"(storage {settings.storage}; budget {trials_budget or 'unlimited'} trials)")
-    try:
-        with progress:
-            summary = run_search(space, hosts, options)
-    finally:
-        for h in hosts:
-            h.close()
-    if tracker is not None:
-        try:
-            tracker.finish_study(summary.study)  # waits for the background logger first
-        except ServetuneError as exc:
-            err_console.print(f"mlflow: {exc} (back-fill later with `servetune sync-mlflow`)")
-    recs = records(summary.study)
-    console.print(summary_table(recs, space.objective.metric))
-    for orphan in summary.orphans_stopped:
-        console.print(f"stopped an orphaned server: {orphan}")
-    set_aside = [f"{s['host']} ({s['state']}: {s['last_error']})" for s in summary.host_states
-                 if s["state"] in ("set aside", "retired")]
-    if set_aside:
-        console.print("hosts set aside: " + "; ".join(set_aside))
-    console.print(f"ran {summary.ran} trial(s) in this run; stopped by: {summary.stopped_by}")
-    from search.records import best_record
-
-    best = best_record(recs, summary.study.direction)
-    if best is not None:
-        params = ", ".join(f"{k}={v}" for k, v in best.params.items())
-        console.print(f"[green]best[/]: trial {best.number}, {space.objective.metric}={best.value:.1f} "
-                      f"at C={space.target_level}  [{params}]")
-    else:
-        console.print("[yellow]no COMPLETE trial yet[/]")
-    from search.report import report_markdown
-
-    report_path = settings.artifacts_dir / name / "report.md"
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(report_markdown(summary.study))
-    console.print(f"morning summary: {report_path} (again any time: servetune report --study {name})")
-    if summary.stopped_by in ("signal", "aborted"):
+    print_run(console, err_console, summary, space)
+    if summary.stopped_by.interrupted:
         raise typer.Exit(130)
 
 
@@ -194,16 +142,13 @@ def export(
     storage: StorageOpt = None,
 ) -> None:
     """Write the launch script of the best (or a given) trial."""
-    from search.export import export_script
+    from search.export import export_script, write_script
 
     script = export_script(_open(study, storage), trial=trial, min_free_gib=min_free_gib)
     if output is None:
         sys.stdout.write(script)
         return
-    tmp = output.with_name(output.name + ".tmp")
-    tmp.write_text(script)
-    tmp.chmod(0o755)
-    tmp.replace(output)
+    write_script(output, script)
     err_console.print(f"wrote {output}")
 
 

@@ -1,7 +1,8 @@
 """``make demo``: a real search on the built-in simulated host, then the exported launch script.
 
-Runs ``servetune run spaces/demo-sim.yaml`` (resuming the study if it exists), exports the best trial's
-launch script to ``demo-out/``, checks it with ``bash -n``, and says how to browse the results.
+Runs the search of ``spaces/demo-sim.yaml`` through :func:`search.run_study` (resuming the study if it
+exists), exports the best trial's launch script to ``demo-out/``, checks it with ``bash -n``, and says how
+to browse the results.
 """
 
 from __future__ import annotations
@@ -11,66 +12,81 @@ import subprocess
 import sys
 from pathlib import Path
 
+import optuna
 from optuna.trial import TrialState
+from rich.console import Console
 
 from runners.errors import ServetuneError
-from search.cli import _open
-from search.cli import main as cli_main
+from search.api import RunPlan, run_study
+from search.export import export_script, write_script
+from search.progress import Progress, print_run
+from search.settings import Settings, load_settings
+from search.study import open_study
+from spaces.schema import load_space
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The sampler's seed, so that a first demo samples the same configurations each time.
+SEED = 7
 
 
-def _cli(*args: str) -> None:
-    sys.argv = ["servetune", *args]
-    try:
-        cli_main()
-    except SystemExit as exc:
-        if exc.code not in (0, None):
-            raise
-
-
-def _resume_budget(study: str) -> int | None:
+def _resume_budget(settings: Settings, study: str) -> int | None:
     """A study that already exists is resumed with 6 more trials; a new one gets the space's budget.
 
-    The study is looked up where ``servetune run`` keeps it (``SERVETUNE_STORAGE``, ``servetune.toml``).
+    The study is looked up where the search keeps it (``SERVETUNE_STORAGE``, ``servetune.toml``).
     """
-    import optuna
-
     try:
-        existing = _open(study)
+        existing = open_study(settings.storage, study)
     except ServetuneError:
         return None
     done = len(existing.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     print(f"resuming study {study}: {done} trials so far, adding 6")
     return done + 6
+
+
+def demo(study: str, n_trials: int | None, console: Console, err_console: Console) -> int:
+    """The demo; returns the exit status."""
+    settings = load_settings()
+    space = load_space(ROOT / "spaces" / "demo-sim.yaml")
+    budget = n_trials or _resume_budget(settings, study)
+
+    def announce(plan: RunPlan) -> None:
+        console.print(f"study [bold]{plan.study}[/] on {', '.join(plan.hosts)} "
+                      f"(storage {plan.storage}; budget {plan.n_trials or 'unlimited'} trials)")
+
+    summary = run_study(space, settings, study_name=study, n_trials=budget, seed=SEED,
+                        progress=Progress(console, n_trials=None, metric=space.objective.metric),
+                        on_start=announce)
+    print_run(console, err_console, summary, space)
+    if summary.stopped_by.interrupted:
+        return 130
+    out = ROOT / "demo-out"
+    out.mkdir(exist_ok=True)
+    script = out / f"serve_{study}.sh"
+    write_script(script, export_script(summary.study))
+    err_console.print(f"wrote {script}")
+    check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
+    verdict = "bash -n: ok" if check.returncode == 0 else f"bash -n FAILED: {check.stderr.strip()}"
+    print(f"\nexported the best configuration to {script.relative_to(ROOT)} ({verdict})")
+    print(f"\nlist the trials:  .venv/bin/servetune trials --study {study}")
+    print("browse the study: .venv/bin/servetune dashboard            # optuna-dashboard on http://127.0.0.1:8080")
+    print("MLflow UI:        .venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db "
+          "--host 127.0.0.1 --port 5000")
+    print("run it again to resume the study with 6 more trials: make demo")
+    return 0 if check.returncode == 0 else 1
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--study", default="demo-sim-dsv4")
-    parser.add_argument("--n-trials", default=None)
+    parser.add_argument("--n-trials", type=int, default=None)
     args = parser.parse_args()
-    space = ROOT / "spaces" / "demo-sim.yaml"
-    run_args = ["run", str(space), "--study", args.study, "--seed", "7"]
-    n_trials = args.n_trials or _resume_budget(args.study)
-    if n_trials:
-        run_args += ["--n-trials", str(n_trials)]
-    _cli(*run_args)
-    out = ROOT / "demo-out"
-    out.mkdir(exist_ok=True)
-    script = out / f"serve_{args.study}.sh"
-    _cli("export", "--study", args.study, "-o", str(script))
-    check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
-    verdict = "bash -n: ok" if check.returncode == 0 else f"bash -n FAILED: {check.stderr.strip()}"
-    print(f"\nexported the best configuration to {script.relative_to(ROOT)} ({verdict})")
-    print(f"\nlist the trials:  .venv/bin/servetune trials --study {args.study}")
-    print("browse the study: .venv/bin/servetune dashboard            # optuna-dashboard on http://127.0.0.1:8080")
-    print("MLflow UI:        .venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db "
-          "--host 127.0.0.1 --port 5000")
-    print("run it again to resume the study with 6 more trials: make demo")
-    if check.returncode != 0:
-        sys.exit(1)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        code = demo(args.study, args.n_trials, Console(), Console(stderr=True))
+    except ServetuneError as exc:
+        sys.stderr.write(f"servetune: error: {' '.join(str(exc).split())}\n")
+        code = 1
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -10,16 +10,18 @@ level, the free GPU memory after CUDA graph capture, and a WARNING when that hea
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import optuna
+from optuna.trial import TrialState
 from pydantic import ValidationError
 
 from runners.errors import ConfigError
-from search.records import TrialRecord, best_record, records
+from search.records import LevelResult, TrialFacts, best_record, records
 from search.report import THIN_HEADROOM_GIB
 from spaces.launch import LaunchConfig, render_script
 
-__all__ = ["export_script", "pick_record"]
+__all__ = ["export_script", "pick_record", "write_script"]
 
 _CLOSEST = 3
 
@@ -52,8 +54,16 @@ def export_script(study: optuna.Study, *, trial: int | None = None, min_free_gib
     return render_script(launch, version, header=header)
 
 
+def write_script(path: Path, script: str) -> None:
+    """Write an exported script, executable, replacing ``path`` at once (never half-written)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(script)
+    tmp.chmod(0o755)
+    tmp.replace(path)
+
+
 def pick_record(study: optuna.Study, *, trial: int | None = None,
-                min_free_gib: float | None = None) -> TrialRecord:
+                min_free_gib: float | None = None) -> TrialFacts:
     """The trial record to export (see :func:`export_script`). Raises ConfigError."""
     name = study.study_name
     recs = records(study)
@@ -63,9 +73,9 @@ def pick_record(study: optuna.Study, *, trial: int | None = None,
         if rec is None:
             known = f"trials 0-{max(by_number)}" if by_number else "no trials yet"
             raise ConfigError(f"study {name!r} has no trial {trial} ({known})")
-        if rec.state != "COMPLETE":
-            why = rec.outcome + (f" in {rec.phase}" if rec.phase else "")
-            raise ConfigError(f"trial {trial} of study {name!r} is {rec.state} ({why}): only COMPLETE trials "
+        if rec.state != TrialState.COMPLETE:
+            why = rec.label + (f" in {rec.phase.value}" if rec.phase else "")
+            raise ConfigError(f"trial {trial} of study {name!r} is {rec.state.name} ({why}): only COMPLETE trials "
                               "can be exported")
         return rec
     if min_free_gib is not None and min_free_gib < 0:
@@ -73,7 +83,7 @@ def pick_record(study: optuna.Study, *, trial: int | None = None,
     best = best_record(recs, study.direction, min_free_gib=min_free_gib)
     if best is not None:
         return best
-    complete = [r for r in recs if r.state == "COMPLETE" and r.feasible and r.value is not None]
+    complete = [r for r in recs if r.state == TrialState.COMPLETE and r.feasible and r.value is not None]
     if not complete:
         raise ConfigError(f"study {name!r} has no COMPLETE feasible trial to export yet")
     measured = sorted((r for r in complete if r.free_after_capture_gib is not None),
@@ -83,7 +93,7 @@ def pick_record(study: optuna.Study, *, trial: int | None = None,
                       f"CUDA graph capture; closest: {closest or 'none measured the headroom'}")
 
 
-def _header(study: optuna.Study, rec: TrialRecord, version: str, bar: float, now: datetime) -> list[str]:
+def _header(study: optuna.Study, rec: TrialFacts, version: str, bar: float, now: datetime) -> list[str]:
     sim = " (SIMULATED)" if rec.simulated else ""
     lines = [
         f"servetune export: study {study.study_name}, trial {rec.number}",
@@ -91,18 +101,18 @@ def _header(study: optuna.Study, rec: TrialRecord, version: str, bar: float, now
         f"engine: {rec.engine or (rec.launch_config or {}).get('engine', '?')} {version}{sim}",
     ]
     gpu = rec.gpu_name or "unknown GPU"
-    count = rec.attrs.get("gpu_count")
+    count = rec.gpu_count
     lines.append(f"GPU: {gpu}" + (f" x {count}" if count else "") + f" on host {rec.host or 'unknown'}")
     if rec.simulated:
         lines.append("NOTE: every figure below is SIMULATED (servetune's simulated GPU host), not measured "
                      "on real hardware")
-    metric = rec.attrs.get("objective_metric", "objective")
-    level = rec.attrs.get("objective_level")
+    metric = rec.objective_metric or "objective"
+    level = rec.objective_level
     at = f" at concurrency {level}" if level is not None else ""
     value = f"{rec.value:.2f}" if rec.value is not None else "?"
     lines.append(f"objective: {metric}{at} = {value} ({study.direction.name.lower()})")
     lines.append("measured" + (" (simulated)" if rec.simulated else "") + " per concurrency level:")
-    for level_row in sorted(rec.levels, key=lambda lv: lv.get("max_concurrency") or 0):
+    for level_row in sorted(rec.levels, key=lambda lv: lv.max_concurrency or 0):
         lines.append("  " + _level_line(level_row))
     if not rec.levels:
         lines.append("  (no levels recorded)")
@@ -119,23 +129,13 @@ def _header(study: optuna.Study, rec: TrialRecord, version: str, bar: float, now
     return [" ".join(line.splitlines()) for line in lines]
 
 
-_LEVEL_FIGURES = (
-    ("output_throughput", "output {:.1f} tok/s"),
-    ("request_throughput", "{:.2f} req/s"),
-    ("mean_ttft_ms", "TTFT mean {:.1f} ms"),
-    ("p99_ttft_ms", "p99 {:.1f} ms"),
-    ("mean_tpot_ms", "TPOT mean {:.2f} ms"),
-    ("p99_tpot_ms", "p99 {:.2f} ms"),
-)
-
-
-def _level_line(level: dict[str, object]) -> str:
-    parts = [f"c={level.get('max_concurrency', '?')}:"]
-    for key, fmt in _LEVEL_FIGURES:
-        value = level.get(key)
+def _level_line(level: LevelResult) -> str:
+    parts = [f"c={level.max_concurrency}:"]
+    for key, fmt in LevelResult.HEADLINE:
+        value = level.figure(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
             parts.append(fmt.format(value) + ",")
-    failed = level.get("failed")
+    failed = level.figure("failed")
     if failed:
         parts.append(f"{failed} failed,")
     return " ".join(parts).rstrip(",")

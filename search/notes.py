@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
 
-from search.records import TrialRecord
+from search._optuna_compat import note_target
+from search.records import TrialFacts
 from search.report import THIN_HEADROOM_GIB, levels_table, memory_table
 
 __all__ = ["NotesCallback", "note_markdown", "notes_callback", "oom_lines", "write_note"]
@@ -30,59 +30,46 @@ _OOM_LINE = re.compile(
 _MAX_OOM_LINES = 20
 
 
-class _TrialRef:
-    """What ``save_note`` reads of a trial (``storage``, ``study``, ``_trial_id``).
-
-    NOTE: ``optuna_dashboard.save_note`` takes a live ``optuna.Trial``, but a callback holds a FrozenTrial,
-    and building an ``optuna.Trial`` for a finished trial would call the sampler's ``before_trial``. The note
-    is stored in study system attrs keyed by trial id, so these three attributes are all it needs.
-    """
-
-    def __init__(self, study: optuna.Study, trial_id: int) -> None:
-        self.study = study
-        self.storage = study._storage
-        self._trial_id = trial_id
-
-
 def write_note(study: optuna.Study, trial: FrozenTrial) -> None:
     """Save (replace) the trial's dashboard note."""
     # optuna_dashboard imports its web app (about a second): only when a note is written.
     from optuna_dashboard import save_note
 
-    ref: Any = _TrialRef(study, trial._trial_id)
-    save_note(ref, note_markdown(trial))
+    save_note(note_target(study, trial), note_markdown(trial))
 
 
 def note_markdown(trial: FrozenTrial) -> str:
     """The note's Markdown for one trial."""
-    rec = TrialRecord.from_trial(trial)
-    title = f"## Trial {rec.number}: {rec.state}"
-    if rec.outcome not in ("ok", rec.state.lower()):
-        title += f", {rec.outcome}" + (f" in {rec.phase}" if rec.phase else "")
+    rec = TrialFacts.from_trial(trial)
+    state = rec.state.name
+    phase = rec.phase.value if rec.phase else None
+    title = f"## Trial {rec.number}: {state}"
+    if rec.label not in ("ok", state.lower()):
+        title += f", {rec.label}" + (f" in {phase}" if phase else "")
     out = [title, ""]
     facts = [
-        f"**outcome** `{rec.outcome}`",
-        f"**phase** `{rec.phase}`" if rec.phase else "",
+        f"**outcome** `{rec.label}`",
+        f"**phase** `{phase}`" if phase else "",
         f"**value** {rec.value:g}" if rec.value is not None else "",
         f"host `{rec.host}`" if rec.host else "",
-        f"{rec.gpu_name} x {rec.attrs.get('gpu_count')}" if rec.gpu_name else "",
+        f"{rec.gpu_name} x {rec.gpu_count}" if rec.gpu_name else "",
         f"{rec.engine} {rec.engine_version or ''}".strip() if rec.engine else "",
         "**simulated**" if rec.simulated else "",
     ]
     out += [" · ".join(f for f in facts if f), ""]
     if rec.reason:
         out += [f"> {' '.join(rec.reason.split())}", ""]
-    if rec.attrs.get("duplicate_of") is not None:
-        out += [f"Same configuration as trial {rec.attrs['duplicate_of']}: its result was reused.", ""]
+    if rec.duplicate_of is not None:
+        out += [f"Same configuration as trial {rec.duplicate_of}: its result was reused.", ""]
     free = rec.free_after_capture_gib
-    if free is not None and free < THIN_HEADROOM_GIB and rec.outcome == "ok":
+    if free is not None and free < THIN_HEADROOM_GIB and rec.label == "ok":
         out += [f"**Thin headroom:** {free:.2f} GiB free after CUDA graph capture "
                 f"(below {THIN_HEADROOM_GIB:g} GiB).", ""]
     if rec.memory:
         out += ["### Memory", "", *memory_table(rec.memory), ""]
     if rec.levels:
         out += ["### Results per concurrency level", "", *levels_table(rec.levels), ""]
-    lines = oom_lines(str(rec.attrs.get("log_tail") or ""))
+    lines = oom_lines(rec.log_tail or "")
     if lines:
         out += ["### OOM lines from the log tail", "", "```text", *lines, "```", ""]
     return "\n".join(out).rstrip() + "\n"

@@ -22,16 +22,16 @@ from typing import Any
 
 import optuna
 from optuna.artifacts import upload_artifact
-from optuna.artifacts._protocol import ArtifactStore
 from optuna.trial import TrialState
 
 from runners.errors import RunnerError, ServetuneError
 from runners.host import HostInfo
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
 from runners.telemetry import Failure, FailureKind, Phase
+from search._optuna_compat import ArtifactStore
 from search.hosts import preflight
 from search.pool import HostSlot
-from search.records import MEM_PREFIX
+from search.records import LevelResult, TrialFacts, note_host, note_waiting, write_facts
 from search.sampling import normal_params, sample
 from search.study import fail_stale
 from spaces.launch import LaunchConfig, render_script
@@ -76,14 +76,19 @@ class Objective:
         """Run the trial on a host the caller holds (and gives back)."""
         env = self.env
         params = sample(trial, env.space)
-        reused = _reuse(trial, params, abort=env.abort)
-        if reused is not None:
-            return reused
-        launch = LaunchConfig.from_params(env.space, params)
-        trial.set_user_attr("engine", launch.engine)
-        trial.set_user_attr("objective_metric", env.space.objective.metric)
-        trial.set_user_attr("objective_level", env.space.target_level)
-        return self._run(trial, launch, slot)
+        facts = TrialFacts()
+        try:
+            reused = _reuse(trial, params, facts, abort=env.abort)
+            if reused is not None:
+                return reused
+            launch = LaunchConfig.from_params(env.space, params)
+            facts.engine = launch.engine
+            facts.objective_metric = env.space.objective.metric
+            facts.objective_level = env.space.target_level
+            return self._run(trial, launch, slot, facts)
+        finally:
+            # The one write of the trial's record, however it ended.
+            write_facts(trial, facts)
 
     # ------------------------------------------------------------------------------------------
 
@@ -116,32 +121,33 @@ class Objective:
         host.require_free(info)
         return info
 
-    def _run(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot) -> float:
+    def _run(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot, facts: TrialFacts) -> float:
         env = self.env
         space = env.space
         # What the host's inventory entry overrides: the port the server binds, the engine's python.
         host_overrides = {"port": slot.host.server_port, "python": slot.host.python}
         launch = launch.model_copy(update={k: v for k, v in host_overrides.items() if v is not None})
-        trial.set_user_attr("launch_config", launch.model_dump(mode="json"))
+        facts.launch_config = launch.model_dump(mode="json")
         self._emit(trial, "host", slot.name)
-        trial.set_user_attr("host", slot.name)
+        facts.host = slot.name
+        note_host(trial, slot.name)
         try:
             info = self._preflight(slot)
         except RunnerError as exc:
             kind = FailureKind.HOST_BUSY if type(exc).__name__ == "HostBusy" else FailureKind.HOST_UNREACHABLE
-            self._fail(trial, Failure(kind, None, str(exc)))
+            self._fail(trial, facts, Failure(kind, None, str(exc)))
         version = space.engine.version or info.engine_version
-        trial.set_user_attr("engine_version", version)
-        trial.set_user_attr("gpu_name", info.gpu_name)
-        trial.set_user_attr("gpu_count", len(info.gpus))
+        facts.engine_version = version
+        facts.gpu_name = info.gpu_name
+        facts.gpu_count = len(info.gpus)
         engine = launch.engine_impl()
         header = [f"servetune trial {trial.number} of study {env.study_name}"]
         script = render_script(launch, version, header=header)
-        trial.set_user_attr("argv", launch.argv(version))
-        trial.set_user_attr("env", launch.environment(version))
+        facts.argv = launch.argv(version)
+        facts.env = launch.environment(version)
         run_id = f"{env.study_name}-{trial.number}-{uuid.uuid4().hex[:8]}"
         run_dir = slot.host.run_dir(env.study_name, str(trial.number))
-        trial.set_user_attr("run_id", run_id)
+        facts.run_id = run_id
 
         def hook(kind: str, value: Any) -> None:
             if kind == "phase":
@@ -161,10 +167,10 @@ class Objective:
         try:
             session.start()
         except RunnerError as exc:
-            self._fail(trial, Failure(FailureKind.HOST_UNREACHABLE, Phase.STARTING, str(exc)))
+            self._fail(trial, facts, Failure(FailureKind.HOST_UNREACHABLE, Phase.STARTING, str(exc)))
         try:
             failure = self._wait_ready(session)
-            trial.set_user_attr("startup_s", round(time.monotonic() - started, 3))
+            facts.startup_s = round(time.monotonic() - started, 3)
             if failure is None:
                 self._emit(trial, "phase", "benchmarking")
                 plan = BenchPlan(
@@ -179,23 +185,23 @@ class Objective:
                 )
                 bench_started = time.monotonic()
                 bench = self._benchmark(session, plan)
-                trial.set_user_attr("bench_s", round(time.monotonic() - bench_started, 3))
+                facts.bench_s = round(time.monotonic() - bench_started, 3)
                 levels, failure = bench.levels, bench.failure
         finally:
             try:
                 stop = session.stop()
                 slot.last_server_stop = time.monotonic()
                 if stop is not None:
-                    trial.set_user_attr("stop_method", stop.method)
-                    trial.set_user_attr("stop_s", round(stop.seconds, 3))
+                    facts.stop_method = stop.method
+                    facts.stop_s = round(stop.seconds, 3)
             except RunnerError as exc:
-                trial.set_user_attr("stop_error", str(exc))
-            self._record(trial, session, levels, script)
+                facts.stop_error = str(exc)
+            self._record(trial, facts, session, levels, script)
         if failure is None:
-            return self._complete(trial, levels)
+            return self._complete(trial, facts)
         if failure.kind.config_caused:
-            self._prune(trial, failure)
-        self._fail(trial, failure)
+            self._prune(trial, facts, failure)
+        self._fail(trial, facts, failure)
         raise AssertionError("unreachable")
 
     def _wait_ready(self, session: ServerSession) -> Failure | None:
@@ -236,24 +242,21 @@ class Objective:
 
     # ---- recording -----------------------------------------------------------------------------
 
-    def _record(self, trial: optuna.Trial, session: ServerSession, levels: list[dict[str, Any]],
-                script: str) -> None:
+    def _record(self, trial: optuna.Trial, facts: TrialFacts, session: ServerSession,
+                levels: list[dict[str, Any]], script: str) -> None:
         env = self.env
         memory = merge_smi_peak(session)
-        simulated = bool(memory.pop("simulated", False))
-        trial.set_user_attr("simulated", simulated)
-        for key, value in memory.items():
-            if isinstance(value, int | float | str | bool):
-                trial.set_user_attr(MEM_PREFIX + key, value)
-        trial.set_user_attr("levels", [_slim(level) for level in levels])
-        done = [lv["max_concurrency"] for lv in levels if lv.get("completed", 0) > 0 and not lv.get("failed")]
-        trial.set_user_attr("level_reached", max(done) if done else 0)
-        for lv in levels:
-            if lv.get("output_throughput") is not None:
-                trial.report(float(lv["output_throughput"]), step=int(lv["max_concurrency"]))
-        trial.set_user_attr("log_tail", session.log_tail(60))
+        facts.simulated = bool(memory.pop("simulated", False))
+        facts.memory = {k: v for k, v in memory.items() if isinstance(v, int | float | str | bool)}
+        facts.levels = [LevelResult.model_validate(level) for level in levels]
+        done = [lv.max_concurrency for lv in facts.levels if lv.served]
+        facts.level_reached = max(done) if done else 0
+        for lv in facts.levels:
+            if lv.output_throughput is not None:
+                trial.report(float(lv.output_throughput), step=lv.max_concurrency)
+        facts.log_tail = session.log_tail(60)
         if session.exit_code is not None:
-            trial.set_user_attr("exit_code", session.exit_code)
+            facts.exit_code = session.exit_code
         out = env.artifacts_dir / env.study_name / str(trial.number)
         out.mkdir(parents=True, exist_ok=True)
         files = {
@@ -264,69 +267,54 @@ class Objective:
         }
         for name, text in files.items():
             (out / name).write_text(text)
-        trial.set_user_attr("artifacts_dir", str(out))
+        facts.artifacts_dir = str(out)
         if env.artifact_store is not None:
             ids = {}
             for name in files:
                 mimetype = "text/plain" if not name.endswith(".json") else "application/json"
                 ids[name] = upload_artifact(artifact_store=env.artifact_store, file_path=str(out / name),
                                             study_or_trial=trial, mimetype=mimetype, encoding="utf-8")
-            trial.set_user_attr("artifact_ids", ids)
+            facts.artifact_ids = ids
 
-    def _complete(self, trial: optuna.Trial, levels: list[dict[str, Any]]) -> float:
+    def _complete(self, trial: optuna.Trial, facts: TrialFacts) -> float:
         space = self.env.space
         target = space.target_level
-        row = next((lv for lv in levels if lv.get("max_concurrency") == target), None)
-        if row is None or row.get(space.objective.metric) is None:
-            self._fail(trial, Failure(FailureKind.INFRA, Phase.SERVING, f"no result at concurrency {target}"))
+        metric = space.objective.metric
+        row = next((lv for lv in facts.levels if lv.max_concurrency == target), None)
+        if row is None or row.figure(metric) is None:
+            self._fail(trial, facts, Failure(FailureKind.INFRA, Phase.SERVING, f"no result at concurrency {target}"))
         assert row is not None
         slo = space.objective.slo
         if slo.p99_ttft_ms is not None:
-            trial.set_constraint("p99_ttft_ms", float(row.get("p99_ttft_ms") or 0) - slo.p99_ttft_ms)
+            trial.set_constraint("p99_ttft_ms", float(row.p99_ttft_ms or 0) - slo.p99_ttft_ms)
         if slo.p99_tpot_ms is not None:
-            trial.set_constraint("p99_tpot_ms", float(row.get("p99_tpot_ms") or 0) - slo.p99_tpot_ms)
-        trial.set_user_attr("outcome", "ok")
-        trial.set_user_attr("phase", None)
-        trial.set_user_attr("reason", "")
+            trial.set_constraint("p99_tpot_ms", float(row.p99_tpot_ms or 0) - slo.p99_tpot_ms)
+        facts.outcome, facts.phase, facts.reason = "ok", None, ""
         self._emit(trial, "outcome", "ok")
-        return float(row[space.objective.metric])
+        return float(row.figure(metric))
 
-    def _set_failure(self, trial: optuna.Trial, failure: Failure) -> None:
-        trial.set_user_attr("outcome", failure.kind.value)
-        trial.set_user_attr("phase", failure.phase.value if failure.phase else None)
-        trial.set_user_attr("reason", failure.reason)
+    def _set_failure(self, trial: optuna.Trial, facts: TrialFacts, failure: Failure) -> None:
+        facts.outcome, facts.phase, facts.reason = failure.kind, failure.phase, failure.reason
         if failure.exit_code is not None:
-            trial.set_user_attr("exit_code", failure.exit_code)
+            facts.exit_code = failure.exit_code
         if failure.kind == FailureKind.OOM and failure.phase is not None:
-            trial.set_user_attr(MEM_PREFIX + "oom_phase", failure.phase.value)
+            facts.memory = {**facts.memory, "oom_phase": failure.phase.value}
         self._emit(trial, "outcome", failure.kind.value)
 
-    def _prune(self, trial: optuna.Trial, failure: Failure) -> None:
-        self._set_failure(trial, failure)
+    def _prune(self, trial: optuna.Trial, facts: TrialFacts, failure: Failure) -> None:
+        self._set_failure(trial, facts, failure)
         raise optuna.TrialPruned(f"{failure.kind.value} in {failure.phase.value if failure.phase else '?'}: "
                                  f"{failure.reason}")
 
-    def _fail(self, trial: optuna.Trial, failure: Failure) -> None:
-        self._set_failure(trial, failure)
+    def _fail(self, trial: optuna.Trial, facts: TrialFacts, failure: Failure) -> None:
+        self._set_failure(trial, facts, failure)
         raise TrialFailed(failure)
 
 
-_SLIM_KEYS = (
-    "max_concurrency", "completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
-    "request_throughput", "input_throughput", "output_throughput", "total_throughput",
-    "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
-    "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2e_latency_ms", "median_e2e_latency_ms",
-    "p99_e2e_latency_ms", "simulated", "time_scale", "errors",
-)
-
-
-def _slim(level: dict[str, Any]) -> dict[str, Any]:
-    return {k: level[k] for k in _SLIM_KEYS if k in level}
-
-
-def _reuse(trial: optuna.Trial, params: dict[str, Any], *, abort: threading.Event | None = None,
-           poll: float = 0.5) -> float | None:
-    """If these params were already measured (COMPLETE or PRUNED), reuse that result instead of rerunning.
+def _reuse(trial: optuna.Trial, params: dict[str, Any], facts: TrialFacts, *,
+           abort: threading.Event | None = None, poll: float = 0.5) -> float | None:
+    """If these params were already measured (COMPLETE or PRUNED), reuse that result instead of rerunning:
+    ``facts`` become the measured trial's (with ``duplicate_of``).
 
     A trial with the same params that is still RUNNING under a lower number (another host or controller
     got there first) is waited for, so that a configuration is never run twice at once; if it ends FAIL
@@ -338,17 +326,18 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], *, abort: threading.Even
         for past in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
             if past.number == trial.number or normal_params(past.params) != params:
                 continue
-            origin = past.user_attrs.get("duplicate_of", past.number)
-            for key, value in past.user_attrs.items():
-                if key not in ("duplicate_of", "artifact_ids", "retried_from"):
-                    trial.set_user_attr(key, value)
-            trial.set_user_attr("duplicate_of", origin)
+            measured = TrialFacts.from_trial(past)
+            origin = measured.duplicate_of if measured.duplicate_of is not None else past.number
+            for name in TrialFacts.model_fields:
+                if name not in _NOT_REUSED:
+                    setattr(facts, name, getattr(measured, name))
+            facts.duplicate_of = origin
             if past.state == TrialState.COMPLETE:
                 for key, value in past.constraints.items():
                     trial.set_constraint(key, value)
                 assert past.value is not None
                 return float(past.value)
-            raise optuna.TrialPruned(f"same configuration as trial {origin}: {past.user_attrs.get('outcome')}")
+            raise optuna.TrialPruned(f"same configuration as trial {origin}: {measured.label}")
         # A twin whose controller died must not be waited for forever: fail it once it is stale
         # (its configuration is then re-queued), as the budget reservation does.
         fail_stale(study)
@@ -357,9 +346,14 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], *, abort: threading.Even
         if not twins:
             return None
         if abort is not None and abort.is_set():
-            trial.set_user_attr("outcome", FailureKind.INTERRUPTED.value)
-            trial.set_user_attr("phase", None)
-            trial.set_user_attr("reason", "interrupted")
+            facts.outcome, facts.phase, facts.reason = FailureKind.INTERRUPTED, None, "interrupted"
             raise TrialFailed(Failure(FailureKind.INTERRUPTED, None, "interrupted"))
-        trial.set_user_attr("waiting_for", twins[0])
+        note_waiting(trial, twins[0])
         time.sleep(poll)
+
+
+#: What a reused trial does not take over from the trial it repeats: Optuna's own facts (its number,
+#: state, params, times...), where it came from, and the measured trial's artifact ids.
+_NOT_REUSED = frozenset(
+    {name for name, f in TrialFacts.model_fields.items() if f.exclude} | {"duplicate_of", "artifact_ids"}
+)

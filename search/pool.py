@@ -16,9 +16,38 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from runners.errors import ServetuneError
 from runners.host import Host
+
+
+class HostState(StrEnum):
+    """Where a host of the pool stands."""
+
+    IDLE = "idle"
+    RUNNING = "running"
+    SET_ASIDE = "set aside"
+    """Failed ``max_consecutive_failures`` trials in a row: out until its cooldown ends."""
+    RETIRED = "retired"
+    """Set aside ``max_set_asides`` times in a row: out for the rest of the run."""
+
+    @property
+    def out(self) -> bool:
+        """Not taking trials now (set aside or retired)."""
+        return self in (HostState.SET_ASIDE, HostState.RETIRED)
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """A snapshot of one host of the pool (:meth:`HostPool.states`)."""
+
+    host: str
+    state: HostState
+    trials: int
+    consecutive_failures: int
+    set_aside_count: int
+    last_error: str
 
 
 class NoHostsLeft(ServetuneError):
@@ -107,18 +136,19 @@ class HostPool:
             slot.busy = False
             self._cond.notify_all()
 
-    def states(self) -> list[dict[str, object]]:
+    def states(self) -> list[HostStatus]:
+        """Each host's state now, in the pool's order."""
         now = time.monotonic()
         with self._cond:
             return [
-                {
-                    "host": s.name,
-                    "state": "retired" if s.retired else "set aside" if s.set_aside_until > now
-                    else "running" if s.busy else "idle",
-                    "trials": s.trials,
-                    "consecutive_failures": s.consecutive_failures,
-                    "set_aside_count": s.set_aside_count,
-                    "last_error": s.last_error,
-                }
+                HostStatus(
+                    host=s.name,
+                    state=HostState.RETIRED if s.retired else HostState.SET_ASIDE if s.set_aside_until > now
+                    else HostState.RUNNING if s.busy else HostState.IDLE,
+                    trials=s.trials,
+                    consecutive_failures=s.consecutive_failures,
+                    set_aside_count=s.set_aside_count,
+                    last_error=s.last_error,
+                )
                 for s in self.slots
             ]

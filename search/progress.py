@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from search.records import TrialRecord
+from search.records import TrialFacts, best_record, records
+
+if TYPE_CHECKING:
+    from search.run import RunSummary
+    from spaces.schema import Space
 
 _PHASE_WORDS = {
     "starting": "starting",
@@ -64,13 +68,13 @@ class Progress:
         self._refresh()
 
     def callback(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        rec = TrialRecord.from_trial(trial)
+        rec = TrialFacts.from_trial(trial)
         with self._lock:
             self.running.pop(trial.number, None)
             self.done += 1
-            if rec.outcome == "oom":
+            if rec.oom:
                 self.ooms += 1
-            if rec.state == "FAIL":
+            if rec.state == TrialState.FAIL:
                 self.failed += 1
             if rec.value is not None and rec.feasible and (self.best is None or rec.value > self.best[0]):
                 self.best = (rec.value, trial.number)
@@ -115,12 +119,12 @@ class Progress:
             self._live = None
 
 
-def _line(rec: TrialRecord, metric: str) -> str:
+def _line(rec: TrialFacts, metric: str) -> str:
     params = ", ".join(f"{_short(k)}={_value(v)}" for k, v in rec.params.items())
-    if rec.state == "COMPLETE":
+    if rec.state == TrialState.COMPLETE:
         return f"trial {rec.number}: COMPLETE {metric}={rec.value:.1f}  [{params}]"
-    where = f" in {rec.phase}" if rec.phase else ""
-    return f"trial {rec.number}: {rec.state} {rec.outcome}{where}  [{params}]  {rec.reason}"
+    where = f" in {rec.phase.value}" if rec.phase else ""
+    return f"trial {rec.number}: {rec.state.name} {rec.label}{where}  [{params}]  {rec.reason}"
 
 
 def _short(name: str) -> str:
@@ -132,7 +136,32 @@ def _value(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def summary_table(records: list[TrialRecord], metric: str) -> Table:
+def print_run(console: Console, err_console: Console, summary: RunSummary, space: Space) -> None:
+    """What ``servetune run`` prints after a run: the trials, hosts set aside, why it stopped, the best
+    configuration and where the morning summary is."""
+    if summary.mlflow_error is not None:
+        err_console.print(f"mlflow: {summary.mlflow_error} (back-fill later with `servetune sync-mlflow`)")
+    recs = records(summary.study)
+    console.print(summary_table(recs, space.objective.metric))
+    for orphan in summary.orphans_stopped:
+        console.print(f"stopped an orphaned server: {orphan}")
+    set_aside = [f"{s.host} ({s.state}: {s.last_error})" for s in summary.host_states if s.state.out]
+    if set_aside:
+        console.print("hosts set aside: " + "; ".join(set_aside))
+    console.print(f"ran {summary.ran} trial(s) in this run; stopped by: {summary.stopped_by}")
+    best = best_record(recs, summary.study.direction)
+    if best is not None:
+        params = ", ".join(f"{k}={v}" for k, v in best.params.items())
+        console.print(f"[green]best[/]: trial {best.number}, {space.objective.metric}={best.value:.1f} "
+                      f"at C={space.target_level}  [{params}]")
+    else:
+        console.print("[yellow]no COMPLETE trial yet[/]")
+    if summary.report_path is not None:
+        name = summary.study.study_name
+        console.print(f"morning summary: {summary.report_path} (again any time: servetune report --study {name})")
+
+
+def summary_table(records: list[TrialFacts], metric: str) -> Table:
     """One row per trial, one column per searched knob."""
     knobs: list[str] = []
     for rec in records:
@@ -142,11 +171,12 @@ def summary_table(records: list[TrialRecord], metric: str) -> Table:
         table.add_column(col, overflow="fold")
     for rec in records:
         free = rec.free_after_capture_gib
-        style = {"COMPLETE": "green", "PRUNED": "yellow", "FAIL": "red"}.get(rec.state, "")
-        outcome = rec.outcome + (f" ({rec.phase})" if rec.phase and rec.state != "COMPLETE" else "")
+        style = {TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow", TrialState.FAIL: "red"}.get(
+            rec.state, "")
+        outcome = rec.label + (f" ({rec.phase.value})" if rec.phase and rec.state != TrialState.COMPLETE else "")
         table.add_row(
             str(rec.number),
-            Text(rec.state, style=style),
+            Text(rec.state.name, style=style),
             outcome,
             f"{rec.value:.1f}" if rec.value is not None else "-",
             *(_value(rec.params.get(k, "-")) for k in knobs),

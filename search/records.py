@@ -1,113 +1,299 @@
-"""What servetune stores with each Optuna trial, and a typed view to read it back.
+"""A trial's facts: one typed record, written once by the objective and read back by everything else.
 
-The objective writes these user attrs (all JSON values), so the dashboard, MLflow, ``trials``,
-``export`` and ``report`` all read one record:
+:class:`TrialFacts` is the only way servetune stores and reads what a trial did. The objective builds one
+while a trial runs and writes it with :func:`write_facts` when the trial ends; MLflow tracking, the dashboard
+notes, the report, ``status``, ``export``, the live progress, ``trials --json`` and the reuse of a measured
+configuration read it with :meth:`TrialFacts.from_trial`. No other module reads a trial's raw user attrs.
+
+How it is stored (Optuna user attrs, JSON values):
 
 ========================  ==================================================================================
-``outcome``               ``ok`` or a :class:`~runners.telemetry.FailureKind` value (``oom``, ``nccl_error``...)
-``phase``                 where it died (``cuda_graph``, ``decode``...), null when ok
-``reason``                one line: why it died
-``exit_code``             the server's exit code when known
-``host``, ``gpu_name``    where it ran; ``gpu_count``
-``engine``, ``engine_version``, ``simulated``
-``launch_config``         the frozen :class:`~spaces.launch.LaunchConfig` as JSON (export renders from it)
-``argv``, ``env``         exactly what ran
-``mem.<figure>``          memory telemetry (``mem.free_after_capture_gib``, ``mem.kv_tokens``, ...)
-``levels``                per concurrency level: bench_serving names, ``completed``, ``failed``...
-``level_reached``         highest level that finished (0 if none)
-``log_tail``              the last lines of the server log (holds the OOM text)
-``objective_metric``      e.g. ``output_throughput``; ``objective_level``
-``duplicate_of``          set when the configuration was already measured by that trial
-``retried_from``          set when this trial re-runs a stale one
+``servetune.facts``       the whole record (:meth:`TrialFacts.stored`): outcome, phase, reason, host/GPU/engine,
+                          the frozen launch config, argv/env, memory telemetry, levels, the objective...
+``host``                  where the trial runs: written when it starts, so a RUNNING trial names its host
+``outcome``, ``phase``,   shown by optuna-dashboard's attribute table (the record holds them too)
+``reason``, ``duplicate_of``
+``retried_from``          written by Optuna's stale-trial retry onto the re-queued trial
+``waiting_for``           while a trial waits for a twin that another host is running
 ========================  ==================================================================================
+
+Studies stored by servetune 0.1.0 hold the same facts as ~38 separate user attrs (``mem.<figure>``,
+``levels``, ``launch_config``...); :meth:`TrialFacts.from_trial` reads those as well.
+
+Adding a fact: add an optional field with a default to :class:`TrialFacts` (or :class:`LevelResult`);
+older trials read back with the default.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any, ClassVar, Literal
 
 import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
+from pydantic import BaseModel, ConfigDict, Field
 
+from runners.telemetry import FailureKind, Phase, Telemetry
 from search.sampling import normal_params
 
+__all__ = [
+    "FACTS_ATTR",
+    "LevelResult",
+    "Outcome",
+    "TrialFacts",
+    "best_record",
+    "mark_interrupted",
+    "note_host",
+    "note_waiting",
+    "records",
+    "write_facts",
+]
+
+#: The user attr that holds the whole record.
+FACTS_ATTR = "servetune.facts"
+#: The user attrs optuna-dashboard shows in its table besides the record (written from it).
+DASHBOARD_ATTRS = ("outcome", "phase", "reason", "duplicate_of")
+#: Prefix of the memory figures in studies of servetune 0.1.0 (``mem.free_after_capture_gib``...); also the
+#: prefix of their MLflow metric names.
 MEM_PREFIX = "mem."
 
+Outcome = FailureKind | Literal["ok"]
+"""How a trial ended: ``ok`` or a :class:`~runners.telemetry.FailureKind`."""
 
-@dataclass
-class TrialRecord:
-    """A trial as servetune reads it back."""
 
-    number: int
-    state: str
-    value: float | None
-    params: dict[str, Any]
-    outcome: str
-    phase: str | None
-    reason: str
-    host: str | None
-    gpu_name: str | None
-    engine: str | None
-    engine_version: str | None
-    simulated: bool
-    memory: dict[str, Any]
-    levels: list[dict[str, Any]]
-    launch_config: dict[str, Any] | None
-    feasible: bool
-    datetime_start: str | None
-    datetime_complete: str | None
-    duration_s: float | None
-    attrs: dict[str, Any] = field(default_factory=dict)
+class LevelResult(BaseModel):
+    """One concurrency level of the load generator's sweep, with sglang.bench_serving's metric names.
+
+    Its fields are exactly the keys ``runners/loadgen.py`` emits (``loadgen.RECORD_KEYS``; a test ties the
+    two). The fields marked ``exclude`` describe the request (backend, prompt count and lengths) and are not
+    stored with the trial; a level stores the keys it was given (:meth:`stored`), so a figure that was
+    never measured stays absent rather than becoming null.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    backend: str | None = Field(default=None, exclude=True)
+    max_concurrency: int
+    num_prompts: int | None = Field(default=None, exclude=True)
+    random_input_len: int | None = Field(default=None, exclude=True)
+    random_output_len: int | None = Field(default=None, exclude=True)
+    duration: float | None = None
+    completed: int | None = None
+    failed: int | None = None
+    total_input_tokens: int | None = None
+    total_output_tokens: int | None = None
+    request_throughput: float | None = None
+    input_throughput: float | None = None
+    output_throughput: float | None = None
+    total_throughput: float | None = None
+    mean_e2e_latency_ms: float | None = None
+    median_e2e_latency_ms: float | None = None
+    p99_e2e_latency_ms: float | None = None
+    mean_ttft_ms: float | None = None
+    median_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    mean_tpot_ms: float | None = None
+    median_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    mean_itl_ms: float | None = None
+    median_itl_ms: float | None = None
+    p99_itl_ms: float | None = None
+    concurrency: float | None = Field(default=None, exclude=True)
+    errors: list[str] | None = None
+    simulated: bool | None = None
+    time_scale: float | None = None
+
+    #: The columns of a level table (report, dashboard notes): field, label.
+    TABLE: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("max_concurrency", "concurrency"),
+        ("output_throughput", "output tok/s"),
+        ("request_throughput", "req/s"),
+        ("mean_ttft_ms", "mean TTFT ms"),
+        ("p99_ttft_ms", "p99 TTFT ms"),
+        ("mean_tpot_ms", "mean TPOT ms"),
+        ("p99_tpot_ms", "p99 TPOT ms"),
+        ("completed", "completed"),
+        ("failed", "failed"),
+    )
+    #: The figures of a level's line in an exported script's header: field, format.
+    HEADLINE: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("output_throughput", "output {:.1f} tok/s"),
+        ("request_throughput", "{:.2f} req/s"),
+        ("mean_ttft_ms", "TTFT mean {:.1f} ms"),
+        ("p99_ttft_ms", "p99 {:.1f} ms"),
+        ("mean_tpot_ms", "TPOT mean {:.2f} ms"),
+        ("p99_tpot_ms", "p99 {:.2f} ms"),
+    )
+
+    def stored(self) -> dict[str, Any]:
+        """The level as stored with a trial: the fields it was given, request-description fields left out."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    def figure(self, name: str) -> Any:
+        """The value of field ``name`` if it was given (None otherwise)."""
+        return getattr(self, name) if name in self.model_fields_set else None
+
+    @property
+    def served(self) -> bool:
+        """Every request of the level completed (at least one did, none failed)."""
+        return (self.completed or 0) > 0 and not self.failed
+
+
+class TrialFacts(BaseModel):
+    """What servetune knows about one trial.
+
+    The fields under "Optuna's" come from the trial itself (number, state, value, params, times,
+    constraints) and are never stored by servetune; the rest is the record the objective writes.
+    """
+
+    model_config = ConfigDict(extra="ignore", validate_assignment=True)
+
+    # ---- Optuna's -----------------------------------------------------------------------------------
+    number: int = Field(default=-1, exclude=True)
+    state: TrialState = Field(default=TrialState.RUNNING, exclude=True)
+    value: float | None = Field(default=None, exclude=True)
+    params: dict[str, Any] = Field(default_factory=dict, exclude=True)
+    feasible: bool = Field(default=True, exclude=True)
+    datetime_start: datetime | None = Field(default=None, exclude=True)
+    datetime_complete: datetime | None = Field(default=None, exclude=True)
+    retried_from: int | None = Field(default=None, exclude=True)
+    """Set when this trial re-runs a stale one (written by Optuna's retry, :mod:`search.study`)."""
+    waiting_for: int | None = Field(default=None, exclude=True)
+
+    # ---- the record ---------------------------------------------------------------------------------
+    outcome: Outcome | None = None
+    """None while the trial runs (or when it ended before the objective said how)."""
+    phase: Phase | None = None
+    reason: str = ""
+    exit_code: int | None = None
+    host: str | None = None
+    gpu_name: str | None = None
+    gpu_count: int | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+    simulated: bool = False
+    launch_config: dict[str, Any] | None = None
+    """The frozen :class:`~spaces.launch.LaunchConfig` as JSON (``export`` renders from it)."""
+    argv: list[str] | None = None
+    env: dict[str, str] | None = None
+    run_id: str | None = None
+    memory: dict[str, Any] = Field(default_factory=dict)
+    """Memory telemetry (:class:`~runners.telemetry.Telemetry` figures that were seen, and engine extras)."""
+    levels: list[LevelResult] = Field(default_factory=list)
+    level_reached: int | None = None
+    """Highest concurrency level served in full (0 if none; None when the server never ran)."""
+    log_tail: str | None = None
+    objective_metric: str | None = None
+    objective_level: int | None = None
+    duplicate_of: int | None = None
+    """Set when the configuration was already measured by that trial and its result reused."""
+    startup_s: float | None = None
+    bench_s: float | None = None
+    stop_method: str | None = None
+    stop_s: float | None = None
+    stop_error: str | None = None
+    artifacts_dir: str | None = None
+    artifact_ids: dict[str, str] | None = None
+
+    # ---- reading ------------------------------------------------------------------------------------
 
     @classmethod
-    def from_trial(cls, trial: FrozenTrial) -> TrialRecord:
-        attrs = dict(trial.user_attrs)
-        memory = {k.removeprefix(MEM_PREFIX): v for k, v in attrs.items() if k.startswith(MEM_PREFIX)}
-        state = trial.state.name
-        outcome = attrs.get("outcome") or {
-            "COMPLETE": "ok", "PRUNED": "pruned", "FAIL": "fail", "RUNNING": "running", "WAITING": "waiting",
-        }.get(state, state.lower())
-        duration = (trial.datetime_complete - trial.datetime_start).total_seconds() \
-            if trial.datetime_complete and trial.datetime_start else None
-        return cls(
+    def from_trial(cls, trial: FrozenTrial) -> TrialFacts:
+        """The trial's record (stored by this release or by servetune 0.1.0) with Optuna's own facts."""
+        attrs = trial.user_attrs
+        stored = attrs.get(FACTS_ATTR)
+        data = dict(stored) if isinstance(stored, Mapping) else _legacy(attrs)
+        if data.get("host") is None and attrs.get("host") is not None:
+            data["host"] = attrs["host"]  # a RUNNING trial: only its host is written yet
+        for key in ("outcome", "reason"):  # a RUNNING trial marked interrupted by a recovering controller
+            if data.get(key) in (None, "") and attrs.get(key) not in (None, ""):
+                data[key] = attrs[key]
+        data.update(
             number=trial.number,
-            state=state,
+            state=trial.state,
             value=trial.value if trial.state == TrialState.COMPLETE else None,
             params=normal_params(trial.params),
-            outcome=outcome,
-            phase=attrs.get("phase"),
-            reason=attrs.get("reason", ""),
-            host=attrs.get("host"),
-            gpu_name=attrs.get("gpu_name"),
-            engine=attrs.get("engine"),
-            engine_version=attrs.get("engine_version"),
-            simulated=bool(attrs.get("simulated", False)),
-            memory=memory,
-            levels=list(attrs.get("levels", [])),
-            launch_config=attrs.get("launch_config"),
             feasible=all(float(v) <= 0 for v in trial.constraints.values()),
-            datetime_start=trial.datetime_start.isoformat(timespec="seconds") if trial.datetime_start else None,
-            datetime_complete=trial.datetime_complete.isoformat(timespec="seconds")
-            if trial.datetime_complete else None,
-            duration_s=duration,
-            attrs=attrs,
+            datetime_start=trial.datetime_start,
+            datetime_complete=trial.datetime_complete,
+            retried_from=attrs.get("retried_from"),
+            waiting_for=attrs.get("waiting_for"),
         )
+        return cls.model_validate(data)
+
+    def stored(self) -> dict[str, Any]:
+        """The record as written to the trial (JSON-friendly; Optuna's own fields left out)."""
+        data = self.model_dump(mode="json", exclude={"levels"})
+        data["levels"] = [lv.stored() for lv in self.levels]
+        return data
+
+    # ---- derived ------------------------------------------------------------------------------------
+
+    @property
+    def label(self) -> str:
+        """The outcome as people read it: ``ok``, a failure kind, or the state's name for a trial the
+        objective said nothing about (``running``, ``pruned``, ``fail``...)."""
+        if self.outcome is not None:
+            return str(self.outcome)
+        return {TrialState.COMPLETE: "ok"}.get(self.state, self.state.name.lower())
+
+    @property
+    def oom(self) -> bool:
+        return self.outcome == FailureKind.OOM
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok" or (self.outcome is None and self.state == TrialState.COMPLETE)
+
+    @property
+    def oom_phase(self) -> str | None:
+        """Where it ran out of memory (the stored figure, else the phase of an OOM outcome)."""
+        stored = self.memory.get("oom_phase")
+        return str(stored) if stored else (self.phase.value if self.oom and self.phase else None)
 
     @property
     def free_after_capture_gib(self) -> float | None:
         value = self.memory.get("free_after_capture_gib")
         return float(value) if value is not None else None
 
+    @property
+    def telemetry(self) -> Telemetry:
+        """The memory figures as :class:`~runners.telemetry.Telemetry` (unknown names in ``extra``)."""
+        tele = Telemetry()
+        tele.merge(self.memory)
+        tele.simulated = self.simulated
+        return tele
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.datetime_complete is None or self.datetime_start is None:
+            return None
+        return (self.datetime_complete - self.datetime_start).total_seconds()
+
+    @property
+    def measured(self) -> bool:
+        """Finished by running its own server (not a reused duplicate)."""
+        return self.duplicate_of is None
+
+    def knob(self, names: Iterable[str]) -> tuple[str, Any] | None:
+        """The first of ``names`` this trial has: as searched, else as launched, else as the engine logged it."""
+        knobs = (self.launch_config or {}).get("knobs") or {}
+        names = tuple(names)
+        for source in (self.params, knobs, self.memory):
+            for name in names:
+                if source.get(name) is not None:
+                    return name, source[name]
+        return None
+
     def summary(self) -> dict[str, Any]:
         """A JSON-friendly row for ``servetune trials --json``."""
         return {
             "number": self.number,
-            "state": self.state,
-            "outcome": self.outcome,
-            "phase": self.phase,
+            "state": self.state.name,
+            "outcome": self.label,
+            "phase": self.phase.value if self.phase else None,
             "value": self.value,
             "feasible": self.feasible,
             "params": self.params,
@@ -116,32 +302,87 @@ class TrialRecord:
             "tried_to_allocate_gib": self.memory.get("tried_to_allocate_gib"),
             "free_at_oom_gib": self.memory.get("free_at_oom_gib"),
             "max_total_num_tokens": self.memory.get("max_total_num_tokens"),
-            "level_reached": self.attrs.get("level_reached"),
+            "level_reached": self.level_reached,
             "reason": self.reason,
             "simulated": self.simulated,
             "duration_s": self.duration_s,
         }
 
 
-def records(study: optuna.Study) -> list[TrialRecord]:
-    return [TrialRecord.from_trial(t) for t in study.get_trials(deepcopy=False)]
+# ---- writing -------------------------------------------------------------------------------------
 
 
-def best_record(recs: Iterable[TrialRecord], direction: StudyDirection, *,
-                min_free_gib: float | None = None) -> TrialRecord | None:
-    """The best COMPLETE, feasible trial of ``recs`` (a study's :func:`records`) for the study's
+def write_facts(trial: optuna.Trial, facts: TrialFacts) -> None:
+    """Store the record with the trial (once, when the trial ends), and the attrs the dashboard shows."""
+    stored = facts.stored()
+    trial.set_user_attr(FACTS_ATTR, stored)
+    for key in DASHBOARD_ATTRS:
+        if stored.get(key) is not None:
+            trial.set_user_attr(key, stored[key])
+
+
+def note_host(trial: optuna.Trial, host: str) -> None:
+    """Say, while the trial runs, which host runs it (a recovering controller looks for its own)."""
+    trial.set_user_attr("host", host)
+
+
+def note_waiting(trial: optuna.Trial, twin: int) -> None:
+    """Say, while the trial waits, which running twin it waits for."""
+    trial.set_user_attr("waiting_for", twin)
+
+
+def mark_interrupted(study: optuna.Study, trial: FrozenTrial, reason: str) -> None:
+    """Mark a RUNNING trial of a controller that died: outcome ``interrupted`` with ``reason``.
+
+    Raises :class:`optuna.exceptions.UpdateFinishedTrialError` when it has finished meanwhile.
+    """
+    from search._optuna_compat import set_trial_user_attr
+
+    set_trial_user_attr(study, trial, "outcome", FailureKind.INTERRUPTED.value)
+    set_trial_user_attr(study, trial, "reason", reason)
+
+
+# ---- reading many --------------------------------------------------------------------------------
+
+
+def records(study: optuna.Study) -> list[TrialFacts]:
+    """Every trial of the study as :class:`TrialFacts`, by number."""
+    return [TrialFacts.from_trial(t) for t in study.get_trials(deepcopy=False)]
+
+
+def best_record(recs: Iterable[TrialFacts], direction: StudyDirection, *,
+                min_free_gib: float | None = None) -> TrialFacts | None:
+    """The best COMPLETE, feasible, measured trial of ``recs`` (a study's :func:`records`) for the study's
     ``direction`` (optionally with at least ``min_free_gib`` after capture)."""
     direction_max = direction == StudyDirection.MAXIMIZE
-    best: TrialRecord | None = None
+    best: TrialFacts | None = None
     for rec in recs:
-        if rec.state != "COMPLETE" or rec.value is None or not rec.feasible:
-            continue
-        if rec.attrs.get("duplicate_of") is not None:
+        if rec.state != TrialState.COMPLETE or rec.value is None or not rec.feasible or not rec.measured:
             continue
         if min_free_gib is not None and (rec.free_after_capture_gib is None
                                          or rec.free_after_capture_gib < min_free_gib):
             continue
-        if best is None or (rec.value > best.value if direction_max else rec.value < best.value):  # type: ignore[operator]
+        if best is None or best.value is None or (rec.value > best.value if direction_max
+                                                  else rec.value < best.value):
             best = rec
     return best
 
+
+# ---- servetune 0.1.0 ------------------------------------------------------------------------------
+
+#: User attrs of servetune 0.1.0 that map one to one onto a field of the record.
+_LEGACY_FIELDS = (
+    "outcome", "phase", "reason", "exit_code", "host", "gpu_name", "gpu_count", "engine", "engine_version",
+    "simulated", "launch_config", "argv", "env", "run_id", "levels", "level_reached", "log_tail",
+    "objective_metric", "objective_level", "duplicate_of", "startup_s", "bench_s", "stop_method", "stop_s",
+    "stop_error", "artifacts_dir", "artifact_ids",
+)
+
+
+def _legacy(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The record of a trial stored by servetune 0.1.0 (one user attr per fact, ``mem.*`` figures)."""
+    data = {key: attrs[key] for key in _LEGACY_FIELDS if key in attrs}
+    if data.get("outcome") == "":
+        data["outcome"] = None
+    data["memory"] = {k.removeprefix(MEM_PREFIX): v for k, v in attrs.items() if k.startswith(MEM_PREFIX)}
+    return data

@@ -17,8 +17,9 @@ from datetime import datetime
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
-from search.records import TrialRecord, best_record, records
+from search.records import LevelResult, TrialFacts, best_record, records
 
 __all__ = [
     "THIN_HEADROOM_GIB",
@@ -35,18 +36,6 @@ THIN_HEADROOM_GIB = 2.0
 
 FRACTION_KNOBS = ("mem_fraction_static", "gpu_memory_utilization")
 GRAPH_KNOBS = ("cuda_graph_max_bs", "cuda_graph_sizes", "max_num_seqs")
-
-LEVEL_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("max_concurrency", "concurrency"),
-    ("output_throughput", "output tok/s"),
-    ("request_throughput", "req/s"),
-    ("mean_ttft_ms", "mean TTFT ms"),
-    ("p99_ttft_ms", "p99 TTFT ms"),
-    ("mean_tpot_ms", "mean TPOT ms"),
-    ("p99_tpot_ms", "p99 TPOT ms"),
-    ("completed", "completed"),
-    ("failed", "failed"),
-)
 
 MEMORY_LABELS: dict[str, str] = {
     "gpu_total_gib": "GPU total (GiB)",
@@ -93,42 +82,42 @@ def report_markdown(study: optuna.Study) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _objective_text(study: optuna.Study, recs: Sequence[TrialRecord]) -> str:
-    metric = next((r.attrs["objective_metric"] for r in recs if r.attrs.get("objective_metric")), None)
-    level = next((r.attrs["objective_level"] for r in recs if r.attrs.get("objective_level")), None)
+def _objective_text(study: optuna.Study, recs: Sequence[TrialFacts]) -> str:
+    metric = next((r.objective_metric for r in recs if r.objective_metric), None)
+    level = next((r.objective_level for r in recs if r.objective_level), None)
     if metric is None:
         return ""
     at = f" at concurrency {level}" if level is not None else ""
     return f"Objective: {study.direction.name.lower()} `{metric}`{at}."
 
 
-def _counts(recs: Iterable[TrialRecord]) -> Counter[str]:
-    return Counter(r.state for r in recs)
+def _counts(recs: Iterable[TrialFacts]) -> Counter[str]:
+    return Counter(r.state.name for r in recs)
 
 
-def _counts_section(recs: Sequence[TrialRecord]) -> list[str]:
+def _counts_section(recs: Sequence[TrialFacts]) -> list[str]:
     counts = _counts(recs)
     out = ["## Trials", "", "| complete | pruned | failed | running | waiting | total |",
            "|---:|---:|---:|---:|---:|---:|",
            f"| {counts['COMPLETE']} | {counts['PRUNED']} | {counts['FAIL']} | {counts['RUNNING']} | "
            f"{counts['WAITING']} | {len(recs)} |", ""]
-    duplicates = sum(1 for r in recs if r.attrs.get("duplicate_of") is not None)
+    duplicates = sum(1 for r in recs if not r.measured)
     if duplicates:
         out += [f"{duplicates} trial(s) repeated a measured configuration and reused its result.", ""]
     return out
 
 
-def _best_section(study: optuna.Study, recs: Sequence[TrialRecord]) -> list[str]:
+def _best_section(study: optuna.Study, recs: Sequence[TrialFacts]) -> list[str]:
     best = best_record(recs, study.direction)
     out = ["## Best configuration", ""]
     if best is None:
         return [*out, "No COMPLETE feasible trial yet.", ""]
-    metric = best.attrs.get("objective_metric", "objective")
-    level = best.attrs.get("objective_level")
+    metric = best.objective_metric or "objective"
+    level = best.objective_level
     at = f" at concurrency {level}" if level is not None else ""
     where = ", ".join(x for x in (
         f"host `{best.host}`" if best.host else "",
-        f"{best.gpu_name} x {best.attrs.get('gpu_count')}" if best.gpu_name else "",
+        f"{best.gpu_name} x {best.gpu_count}" if best.gpu_name else "",
         f"{best.engine} {best.engine_version}" if best.engine else "",
         "simulated" if best.simulated else "",
     ) if x)
@@ -153,29 +142,19 @@ def _headroom_line(free: float | None, bar: float) -> str:
     return line
 
 
-def _knob(rec: TrialRecord, names: Sequence[str]) -> tuple[str, Any] | None:
-    """The first of ``names`` this trial has: as searched, else as launched, else as the engine logged it."""
-    knobs = (rec.launch_config or {}).get("knobs") or {}
-    for source in (rec.params, knobs, rec.memory):
-        for name in names:
-            if source.get(name) is not None:
-                return name, source[name]
-    return None
-
-
-def _boundary_section(recs: Sequence[TrialRecord]) -> list[str]:
+def _boundary_section(recs: Sequence[TrialFacts]) -> list[str]:
     out = ["## OOM boundary", ""]
-    measured = [r for r in recs if r.state in ("COMPLETE", "PRUNED") and r.attrs.get("duplicate_of") is None]
-    if not any(r.outcome == "oom" for r in measured):
-        survivors = sum(1 for r in measured if r.outcome == "ok")
+    measured = [r for r in recs if r.state in (TrialState.COMPLETE, TrialState.PRUNED) and r.measured]
+    if not any(r.label == "oom" for r in measured):
+        survivors = sum(1 for r in measured if r.label == "ok")
         return [*out, f"No trial ran out of memory ({survivors} survived).", ""]
     fraction_name = graph_name = None
-    groups: dict[tuple[Any, Any], list[TrialRecord]] = defaultdict(list)
+    groups: dict[tuple[Any, Any], list[TrialFacts]] = defaultdict(list)
     for rec in measured:
-        if rec.outcome not in ("ok", "oom"):
+        if rec.label not in ("ok", "oom"):
             continue
-        fraction = _knob(rec, FRACTION_KNOBS)
-        graph = _knob(rec, GRAPH_KNOBS)
+        fraction = rec.knob(FRACTION_KNOBS)
+        graph = rec.knob(GRAPH_KNOBS)
         fraction_name = fraction_name or (fraction[0] if fraction else None)
         graph_name = graph_name or (graph[0] if graph else None)
         groups[(fraction[1] if fraction else None, graph[1] if graph else None)].append(rec)
@@ -194,9 +173,9 @@ def _boundary_section(recs: Sequence[TrialRecord]) -> list[str]:
     out += [f"| {fname} | {gname} | outcome | phase | free after capture (GiB) | tried to allocate (GiB) "
             "| free at OOM (GiB) | trials |", "|---:|---:|---|---|---:|---:|---:|---|"]
     for key in keys:
-        by_outcome: dict[tuple[str, str], list[TrialRecord]] = defaultdict(list)
+        by_outcome: dict[tuple[str, str], list[TrialFacts]] = defaultdict(list)
         for rec in groups[key]:
-            by_outcome[(rec.outcome, rec.phase or "")].append(rec)
+            by_outcome[(rec.label, rec.phase.value if rec.phase else "")].append(rec)
         for (outcome, phase), group in sorted(by_outcome.items(), key=lambda kv: (kv[0][0] != "oom", kv[0])):
             out.append(
                 f"| {_cell(key[0])} | {_cell(key[1])} | {'OOM' if outcome == 'oom' else outcome} | "
@@ -205,7 +184,7 @@ def _boundary_section(recs: Sequence[TrialRecord]) -> list[str]:
                 + ", ".join(f"#{r.number}" for r in group) + " |"
             )
     out.append("")
-    thin = [r for r in measured if r.outcome == "ok" and r.free_after_capture_gib is not None
+    thin = [r for r in measured if r.label == "ok" and r.free_after_capture_gib is not None
             and r.free_after_capture_gib < THIN_HEADROOM_GIB]
     if thin:
         out += [f"{len(thin)} surviving trial(s) kept less than {THIN_HEADROOM_GIB:g} GiB free after capture "
@@ -213,14 +192,14 @@ def _boundary_section(recs: Sequence[TrialRecord]) -> list[str]:
     return out
 
 
-def _verdict(group: Sequence[TrialRecord]) -> str:
+def _verdict(group: Sequence[TrialFacts]) -> str:
     if not group:
         return ""
-    labels = Counter("ok" if r.outcome == "ok" else f"OOM {r.phase or '?'}" for r in group)
+    labels = Counter("ok" if r.label == "ok" else f"OOM {r.phase.value if r.phase else '?'}" for r in group)
     return ", ".join(label if n == 1 else f"{label} x{n}" for label, n in sorted(labels.items()))
 
 
-def _span(group: Sequence[TrialRecord], figure: str) -> str:
+def _span(group: Sequence[TrialFacts], figure: str) -> str:
     values = sorted(float(r.memory[figure]) for r in group if _is_number(r.memory.get(figure)))
     if not values:
         return "-"
@@ -229,18 +208,18 @@ def _span(group: Sequence[TrialRecord], figure: str) -> str:
     return f"{values[0]:.2f}-{values[-1]:.2f}"
 
 
-def _failures_section(recs: Sequence[TrialRecord]) -> list[str]:
+def _failures_section(recs: Sequence[TrialFacts]) -> list[str]:
     out = ["## Failures by cause", ""]
-    failed = [r for r in recs if r.state in ("PRUNED", "FAIL") and r.attrs.get("duplicate_of") is None]
+    failed = [r for r in recs if r.state in (TrialState.PRUNED, TrialState.FAIL) and r.measured]
     if not failed:
         return [*out, "None.", ""]
-    by_cause: dict[str, list[TrialRecord]] = defaultdict(list)
+    by_cause: dict[str, list[TrialFacts]] = defaultdict(list)
     for rec in failed:
-        by_cause[rec.outcome].append(rec)
+        by_cause[rec.label].append(rec)
     out += ["| cause | state | count | phases | example reasons |", "|---|---|---:|---|---|"]
     for cause, group in sorted(by_cause.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        states = "/".join(sorted({r.state for r in group}))
-        phases = Counter(r.phase for r in group if r.phase)
+        states = "/".join(sorted({r.state.name for r in group}))
+        phases = Counter(r.phase.value for r in group if r.phase)
         phase_text = ", ".join(f"{p} x{n}" if n > 1 else p for p, n in phases.most_common()) or "-"
         seen: set[str] = set()
         examples: list[str] = []
@@ -252,17 +231,17 @@ def _failures_section(recs: Sequence[TrialRecord]) -> list[str]:
         example_text = _escape("; ".join(examples) or "-")
         out.append(f"| {cause} | {states} | {len(group)} | {phase_text} | {example_text} |")
     out.append("")
-    infra = sum(1 for r in failed if r.state == "FAIL")
+    infra = sum(1 for r in failed if r.state == TrialState.FAIL)
     if infra:
         out += [f"{infra} FAIL trial(s) were infrastructure trouble: the sampler learns nothing from them.",
                 ""]
     return out
 
 
-def _time_section(recs: Sequence[TrialRecord]) -> list[str]:
+def _time_section(recs: Sequence[TrialFacts]) -> list[str]:
     durations = _durations(recs)
-    starts = [datetime.fromisoformat(r.datetime_start) for r in recs if r.datetime_start]
-    ends = [datetime.fromisoformat(r.datetime_complete) for r in recs if r.datetime_complete]
+    starts = [_seconds(r.datetime_start) for r in recs if r.datetime_start]
+    ends = [_seconds(r.datetime_complete) for r in recs if r.datetime_complete]
     out = ["## Time spent", ""]
     if not durations:
         return [*out, "No trial has finished yet.", ""]
@@ -271,8 +250,8 @@ def _time_section(recs: Sequence[TrialRecord]) -> list[str]:
                f"per trial on average ({len(durations)} measured)")
     by_outcome: dict[str, float] = defaultdict(float)
     for rec in recs:
-        if rec.duration_s is not None and rec.attrs.get("duplicate_of") is None:
-            by_outcome[rec.outcome] += rec.duration_s
+        if rec.duration_s is not None and rec.measured:
+            by_outcome[rec.label] += rec.duration_s
     out.append("- by outcome: " + ", ".join(
         f"{k} {format_duration(v)}" for k, v in sorted(by_outcome.items(), key=lambda kv: -kv[1])))
     if starts and ends:
@@ -298,14 +277,14 @@ def status_data(study: optuna.Study, *, n_trials: int | None = None, workers: in
     recs = records(study)
     counts = _counts(recs)
     finished = counts["COMPLETE"] + counts["PRUNED"] + counts["FAIL"]
-    running = [r for r in recs if r.state == "RUNNING"]
+    running = [r for r in recs if r.state == TrialState.RUNNING]
     durations = _durations(recs)
     mean = sum(durations) / len(durations) if durations else None
     remaining = max(0, n_trials - counts["COMPLETE"] - counts["PRUNED"]) if n_trials is not None else None
     parallel = max(1, workers if workers is not None else len(running))
     eta = mean * remaining / parallel if mean is not None and remaining is not None else None
     best = best_record(recs, study.direction)
-    starts = [datetime.fromisoformat(r.datetime_start) for r in recs if r.datetime_start]
+    starts = [_seconds(r.datetime_start) for r in recs if r.datetime_start]
     return {
         "study": study.study_name,
         "direction": study.direction.name.lower(),
@@ -317,7 +296,7 @@ def status_data(study: optuna.Study, *, n_trials: int | None = None, workers: in
             "failed": counts["FAIL"],
             "running": counts["RUNNING"],
             "waiting": counts["WAITING"],
-            "oom": sum(1 for r in recs if r.outcome == "oom"),
+            "oom": sum(1 for r in recs if r.label == "oom"),
         },
         "running": [
             {"number": r.number, "host": r.host, "params": r.params,
@@ -342,19 +321,24 @@ def status_data(study: optuna.Study, *, n_trials: int | None = None, workers: in
     }
 
 
-def _durations(recs: Iterable[TrialRecord]) -> list[float]:
+def _durations(recs: Iterable[TrialFacts]) -> list[float]:
     """Durations of finished trials that ran (a reused duplicate took no time)."""
     return [r.duration_s for r in recs
-            if r.duration_s is not None and r.state != "RUNNING" and r.attrs.get("duplicate_of") is None]
+            if r.duration_s is not None and r.state != TrialState.RUNNING and r.measured]
 
 
-def _elapsed(rec: TrialRecord, now: datetime) -> float | None:
+def _seconds(when: datetime) -> datetime:
+    """``when`` to the second, as the report has always printed it."""
+    return when.replace(microsecond=0)
+
+
+def _elapsed(rec: TrialFacts, now: datetime) -> float | None:
     if rec.datetime_start is None:
         return None
-    return round((now - datetime.fromisoformat(rec.datetime_start)).total_seconds(), 1)
+    return round((now - _seconds(rec.datetime_start)).total_seconds(), 1)
 
 
-def _hosts(recs: Sequence[TrialRecord], now: datetime) -> dict[str, dict[str, Any]]:
+def _hosts(recs: Sequence[TrialFacts], now: datetime) -> dict[str, dict[str, Any]]:
     hosts: dict[str, dict[str, Any]] = {}
     for rec in sorted(recs, key=lambda r: r.number):
         if not rec.host:
@@ -365,14 +349,15 @@ def _hosts(recs: Sequence[TrialRecord], now: datetime) -> dict[str, dict[str, An
         })
         entry["trials"] += 1
         entry["gpu_name"] = rec.gpu_name or entry["gpu_name"]
-        if rec.state == "RUNNING":
+        if rec.state == TrialState.RUNNING:
             entry.update(state="running", trial=rec.number, elapsed_s=_elapsed(rec, now))
             continue
-        key = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"}.get(rec.state)
+        key = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed"}.get(
+            rec.state)
         if key is None:
             continue
         entry[key] += 1
-        entry["last_outcome"] = rec.outcome
+        entry["last_outcome"] = rec.label
         entry["last_reason"] = rec.reason or None
     for entry in hosts.values():
         if entry["state"] != "running" and entry["last_outcome"] in _INFRA_TROUBLE:
@@ -383,14 +368,14 @@ def _hosts(recs: Sequence[TrialRecord], now: datetime) -> dict[str, dict[str, An
 # ---- Markdown helpers (shared with search.notes) ---------------------------------------------------
 
 
-def levels_table(levels: Sequence[dict[str, Any]]) -> list[str]:
+def levels_table(levels: Sequence[LevelResult]) -> list[str]:
     """Per-level bench_serving figures as Markdown table lines (columns present in any level)."""
-    columns = [(k, label) for k, label in LEVEL_COLUMNS if any(k in lv for lv in levels)]
+    columns = [(k, label) for k, label in LevelResult.TABLE if any(k in lv.model_fields_set for lv in levels)]
     if not columns:
         return []
     out = ["| " + " | ".join(label for _, label in columns) + " |", "|" + "---:|" * len(columns)]
-    for level in sorted(levels, key=lambda lv: _sort_key(lv.get("max_concurrency"))):
-        out.append("| " + " | ".join(_cell(level.get(k)) for k, _ in columns) + " |")
+    for level in sorted(levels, key=lambda lv: _sort_key(lv.max_concurrency)):
+        out.append("| " + " | ".join(_cell(level.figure(k)) for k, _ in columns) + " |")
     return out
 
 

@@ -45,6 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -53,11 +54,14 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.engine import make_url
 
 from runners.errors import RunnerError, ServetuneError
 from runners.host import Host
+from search._optuna_compat import enter_optimize_loop, study_id, trial_id
 from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
-from search.pool import HostPool, HostSlot, NoHostsLeft
+from search.pool import HostPool, HostSlot, HostStatus, NoHostsLeft
+from search.records import TrialFacts, mark_interrupted
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL
 from search.study import artifact_store, create_or_load, fail_stale, open_storage
 from spaces.schema import Space
@@ -87,13 +91,38 @@ class RunOptions:
     hook: ProgressHook | None = None
 
 
+class StopReason(StrEnum):
+    """Why a run ended."""
+
+    BUDGET = "budget"
+    BUDGET_REACHED = "budget already reached"
+    """The study held its budget before this run started a trial."""
+    TIMEOUT = "timeout"
+    NO_HOSTS = "no hosts left"
+    SIGNAL = "signal"
+    """The first SIGINT/SIGTERM: the running trials finished."""
+    ABORTED = "aborted"
+    """A second signal: the running trials were aborted."""
+    ERROR = "error"
+
+    @property
+    def interrupted(self) -> bool:
+        return self in (StopReason.SIGNAL, StopReason.ABORTED)
+
+
 @dataclass
 class RunSummary:
+    """What a run did: the study, how many trials it ran, why it stopped, its hosts at the end."""
+
     study: optuna.Study
     ran: int
-    stopped_by: str
-    host_states: list[dict[str, object]]
+    stopped_by: StopReason
+    host_states: list[HostStatus]
     orphans_stopped: list[str] = field(default_factory=list)
+    report_path: Path | None = None
+    """Where :func:`search.session.run_study` wrote the morning summary."""
+    mlflow_error: str | None = None
+    """Why the study's MLflow parent run could not be finished (:func:`search.session.run_study`)."""
 
 
 # ---- the budget ----------------------------------------------------------------------------------
@@ -110,7 +139,7 @@ class _StudyLock:
         self._conn: Any = None
         self._file: Path | None = None
         if self._dialect == "sqlite":
-            db = url.split("///", 1)[1] if "///" in url else ""
+            db = make_url(url).database or ""
             if db and db != ":memory:" and not db.startswith("file::memory"):
                 self._file = Path(db).with_name(Path(db).name + ".servetune-lock")
 
@@ -193,7 +222,7 @@ class _Budget:
                 if finished + running >= self.n_trials:
                     return self.WAIT
             trial = self.study.ask()
-            self.storage.record_heartbeat(trial._trial_id)
+            self.storage.record_heartbeat(trial_id(trial))
             return trial
 
 
@@ -274,11 +303,11 @@ class _Run:
         self.abort = abort
         self.deadline = time.monotonic() + options.timeout if options.timeout is not None else None
         self.ran = 0
-        self.reasons: list[str] = []
+        self.reasons: list[StopReason] = []
         self.errors: list[BaseException] = []
         self._lock = threading.Lock()
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: StopReason) -> None:
         with self._lock:
             if not self.reasons:
                 self.reasons.append(reason)
@@ -287,24 +316,24 @@ class _Run:
     def worker(self) -> None:
         # What Optuna's own loop sets in each of its threads: this thread asks and tells trials of a
         # heartbeat storage (otherwise ``study.ask`` warns that heartbeats want ``Study.optimize``).
-        self.study._thread_local.in_optimize_loop = True
+        enter_optimize_loop(self.study)
         try:
             self._loop()
         except BaseException as exc:  # an unexpected error ends the whole run; run_search re-raises it
             self.errors.append(exc)
-            self.end("error")
+            self.end(StopReason.ERROR)
 
     def _loop(self) -> None:
         while not self.stop.is_set():
             if self.deadline is not None and time.monotonic() >= self.deadline:
-                self.end("timeout")
+                self.end(StopReason.TIMEOUT)
                 return
             try:
                 slot = self.pool.acquire(stop=self.stop)
             except NoHostsLeft as exc:
                 if not self.stop.is_set():
                     log.warning("%s", exc)
-                    self.end("no hosts left")
+                    self.end(StopReason.NO_HOSTS)
                 return
             try:
                 if self.stop.is_set():
@@ -316,7 +345,7 @@ class _Run:
                 raise
             if got == _Budget.DONE:
                 self.pool.put_back(slot)
-                self.end("budget")
+                self.end(StopReason.BUDGET)
                 return
             if got == _Budget.WAIT:
                 self.pool.put_back(slot)
@@ -331,7 +360,7 @@ class _Run:
         infra, error = False, ""
         fatal: BaseException | None = None
         try:
-            with _Heartbeat(self.storage, trial._trial_id, self.options.heartbeat_interval):
+            with _Heartbeat(self.storage, trial_id(trial), self.options.heartbeat_interval):
                 try:
                     value = self.objective.run(trial, slot)
                     state = TrialState.COMPLETE
@@ -382,12 +411,12 @@ def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunS
         abort=abort,
         smi_interval=options.smi_interval,
     )
-    lock = _StudyLock(storage, study._study_id, options.storage_url)
+    lock = _StudyLock(storage, study_id(study), options.storage_url)
     budget = _Budget(study, options.n_trials, lock, storage)
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():
         lock.close()
-        return RunSummary(study, 0, "budget already reached", pool.states(), orphans)
+        return RunSummary(study, 0, StopReason.BUDGET_REACHED, pool.states(), orphans)
 
     run = _Run(study, storage, pool, Objective(env), budget, options, stop, abort)
     with _Signals(stop, abort) as signals:
@@ -400,7 +429,7 @@ def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunS
                 while t.is_alive():
                     t.join(timeout=0.2)
                     if run.deadline is not None and time.monotonic() >= run.deadline and not stop.is_set():
-                        run.end("timeout")
+                        run.end(StopReason.TIMEOUT)
         finally:
             stop.set()
             for t in threads:
@@ -410,11 +439,11 @@ def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunS
     if run.errors:
         raise run.errors[0]
     if abort.is_set():
-        stopped_by = "aborted"
+        stopped_by = StopReason.ABORTED
     elif signals.stop_requested.is_set():
-        stopped_by = "signal"
+        stopped_by = StopReason.SIGNAL
     else:
-        stopped_by = run.reasons[0] if run.reasons else "budget"
+        stopped_by = run.reasons[0] if run.reasons else StopReason.BUDGET
     return RunSummary(study, run.ran, stopped_by, pool.states(), orphans)
 
 
@@ -428,13 +457,13 @@ def _recover(study: optuna.Study, hosts: Sequence[Host], *, grace: float) -> lis
     stopped = _cleanup(hosts, None, grace=grace)
     names = {h.name for h in hosts}
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if trial.user_attrs.get("host") not in names:
+        host = TrialFacts.from_trial(trial).host
+        if host not in names:
             continue
         log.warning("trial %d was left RUNNING on %s by a controller that stopped: it will be failed once "
-                    "its heartbeat is stale, and retried", trial.number, trial.user_attrs.get("host"))
+                    "its heartbeat is stale, and retried", trial.number, host)
         with contextlib.suppress(UpdateFinishedTrialError):
-            for key, value in (("outcome", "interrupted"), ("reason", STALE_REASON)):
-                study._storage.set_trial_user_attr(trial._trial_id, key, value)
+            mark_interrupted(study, trial, STALE_REASON)
     return stopped
 
 
@@ -442,7 +471,7 @@ def _cleanup(hosts: Sequence[Host], pool: HostPool | None, *, grace: float) -> l
     """Stop every orphaned server on ``hosts`` (skipping retired or set-aside ones); their run dirs."""
     skip = set()
     if pool is not None:
-        skip = {str(s["host"]) for s in pool.states() if s["state"] in ("retired", "set aside")}
+        skip = {s.host for s in pool.states() if s.state.out}
     stopped: list[str] = []
     for host in hosts:
         if host.name in skip:

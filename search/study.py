@@ -174,6 +174,12 @@ def load(storage: RDBStorage, name: str) -> optuna.Study:
         raise StudyError(f"no study named {name!r} in this storage (studies: {known})") from None
 
 
+def open_study(url: str, name: str) -> optuna.Study:
+    """An existing study, for commands that only read it (no heartbeats; a missing SQLite file is an
+    error, not a new empty database). Raises StudyError."""
+    return load(open_storage(url, heartbeat=False, must_exist=True), name)
+
+
 def artifact_store(artifacts_dir: str | os.PathLike[str]) -> FileSystemArtifactStore:
     """Optuna's artifact store of a trial-artifacts directory: its ``optuna-artifacts`` folder (created)."""
     path = Path(artifacts_dir) / "optuna-artifacts"

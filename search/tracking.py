@@ -39,14 +39,14 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import optuna
 from optuna.artifacts import download_artifact
 from optuna.trial import FrozenTrial, TrialState
 
 from runners.errors import ServetuneError, StudyError
-from search.records import MEM_PREFIX, TrialRecord
+from search.records import MEM_PREFIX, TrialFacts
 from search.report import status_data
 from search.settings import DEFAULT_TRACKING_URI
 from search.study import _redact
@@ -54,7 +54,8 @@ from search.study import _redact
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Run
-    from optuna.artifacts._protocol import ArtifactStore
+
+    from search._optuna_compat import ArtifactStore
 
 __all__ = ["DEFAULT_ARTIFACT_ROOT", "DEFAULT_TRACKING_URI", "MlflowCallback", "MlflowTracker", "SyncResult"]
 
@@ -78,7 +79,7 @@ TAG_PARENT = "mlflow.parentRunId"
 #: back-fills whatever was missed. Set only where the environment does not already say otherwise.
 HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
 
-_RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
+_RUN_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
 _FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 _MAX_PARAM = 6000
 _MAX_TAG = 5000
@@ -322,7 +323,7 @@ class MlflowTracker:
 
         client = self._client()
         parent = self._parent_run_id(study_name, experiment_id)
-        rec = TrialRecord.from_trial(trial)
+        rec = TrialFacts.from_trial(trial)
         start = _ms(trial.datetime_start) or _now_ms()
         end = _ms(trial.datetime_complete) or start
         tags = _tags(study_name, rec)
@@ -348,17 +349,17 @@ class MlflowTracker:
                 client.delete_run(run_id)
             raise
 
-    def _log_artifacts(self, run_id: str, rec: TrialRecord) -> str:
+    def _log_artifacts(self, run_id: str, rec: TrialFacts) -> str:
         """Upload the trial's files; returns a note (tag ``servetune.artifacts``) when some are missing."""
         client = self._client()
-        local = rec.attrs.get("artifacts_dir")
+        local = rec.artifacts_dir
         if local and Path(local).is_dir():
             files = sorted(p for p in Path(local).iterdir() if p.is_file())
             if files:
                 for path in files:
                     client.log_artifact(run_id, str(path))
                 return ""
-        ids = rec.attrs.get("artifact_ids") or {}
+        ids = rec.artifact_ids or {}
         if not ids:
             return "none recorded" if not local else f"{local} is gone and no artifact ids were recorded"
         if self.optuna_artifact_store is None:
@@ -439,7 +440,7 @@ class MlflowCallback:
 # ---- what a run holds ------------------------------------------------------------------------------
 
 
-def _params(rec: TrialRecord) -> dict[str, str]:
+def _params(rec: TrialFacts) -> dict[str, str]:
     launch = rec.launch_config or {}
     out: dict[str, str] = {str(k): _str(v) for k, v in rec.params.items()}
     extra: dict[str, Any] = {
@@ -447,7 +448,7 @@ def _params(rec: TrialRecord) -> dict[str, str]:
         "engine_version": rec.engine_version,
         "host": rec.host,
         "gpu_name": rec.gpu_name,
-        "gpu_count": rec.attrs.get("gpu_count"),
+        "gpu_count": rec.gpu_count,
         "model_path": launch.get("model_path"),
         "fixed_args": shlex.join(str(a) for a in launch["fixed_args"]) if launch.get("fixed_args") else None,
     }
@@ -457,43 +458,41 @@ def _params(rec: TrialRecord) -> dict[str, str]:
     return {k: v[:_MAX_PARAM] for k, v in out.items()}
 
 
-def _metrics(rec: TrialRecord) -> list[tuple[str, float, int]]:
+def _metrics(rec: TrialFacts) -> list[tuple[str, float, int]]:
     out: list[tuple[str, float, int]] = []
     for level in rec.levels:
-        step = _int(level.get("max_concurrency"))
-        if step is None:
-            continue
-        for key, value in level.items():
+        step = level.max_concurrency
+        for key, value in level.stored().items():
             if key != "max_concurrency" and _number(value):
                 out.append((str(key), float(value), step))
     for key, value in rec.memory.items():
         if _number(value):
             out.append((MEM_PREFIX + key, float(value), 0))
-    if rec.state == "COMPLETE" and rec.value is not None and math.isfinite(rec.value):
+    if rec.state == TrialState.COMPLETE and rec.value is not None and math.isfinite(rec.value):
         out.append(("objective", float(rec.value), 0))
-    for key in ("level_reached", "startup_s", "stop_s"):
-        if _number(rec.attrs.get(key)):
-            out.append((key, float(rec.attrs[key]), 0))
+    for key, figure in (("level_reached", rec.level_reached), ("startup_s", rec.startup_s),
+                        ("stop_s", rec.stop_s)):
+        if _number(figure):
+            out.append((key, float(figure), 0))
     if rec.duration_s is not None:
         out.append(("duration_s", rec.duration_s, 0))
     return out
 
 
-def _tags(study_name: str, rec: TrialRecord) -> dict[str, str]:
-    oom_phase = rec.memory.get("oom_phase") or (rec.phase if rec.outcome == "oom" else None)
+def _tags(study_name: str, rec: TrialFacts) -> dict[str, str]:
     tags: dict[str, Any] = {
         TAG_STUDY: study_name,
         TAG_KIND: "trial",
         TAG_TRIAL: str(rec.number),
-        TAG_STATE: rec.state,
-        TAG_OUTCOME: rec.outcome,
-        TAG_PHASE: rec.phase,
-        TAG_OOM_PHASE: oom_phase,
+        TAG_STATE: rec.state.name,
+        TAG_OUTCOME: rec.label,
+        TAG_PHASE: rec.phase.value if rec.phase else None,
+        TAG_OOM_PHASE: rec.oom_phase,
         TAG_REASON: rec.reason or None,
         TAG_SIMULATED: "true" if rec.simulated else "false",
         "engine": rec.engine or (rec.launch_config or {}).get("engine"),
-        "servetune.duplicate_of": rec.attrs.get("duplicate_of"),
-        "servetune.retried_from": rec.attrs.get("retried_from"),
+        "servetune.duplicate_of": rec.duplicate_of,
+        "servetune.retried_from": rec.retried_from,
     }
     return {k: _str(v)[:_MAX_TAG] for k, v in tags.items() if v is not None and v != ""}
 
@@ -542,7 +541,7 @@ def _one_line(exc: BaseException) -> str:
     return line if len(line) <= 240 else line[:237] + "..."
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -1,0 +1,99 @@
+"""Every use of Optuna's private attributes, in one place.
+
+servetune drives Optuna's study outside ``Study.optimize`` (one worker thread per host, a study-wide budget
+lock, heartbeats, dashboard notes written from a callback), and a few things it needs have no public API in
+Optuna 5. Each is reached here only, by a function that says what it relies on; ``tests/search/
+test_optuna_compat.py`` pins that behaviour, so an Optuna upgrade that changes it fails there, with a message
+naming the attribute, rather than in a search at 3 a.m.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+# Optuna's artifact-store protocol has no public import path (``optuna.artifacts`` exports the stores, not
+# the protocol they share).
+from optuna.artifacts._protocol import ArtifactStore
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial
+
+__all__ = [
+    "ArtifactStore",
+    "OptunaCompatError",
+    "enter_optimize_loop",
+    "note_target",
+    "set_trial_user_attr",
+    "storage_of",
+    "study_id",
+    "trial_id",
+]
+
+
+class OptunaCompatError(AttributeError):
+    """The installed Optuna lacks a private attribute servetune relies on (see this module)."""
+
+
+def _attr(obj: object, name: str) -> Any:
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        raise OptunaCompatError(
+            f"optuna {optuna.__version__}: {type(obj).__name__}.{name} is gone; servetune reaches it in "
+            "search/_optuna_compat.py, which needs updating for this Optuna"
+        ) from None
+
+
+def trial_id(trial: optuna.Trial | FrozenTrial) -> int:
+    """The storage's id of a trial (``_trial_id``; Optuna exposes only the per-study ``number``).
+
+    Heartbeats and dashboard notes are keyed by it."""
+    return int(_attr(trial, "_trial_id"))
+
+
+def study_id(study: optuna.Study) -> int:
+    """The storage's id of a study (``_study_id``), the key of the study-wide budget lock."""
+    return int(_attr(study, "_study_id"))
+
+
+def storage_of(study: optuna.Study) -> BaseStorage:
+    """The storage a study reads and writes (``_storage``)."""
+    storage = _attr(study, "_storage")
+    assert isinstance(storage, BaseStorage)
+    return storage
+
+
+def enter_optimize_loop(study: optuna.Study) -> None:
+    """Tell the study that this thread runs trials as ``Study.optimize`` would.
+
+    ``Study.optimize`` sets ``_thread_local.in_optimize_loop`` in each of its threads; without it,
+    ``study.ask`` on a storage with heartbeats warns that heartbeats want ``Study.optimize``. servetune's
+    worker threads ask, run under a heartbeat and tell exactly as Optuna's loop does.
+    """
+    _attr(study, "_thread_local").in_optimize_loop = True
+
+
+def set_trial_user_attr(study: optuna.Study, trial: FrozenTrial, key: str, value: Any) -> None:
+    """Set a user attr of a trial this process does not run (a RUNNING trial of a controller that died):
+    ``optuna.Trial.set_user_attr`` needs a live trial; the storage call is what it does underneath."""
+    storage_of(study).set_trial_user_attr(trial_id(trial), key, value)
+
+
+class _NoteTarget:
+    """What ``optuna_dashboard.save_note`` reads of a trial: ``storage``, ``study`` and ``_trial_id``.
+
+    ``save_note`` takes a live ``optuna.Trial``, but a study callback holds a FrozenTrial, and building an
+    ``optuna.Trial`` for a finished trial would call the sampler's ``before_trial``. The note is stored in
+    the study's system attrs keyed by trial id, so these three attributes are all it needs.
+    """
+
+    def __init__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.study = study
+        self.storage = storage_of(study)
+        self._trial_id = trial_id(trial)
+
+
+def note_target(study: optuna.Study, trial: FrozenTrial) -> Any:
+    """An object ``optuna_dashboard.save_note`` accepts as the finished ``trial`` of ``study``."""
+    return _NoteTarget(study, trial)

@@ -1,0 +1,97 @@
+"""The library call behind ``servetune run`` (and ``make demo``): :func:`run_study`.
+
+It does the wiring a search needs around :func:`search.run.run_search`: the hosts (``--host``, an
+inventory, or this machine), MLflow tracking, the dashboard notes, the live progress, and the morning
+summary written at the end. The CLI parses, calls it and renders the :class:`~search.run.RunSummary`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from runners.errors import ServetuneError
+from search.hosts import build_hosts
+from search.notes import notes_callback
+from search.report import report_markdown
+from search.run import RunOptions, RunSummary, StudyCallback, run_search
+from search.settings import Settings
+from search.study import artifact_store
+from spaces.schema import Space
+
+if TYPE_CHECKING:
+    from search.progress import Progress
+
+__all__ = ["RunPlan", "run_study"]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run is about to do (given to ``on_start`` once the hosts are open)."""
+
+    study: str
+    hosts: list[str]
+    storage: str
+    n_trials: int | None
+    timeout: float | None
+
+
+def run_study(space: Space, settings: Settings, *, study_name: str | None = None, n_trials: int | None = None,
+              timeout: float | None = None, hosts: Sequence[str] = (), inventory: Path | None = None,
+              accept_new_host_key: bool = False, mlflow: bool = True, seed: int | None = None,
+              cooldown: float = 300.0, progress: Progress | None = None,
+              on_start: Callable[[RunPlan], None] | None = None) -> RunSummary:
+    """Run (or resume) the study of ``space`` until its budget, its timeout or a signal.
+
+    ``study_name``, ``n_trials`` and ``timeout`` default to the space's. ``hosts`` are ``user@name[:port]``
+    arguments; with neither them nor an ``inventory`` the search runs on this machine. ``progress`` gets
+    the trial events and results (its budget is set here). The morning summary is written to
+    ``<artifacts>/<study>/report.md`` (``RunSummary.report_path``); an MLflow failure at the end is
+    reported in ``RunSummary.mlflow_error``, never raised. Raises ServetuneError for bad input or an
+    unusable storage or host.
+    """
+    name = study_name or space.name
+    budget = n_trials if n_trials is not None else space.budget.n_trials
+    seconds = timeout if timeout is not None else space.budget.timeout
+    opened = build_hosts(space, host_args=hosts, inventory=inventory, runs_root=settings.runs_root,
+                         sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key)
+    callbacks: list[StudyCallback] = []
+    tracker = None
+    if mlflow:
+        from search.tracking import MlflowTracker
+
+        tracker = MlflowTracker(settings.mlflow_uri, optuna_artifact_store=artifact_store(settings.artifacts_dir))
+        callbacks.append(tracker.callback(background=True))
+    callbacks.append(notes_callback())
+    if progress is not None:
+        progress.n_trials = budget
+        callbacks.append(progress.callback)
+    options = RunOptions(
+        study_name=name, storage_url=settings.storage, artifacts_dir=settings.artifacts_dir,
+        n_trials=budget, timeout=seconds, seed=seed, smi_interval=settings.smi_interval, cooldown=cooldown,
+        heartbeat_interval=settings.heartbeat_interval, grace_period=settings.heartbeat_grace,
+        callbacks=callbacks, hook=progress.hook if progress is not None else None,
+    )
+    if on_start is not None:
+        on_start(RunPlan(name, [h.name for h in opened], settings.storage, budget, seconds))
+    try:
+        if progress is not None:
+            with progress:
+                summary = run_search(space, opened, options)
+        else:
+            summary = run_search(space, opened, options)
+    finally:
+        for host in opened:
+            host.close()
+    if tracker is not None:
+        try:
+            tracker.finish_study(summary.study)  # waits for the background logger first
+        except ServetuneError as exc:
+            summary.mlflow_error = str(exc)
+    report_path = settings.artifacts_dir / name / "report.md"
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(report_markdown(summary.study))
+    summary.report_path = report_path
+    return summary

@@ -1,0 +1,66 @@
+"""A study stored by servetune 0.1.0 still reads: its trials come back through ``TrialFacts``, and the report,
+export, notes, ``trials --json`` and MLflow content made of it are what that release made
+(``tests/data/make_stored_study.py`` wrote both files with the release's code)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from runners.telemetry import FailureKind, Phase
+from search import tracking
+from search.export import export_script
+from search.notes import note_markdown
+from search.records import TrialFacts, records
+from search.report import report_markdown
+from tests.data.make_stored_study import EXPORTED_AT, STUDY
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
+    db = tmp_path_factory.mktemp("stored") / "study.db"
+    shutil.copy(DATA / "study-0.1.0.db", db)  # a copy: opening it must not touch the committed file
+    return optuna.load_study(study_name=STUDY, storage=f"sqlite:///{db}")
+
+
+@pytest.fixture(scope="module")
+def expected() -> dict[str, Any]:
+    return dict(json.loads((DATA / "study-0.1.0.expected.json").read_text()))
+
+
+def test_trials_read_back_as_facts(study: optuna.Study) -> None:
+    oom, ok, nccl, dup = records(study)
+    assert (oom.state, oom.outcome, oom.phase) == (TrialState.PRUNED, FailureKind.OOM, Phase.DECODE)
+    assert oom.oom_phase == "decode" and oom.memory["tried_to_allocate_gib"] > 0
+    assert oom.level_reached == 16 and [lv.max_concurrency for lv in oom.levels][:2] == [1, 16]
+    assert (ok.state, ok.outcome, ok.phase) == (TrialState.COMPLETE, "ok", None)
+    assert ok.free_after_capture_gib is not None and ok.simulated
+    assert ok.levels[-1].output_throughput == pytest.approx(ok.value)
+    assert ok.launch_config is not None and ok.argv and ok.engine_version == "0.5.10"
+    assert (nccl.state, nccl.outcome) == (TrialState.PRUNED, FailureKind.NCCL_ERROR)
+    assert dup.duplicate_of == 1 and not dup.measured and dup.value == ok.value
+    assert ok.telemetry.free_after_capture_gib == ok.free_after_capture_gib
+
+
+def test_report_export_and_notes_are_those_of_the_release(study: optuna.Study, expected: dict[str, Any]) -> None:
+    assert report_markdown(study) == expected["report"]
+    assert export_script(study, now=EXPORTED_AT) == expected["export"]
+    assert [note_markdown(t) for t in study.get_trials()] == expected["notes"]
+
+
+def test_trials_json_and_mlflow_content_are_those_of_the_release(study: optuna.Study,
+                                                                  expected: dict[str, Any]) -> None:
+    recs = [TrialFacts.from_trial(t) for t in study.get_trials()]
+    assert json.loads(json.dumps([r.summary() for r in recs], default=str)) == expected["trials_json"]
+    assert [tracking._params(r) for r in recs] == expected["mlflow_params"]
+    metrics = [sorted([k, v, step] for k, v, step in tracking._metrics(r)) for r in recs]
+    assert metrics == expected["mlflow_metrics"]
+    assert [tracking._tags(STUDY, r) for r in recs] == expected["mlflow_tags"]
