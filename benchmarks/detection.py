@@ -16,6 +16,8 @@ from pathlib import Path
 from _common import metadata, run, stats, workdir, write_space
 from optuna.trial import TrialState
 
+from search.records import TrialFacts
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -31,7 +33,7 @@ def main() -> None:
     delays = []
     phases: dict[str, int] = {}
     for t in study.trials:
-        if t.state != TrialState.PRUNED or "duplicate_of" in t.user_attrs:
+        if t.state != TrialState.PRUNED or not TrialFacts.from_trial(t).measured:
             continue
         run_dir = Path(wd / "runs" / "bench" / str(t.number))
         exit_file = run_dir / "exit_code"
@@ -40,7 +42,7 @@ def main() -> None:
         died = os.stat(exit_file).st_mtime
         stored = t.datetime_complete.timestamp()
         delays.append(stored - died)
-        phase = str(t.user_attrs.get("phase"))
+        phase = str(TrialFacts.from_trial(t).phase)
         phases[phase] = phases.get(phase, 0) + 1
     print(json.dumps(metadata()))
     print(f"pruned OOM trials measured: {len(delays)} (by phase: {phases})")

@@ -14,6 +14,8 @@ import json
 from _common import metadata, run, stats, workdir, write_space
 from optuna.trial import TrialState
 
+from search.records import TrialFacts
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -27,15 +29,15 @@ def main() -> None:
         "budget.n_trials": args.trials,
     })
     study, wall = run(space, wd, args.trials)
-    trials = [t for t in study.trials if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
+    trials = [t for t in study.trials if t.state == TrialState.COMPLETE and TrialFacts.from_trial(t).measured]
     in_trial = []
     served = 0.0
     for t in trials:
         duration = (t.datetime_complete - t.datetime_start).total_seconds()
-        server = t.user_attrs["startup_s"] + t.user_attrs["bench_s"]
+        server = TrialFacts.from_trial(t).startup_s + TrialFacts.from_trial(t).bench_s
         served += server
         in_trial.append(duration - server)
-    ran = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
+    ran = [t for t in study.trials if TrialFacts.from_trial(t).measured]
     per_trial_wall = (wall - served) / max(len(trials), 1) if len(trials) == len(ran) else float("nan")
     print(json.dumps(metadata()))
     print(f"trials: {len(trials)} complete of {len(study.trials)}")

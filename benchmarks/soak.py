@@ -32,6 +32,8 @@ from typing import Any
 
 from _common import metadata, workdir, write_space
 
+from search.records import TrialFacts
+
 
 def proc_stats() -> Iterator[tuple[int, list[str]]]:
     """``(pid, fields)`` of every process: the fields of ``/proc/PID/stat`` after the command name
@@ -165,8 +167,8 @@ def main() -> int:
     states: dict[str, int] = {}
     for t in ts:
         states[t.state.name] = states.get(t.state.name, 0) + 1
-    reused = sum(1 for t in ts if "duplicate_of" in t.user_attrs)
-    ooms = sum(1 for t in ts if t.user_attrs.get("outcome") == "oom")
+    reused = sum(1 for t in ts if not TrialFacts.from_trial(t).measured)
+    ooms = sum(1 for t in ts if TrialFacts.from_trial(t).outcome == "oom")
     after_warmup = len(ts) - warmup
     steady = time.perf_counter() - marks["t_before"] if "t_before" in marks else float("nan")
 

@@ -30,7 +30,7 @@ from _common import ROOT, metadata, workdir
 from runners.host import Host
 from runners.server import ServerSession
 from runners.transport import LocalTransport
-from search.records import MEM_PREFIX
+from search.records import TrialFacts
 from search.run import RunOptions, run_search
 from search.study import create_or_load, open_storage
 from spaces.launch import LaunchConfig, render_script
@@ -131,18 +131,18 @@ def sigkill_leader(host: Host, space: Space, version: str) -> dict[str, Any]:
 
 
 def _trial_line(t: Any) -> str:
-    attrs = t.user_attrs
+    facts = TrialFacts.from_trial(t)
     head = f"  trial {t.number} {t.params}: {t.state.name}"
     if t.state.name != "COMPLETE":
-        return (f"{head} {attrs.get('outcome')} in {attrs.get('phase')}, spawn to death {attrs.get('startup_s')} s; "
-                f"KV requested {attrs.get(MEM_PREFIX + 'kv_requested_gib')} GiB, available "
-                f"{attrs.get(MEM_PREFIX + 'kv_available_gib')} GiB, cgroup oom_kill "
-                f"{attrs.get(MEM_PREFIX + 'cgroup_oom_kill')}")
+        return (f"{head} {facts.outcome} in {facts.phase}, spawn to death {facts.startup_s} s; "
+                f"KV requested {facts.memory.get('kv_requested_gib')} GiB, available "
+                f"{facts.memory.get('kv_available_gib')} GiB, cgroup oom_kill "
+                f"{facts.memory.get('cgroup_oom_kill')}")
     levels = "; ".join(
-        f"C={lv['max_concurrency']}: {lv['output_throughput']:.0f} tok/s, median TTFT {lv['median_ttft_ms']:.1f} ms, "
-        f"mean TPOT {lv['mean_tpot_ms']:.2f} ms" for lv in attrs.get("levels", []))
-    return (f"{head}; spawn to /health {attrs.get('startup_s')} s, stop {attrs.get('stop_method')} "
-            f"{attrs.get('stop_s')} s; {levels}")
+        f"C={lv.max_concurrency}: {lv.output_throughput:.0f} tok/s, median TTFT {lv.median_ttft_ms:.1f} ms, "
+        f"mean TPOT {lv.mean_tpot_ms:.2f} ms" for lv in facts.levels)
+    return (f"{head}; spawn to /health {facts.startup_s} s, stop {facts.stop_method} "
+            f"{facts.stop_s} s; {levels}")
 
 
 def main() -> None:
@@ -174,7 +174,7 @@ def main() -> None:
         (t,) = _search(limited, host, wd, "bench-vllm-oom-kill", [OOM_KILL])
         print(f"kernel OOM kill, {OOM_KILL['kv_cache_space_gib']} GiB of KV in a {OOM_KILL_LIMIT} memory cgroup:")
         print(_trial_line(t))
-    version = str(trials[0].user_attrs["engine_version"])  # what the search's preflight read on the host
+    version = str(trials[0].user_facts.engine_version)  # what the search's preflight read on the host
     s = stop_during_startup(host, space, version)
     print(f"stop during start-up: {s['processes']} processes, stopped by {s['stop_method']} in {s['stop_s']} s "
           f"(grace {GRACE:g} s; SIGTERM re-sent: {s['resent_term']}), survivors {s['survivors']}")

@@ -12,6 +12,7 @@ params/metrics/tags made of it, which the current code must reproduce.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import sqlite3
 import sys
 import tempfile
@@ -41,17 +42,19 @@ def main(out: Path) -> None:
             wd / "space.yaml", speed=1000, workload=SEED003, safe=False, base_budget=None,
             knobs={"nccl": {"NCCL_PROTO": ["unset", "LL"], "NCCL_ALGO": ["unset", "Ring", "NVLS"]}}))
         url = f"sqlite:///{out}"
-        storage = open_storage(url)
-        study = create_or_load(storage, STUDY)
+        study = create_or_load(open_storage(url), STUDY)
         for params in (DIES, SURVIVES, {**SURVIVES, "nccl.NCCL_ALGO": "NVLS"}, SURVIVES):
             study.enqueue_trial(params)
         host = local_host(space, runs_root=str(wd / "runs"), sim_dir=wd / "sim")
         options = RunOptions(study_name=STUDY, storage_url=url, artifacts_dir=wd / "artifacts", n_trials=4,
                              timeout=None, seed=3, callbacks=[notes_callback()], smi_interval=0.2)
-        summary = run_search(space, [host], options)
+        run_search(space, [host], options)
         host.close()
-        for engine in (storage.engine, summary.study._storage._backend.engine):  # type: ignore[attr-defined]
-            engine.dispose()  # no connection left holding the file
+
+
+def finish(out: Path) -> None:
+    """One self-contained file (no WAL beside it), compacted; run once the search's process has ended, so
+    that no connection of it holds the file."""
     out.with_name(out.name + ".servetune-lock").unlink(missing_ok=True)
     with sqlite3.connect(out) as db:  # one self-contained file: no WAL beside it
         db.execute("PRAGMA journal_mode=DELETE")
@@ -90,5 +93,10 @@ def expected(db: Path) -> dict[str, Any]:
 
 if __name__ == "__main__":
     target = Path(sys.argv[1])
-    main(target)
+    searching = multiprocessing.Process(target=main, args=(target,))
+    searching.start()
+    searching.join()
+    if searching.exitcode != 0:
+        sys.exit(f"the search failed ({searching.exitcode})")
+    finish(target.resolve())
     target.with_suffix(".expected.json").write_text(json.dumps(expected(target), indent=1) + "\n")

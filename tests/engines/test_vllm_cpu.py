@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 from runners.host import Host
 from runners.server import ServerSession
 from runners.telemetry import FailureKind
-from search.records import MEM_PREFIX
+from search.records import TrialFacts
 from search.run import RunOptions, RunSummary, run_search
 from search.study import create_or_load, open_storage
 from spaces.launch import LaunchConfig, render_script
@@ -71,22 +71,22 @@ def test_search_prunes_kv_oom_and_completes_with_real_throughput(search: RunSumm
     oom = [t for t in trials if t.params["kv_cache_space_gib"] == 32]
     ok = [t for t in trials if t.params["kv_cache_space_gib"] != 32]
     for t in oom:
-        attrs = t.user_attrs
-        assert t.state == TrialState.PRUNED, (t.number, attrs.get("outcome"), attrs.get("reason"))
-        assert attrs["outcome"] == FailureKind.OOM.value and attrs["phase"] == "kv_pool", attrs.get("reason")
-        assert attrs[MEM_PREFIX + "kv_requested_gib"] == 32.0
-        assert 0 < attrs[MEM_PREFIX + "kv_available_gib"] < 32.0
-        assert attrs[MEM_PREFIX + "oom_phase"] == "kv_pool"
-        assert "requested" in attrs["reason"]
+        facts = TrialFacts.from_trial(t)
+        assert t.state == TrialState.PRUNED, (t.number, facts.outcome, facts.reason)
+        assert facts.outcome == FailureKind.OOM.value and facts.phase == "kv_pool", facts.reason
+        assert facts.memory["kv_requested_gib"] == 32.0
+        assert 0 < facts.memory["kv_available_gib"] < 32.0
+        assert facts.memory["oom_phase"] == "kv_pool"
+        assert "requested" in facts.reason
     wl = vllm_space.workload
     for t in ok:
-        attrs = t.user_attrs
-        assert t.state == TrialState.COMPLETE, (t.number, attrs.get("outcome"), attrs.get("reason"),
-                                                 attrs.get("log_tail"))
+        facts = TrialFacts.from_trial(t)
+        assert t.state == TrialState.COMPLETE, (t.number, facts.outcome, facts.reason,
+                                                 facts.log_tail)
         assert t.value is not None and t.value > 0
-        assert attrs[MEM_PREFIX + "kv_gib"] == float(t.params["kv_cache_space_gib"])
-        assert attrs[MEM_PREFIX + "kv_tokens"] > 0
-        levels = attrs["levels"]
+        assert facts.memory["kv_gib"] == float(t.params["kv_cache_space_gib"])
+        assert facts.memory["kv_tokens"] > 0
+        levels = [lv.stored() for lv in facts.levels]
         assert [lv["max_concurrency"] for lv in levels] == wl.concurrency
         for lv, requests in zip(levels, wl.requests(), strict=True):
             assert lv["completed"] == requests and lv["failed"] == 0, lv
@@ -94,7 +94,7 @@ def test_search_prunes_kv_oom_and_completes_with_real_throughput(search: RunSumm
             assert lv["total_output_tokens"] == requests * wl.output_len, lv
             assert lv["output_throughput"] > 0 and lv["p99_ttft_ms"] > 0 and lv["mean_tpot_ms"] > 0, lv
         assert t.value == pytest.approx(levels[-1]["output_throughput"])
-        assert attrs["stop_method"] in ("term", "gone")
+        assert facts.stop_method in ("term", "gone")
     assert search.study.best_trial.number in {t.number for t in ok}
 
 
@@ -113,15 +113,15 @@ def test_kernel_oom_kill_in_a_memory_cgroup_is_pruned_as_oom(
     summary = _search(space, ssh_host, root, "vllm-cpu-oom-kill",
                       [{"kv_cache_space_gib": 3, "max_num_seqs": 4, "enforce_eager": True}])
     (t,) = summary.study.trials
-    attrs = t.user_attrs
-    assert not attrs.get("reason", "").startswith("cannot create a memory cgroup"), attrs.get("reason")
-    assert t.state == TrialState.PRUNED, (attrs.get("outcome"), attrs.get("reason"), attrs.get("log_tail"))
-    assert attrs["outcome"] == FailureKind.OOM.value, attrs.get("reason")
-    assert "OOM killer" in attrs["reason"]
-    assert attrs[MEM_PREFIX + "cgroup_oom_kill"] >= 1
-    assert attrs[MEM_PREFIX + "oom_kill"] >= 1
-    assert attrs[MEM_PREFIX + "cgroup_limit_gib"] == 2.5
-    assert attrs[MEM_PREFIX + "cgroup_peak_gib"] >= 2.4
+    facts = TrialFacts.from_trial(t)
+    assert not facts.reason.startswith("cannot create a memory cgroup"), facts.reason
+    assert t.state == TrialState.PRUNED, (facts.outcome, facts.reason, facts.log_tail)
+    assert facts.outcome == FailureKind.OOM.value, facts.reason
+    assert "OOM killer" in facts.reason
+    assert facts.memory["cgroup_oom_kill"] >= 1
+    assert facts.memory["oom_kill"] >= 1
+    assert facts.memory["cgroup_limit_gib"] == 2.5
+    assert facts.memory["cgroup_peak_gib"] >= 2.4
     # the memory cgroup is gone with the server
     run_dir = Path(ssh_host.resolve(ssh_host.run_dir("vllm-cpu-oom-kill", str(t.number))))
     _version, _, path = (run_dir / "cgroup").read_text().strip().partition(" ")
@@ -224,7 +224,7 @@ def test_exported_script_of_the_best_trial_serves(search: RunSummary, ssh_host: 
     best = study.best_trial
     assert f"--max-num-seqs {best.params['max_num_seqs']}" in script
     assert f"export VLLM_CPU_KVCACHE_SPACE={best.params['kv_cache_space_gib']}" in script
-    launch = LaunchConfig.model_validate(best.user_attrs["launch_config"])
+    launch = LaunchConfig.model_validate(best.user_facts.launch_config)
     session = ServerSession(ssh_host, launch.engine_impl(), launch, script=script,
                             run_dir=ssh_host.run_dir("engines", "exported"),
                             run_id=f"engines-exported-{uuid.uuid4().hex[:8]}", python=vllm_python,

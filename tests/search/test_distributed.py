@@ -24,8 +24,10 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from runners.inventory import open_host
+from search._optuna_compat import study_id
 from search.hosts import sim_env
-from search.run import RunOptions, _StudyLock, run_search
+from search.records import TrialFacts
+from search.run import RunOptions, StopReason, _StudyLock, run_search
 from search.study import create_or_load, open_storage
 from search.tracking import MlflowTracker
 from spaces.schema import load_space
@@ -89,13 +91,13 @@ def test_two_workers_share_one_postgres_study_and_mlflow_is_back_filled(
     assert len(done) == 20  # exactly the budget: no overshoot from two controllers starting at once
     assert all(t.state.is_finished() for t in ts)  # none left RUNNING or WAITING: none lost
     assert sorted(t.number for t in ts) == list(range(len(ts)))
-    ran = [t for t in done if "duplicate_of" not in t.user_attrs]
+    ran = [t for t in done if TrialFacts.from_trial(t).measured]
     reused = len(done) - len(ran)
     configs = [tuple(sorted(t.params.items())) for t in ran]
     assert len(set(configs)) == len(configs), "a configuration was run twice"
     print(f"{len(ran)} trials ran, {reused} reused a measured configuration, "
           f"{sum(1 for t in ts if t.state == TrialState.FAIL)} FAIL")
-    by_host = {h: sum(1 for t in ran if t.user_attrs.get("host") == h) for h in ("gpu-a", "gpu-b")}
+    by_host = {h: sum(1 for t in ran if TrialFacts.from_trial(t).host == h) for h in ("gpu-a", "gpu-b")}
     assert all(by_host.values()), by_host  # both controllers did work
     for name in ("gpu-a", "gpu-b"):
         assert live_servers(tmp_path / name / "runs") == []
@@ -133,7 +135,7 @@ def test_sshd_down_for_a_while_then_back(tmp_path: Path, sshd_factory: Callable[
         return trials(storage, STUDY)
 
     def unreachable() -> int:
-        return sum(1 for t in now() if t.user_attrs.get("outcome") == "host_unreachable")
+        return sum(1 for t in now() if TrialFacts.from_trial(t).outcome == "host_unreachable")
 
     def break_and_mend() -> None:
         wait_for("a first trial", lambda: counted(now()), timeout=60, interval=0.1)
@@ -155,13 +157,13 @@ def test_sshd_down_for_a_while_then_back(tmp_path: Path, sshd_factory: Callable[
         mender.join(timeout=60)
         host.close()
     assert "up" in outage, "sshd was never brought back"
-    assert summary.stopped_by == "budget"
+    assert summary.stopped_by == StopReason.BUDGET
     ts = summary.study.get_trials()
     assert len(counted(ts)) == 4  # the search completed after sshd came back
     failed = [t for t in ts if t.state == TrialState.FAIL]
     assert len(failed) >= 2
-    assert all(t.user_attrs["outcome"] == "host_unreachable" for t in failed)  # FAIL, never PRUNED
-    assert int(str(summary.host_states[0]["set_aside_count"])) >= 1  # set aside, then tried again
+    assert all(TrialFacts.from_trial(t).outcome == "host_unreachable" for t in failed)  # FAIL, never PRUNED
+    assert summary.host_states[0].set_aside_count >= 1  # set aside, then tried again
     assert live_servers(tmp_path / "runs") == []
     assert gpu_pids(tmp_path / "sim") == ""
 
@@ -174,8 +176,8 @@ def test_the_budget_lock_is_shared_by_separate_storages(
     other while one creates a trial (a PostgreSQL advisory lock; an flock beside a SQLite file)."""
     url = postgres.url if backend == "postgresql" else f"sqlite:///{tmp_path}/lock.db"
     first, second = open_storage(url), open_storage(url)
-    study_id = create_or_load(first, "lock-" + backend)._study_id
-    locks = [_StudyLock(first, study_id, url), _StudyLock(second, study_id, url)]
+    key = study_id(create_or_load(first, "lock-" + backend))
+    locks = [_StudyLock(first, key, url), _StudyLock(second, key, url)]
     entered = threading.Event()
 
     def contend() -> None:

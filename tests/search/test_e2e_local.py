@@ -20,7 +20,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from runners.telemetry import FailureKind, Phase
 from search.hosts import local_host
+from search.records import TrialFacts
 from search.run import RunOptions, run_search
 from search.study import create_or_load, open_storage
 from search.tracking import MlflowTracker
@@ -68,18 +70,19 @@ def test_eager_decode_oom_is_pruned_with_telemetry(searched: tuple[Path, optuna.
     _, study = searched
     t = by_number(study)[0]
     assert t.state == TrialState.PRUNED
-    attrs = t.user_attrs
-    assert attrs["outcome"] == "oom"
-    assert attrs["phase"] == "decode"
-    assert attrs["mem.oom_phase"] == "decode"
-    assert attrs["mem.tried_to_allocate_gib"] == pytest.approx(3.94, rel=0.1)
-    assert attrs["mem.free_at_oom_gib"] == pytest.approx(2.8, rel=0.1)
-    assert attrs["mem.free_after_capture_gib"] > 0
-    assert attrs["mem.kv_tokens"] > 0
-    assert attrs["level_reached"] == 16  # C=1 and C=16 were served before C=64 killed it
-    assert [lv["max_concurrency"] for lv in attrs["levels"]][:2] == [1, 16]
-    assert "CUDA out of memory" in attrs["log_tail"]
-    assert attrs["simulated"] is True
+    facts = TrialFacts.from_trial(t)
+    assert facts.outcome == FailureKind.OOM
+    assert facts.phase == Phase.DECODE
+    assert facts.oom_phase == "decode" and facts.memory["oom_phase"] == "decode"
+    assert facts.memory["tried_to_allocate_gib"] == pytest.approx(3.94, rel=0.1)
+    assert facts.memory["free_at_oom_gib"] == pytest.approx(2.8, rel=0.1)
+    assert facts.free_after_capture_gib is not None and facts.free_after_capture_gib > 0
+    assert facts.memory["kv_tokens"] > 0
+    assert facts.level_reached == 16  # C=1 and C=16 were served before C=64 killed it
+    assert [lv.max_concurrency for lv in facts.levels][:2] == [1, 16]
+    assert "CUDA out of memory" in (facts.log_tail or "")
+    assert facts.simulated is True
+    assert t.user_attrs["outcome"] == "oom"  # shown in the dashboard's attribute table
     assert t.intermediate_values[1] > 0 and t.intermediate_values[16] > 0
 
 
@@ -87,28 +90,30 @@ def test_surviving_config_completes_with_the_objective(searched: tuple[Path, opt
     _, study = searched
     t = by_number(study)[1]
     assert t.state == TrialState.COMPLETE
-    c64 = next(lv for lv in t.user_attrs["levels"] if lv["max_concurrency"] == 64)
-    assert t.value == pytest.approx(c64["output_throughput"])
-    assert c64["completed"] == 64 and c64["failed"] == 0
-    assert c64["simulated"] is True
-    assert t.user_attrs["outcome"] == "ok"
+    facts = TrialFacts.from_trial(t)
+    c64 = next(lv for lv in facts.levels if lv.max_concurrency == 64)
+    assert t.value == pytest.approx(c64.output_throughput)
+    assert c64.completed == 64 and c64.failed == 0
+    assert c64.simulated is True
+    assert facts.outcome == "ok"
     assert set(t.intermediate_values) == {1, 16, 64}
-    assert "--cuda-graph-max-bs" in t.user_attrs["argv"]
+    assert "--cuda-graph-max-bs" in (facts.argv or [])
 
 
 def test_illegal_nccl_combination_is_not_an_oom(searched: tuple[Path, optuna.Study]) -> None:
     _, study = searched
     t = by_number(study)[2]
     assert t.state == TrialState.PRUNED
-    assert t.user_attrs["outcome"] == "nccl_error"
-    assert t.user_attrs["env"]["NCCL_ALGO"] == "NVLS"
+    facts = TrialFacts.from_trial(t)
+    assert facts.outcome == FailureKind.NCCL_ERROR
+    assert (facts.env or {})["NCCL_ALGO"] == "NVLS"
 
 
 def test_measured_configuration_is_not_run_again(searched: tuple[Path, optuna.Study]) -> None:
     wd, study = searched
     t = by_number(study)[3]
     assert t.state == TrialState.COMPLETE
-    assert t.user_attrs["duplicate_of"] == 1
+    assert TrialFacts.from_trial(t).duplicate_of == 1
     assert t.value == by_number(study)[1].value
     assert not (wd / "runs" / "e2e" / "3").exists()
 
@@ -117,10 +122,11 @@ def test_servers_are_gone_and_artifacts_kept(searched: tuple[Path, optuna.Study]
     wd, study = searched
     for number in (0, 1, 2):
         t = by_number(study)[number]
-        art = Path(t.user_attrs["artifacts_dir"])
+        facts = TrialFacts.from_trial(t)
+        art = Path(str(facts.artifacts_dir))
         assert (art / "server.log").read_text()
         assert (art / "launch.sh").read_text().startswith("#!/usr/bin/env bash")
-        assert set(t.user_attrs["artifact_ids"]) == {"server.log", "launch.sh", "bench.json", "nvidia-smi.csv"}
+        assert set(facts.artifact_ids or {}) == {"server.log", "launch.sh", "bench.json", "nvidia-smi.csv"}
         assert not (wd / "runs" / "e2e" / str(number) / "scratch").exists()
     assert gpu_pids(wd / "sim") == ""  # no simulated GPU memory left held
 

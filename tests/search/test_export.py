@@ -14,7 +14,8 @@ from optuna.trial import TrialState
 
 from runners.errors import ConfigError
 from search.export import export_script
-from tests.fixtures.trials import build_study, level, make_trial
+from search.records import TrialFacts
+from tests.fixtures.trials import build_study, level, make_trial, stored_attrs
 
 NOW = datetime(2026, 11, 29, 7, 30, tzinfo=UTC)
 
@@ -45,9 +46,9 @@ def bash_n(tmp_path: Path, script: str) -> None:
 def test_script_is_exactly_what_trial_0_ran(study: optuna.Study, tmp_path: Path) -> None:
     script = export_script(study, trial=0, now=NOW)
     bash_n(tmp_path, script)
-    attrs = study.trials[0].user_attrs
-    assert exec_argv(script) == attrs["argv"]
-    assert exports(script) == attrs["env"] == {"NCCL_P2P_LEVEL": "NVL", "NCCL_ALGO": "Ring"}
+    facts = TrialFacts.from_trial(study.trials[0])
+    assert exec_argv(script) == facts.argv
+    assert exports(script) == facts.env == {"NCCL_P2P_LEVEL": "NVL", "NCCL_ALGO": "Ring"}
     assert script.startswith("#!/usr/bin/env bash\n# servetune export: study qwen-h100, trial 0\n")
     assert "# exported 2026-11-29T07:30:00+00:00\n" in script
     assert "# engine: sglang 0.5.10\n" in script
@@ -67,7 +68,7 @@ def test_best_by_default_and_thin_headroom_warning(study: optuna.Study, tmp_path
     script = export_script(study, now=NOW)
     bash_n(tmp_path, script)
     assert "# servetune export: study qwen-h100, trial 1\n" in script
-    assert exec_argv(script) == study.trials[1].user_attrs["argv"]
+    assert exec_argv(script) == TrialFacts.from_trial(study.trials[1]).argv
     assert "--cuda-graph-max-bs-decode 256" in script  # 0.5.23 respelling
     assert "# free GPU memory after CUDA graph capture: 0.82 GiB\n" in script
     assert "# WARNING: only 0.82 GiB free after CUDA graph capture (below 2 GiB): a prefill burst may run " \
@@ -123,15 +124,13 @@ def test_simulated_trial_says_so(tmp_path: Path) -> None:
     assert "# measured (simulated) per concurrency level:\n" in script
     assert "# WARNING: only 1.50 GiB free" in script
     argv = exec_argv(script)
-    assert argv == study.trials[0].user_attrs["argv"]
+    assert argv == TrialFacts.from_trial(study.trials[0]).argv
     assert argv[1:3] == ["-m", "runners.simhost.server"]
 
 
 def test_trial_without_launch_config(tmp_path: Path) -> None:
     trial = make_trial(state=TrialState.COMPLETE, mfs=0.85, cgbs=64, value=1.0, levels=[level(16, 1.0)])
-    attrs = dict(trial.user_attrs)
-    del attrs["launch_config"]
-    trial.user_attrs = attrs
+    trial.user_attrs = stored_attrs(TrialFacts.from_trial(trial).model_copy(update={"launch_config": None}))
     study = build_study(f"sqlite:///{tmp_path / 'o.db'}", "old", [trial])
     with pytest.raises(ConfigError, match="trial 0 of study 'old' has no stored launch_config"):
         export_script(study)

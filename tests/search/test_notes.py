@@ -10,15 +10,15 @@ import optuna_dashboard
 import pytest
 from optuna_dashboard._note import get_note_from_system_attrs
 
+from search._optuna_compat import storage_of, study_id, trial_id
 from search.notes import note_markdown, notes_callback, oom_lines, write_note
 from tests.fixtures.trials import OOM_CUDA_GRAPH_TAIL
 
 
 def read_note(study: optuna.Study, number: int) -> str:
     # NOTE: get_note() wants a live optuna.Trial; read the stored note the way the dashboard does.
-    trial_id = study.trials[number]._trial_id
-    attrs = study._storage.get_study_system_attrs(study._study_id)
-    return str(get_note_from_system_attrs(attrs, trial_id)["body"])
+    attrs = storage_of(study).get_study_system_attrs(study_id(study))
+    return str(get_note_from_system_attrs(attrs, trial_id(study.trials[number]))["body"])
 
 
 def test_oom_note(study: optuna.Study) -> None:

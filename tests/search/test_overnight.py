@@ -26,7 +26,9 @@ from typing import Any
 from optuna.trial import TrialState
 
 from search.hosts import local_host
-from search.run import STALE_REASON, RunOptions, run_search
+from search.pool import HostState
+from search.records import TrialFacts
+from search.run import STALE_REASON, RunOptions, StopReason, run_search
 from search.study import create_or_load, open_storage
 from spaces.schema import load_space
 from tests.fixtures.hog import start_hog, stop_hog
@@ -95,12 +97,12 @@ def test_controller_killed_mid_trial_then_resumed(tmp_path: Path) -> None:
     ts = trials(storage, STUDY)
     dead = ts[0]
     assert dead.state == TrialState.FAIL
-    assert dead.user_attrs["outcome"] == "interrupted" and dead.user_attrs["reason"] == STALE_REASON
-    retried = [t for t in ts if t.user_attrs.get("retried_from") == 0]
+    assert TrialFacts.from_trial(dead).outcome == "interrupted" and TrialFacts.from_trial(dead).reason == STALE_REASON
+    retried = [t for t in ts if TrialFacts.from_trial(t).retried_from == 0]
     assert len(retried) == 1
     again = retried[0]
     assert again.params == dead.params == SURVIVES
-    assert again.state == TrialState.COMPLETE and "duplicate_of" not in again.user_attrs  # really run
+    assert again.state == TrialState.COMPLETE and TrialFacts.from_trial(again).measured  # really run
     assert (tmp_path / "runs" / STUDY / str(again.number) / "server.log").read_text()
     assert len(counted(ts)) == 3  # the budget is exact: the FAIL'd trial does not count
     assert not [t for t in ts if t.state in (TrialState.RUNNING, TrialState.WAITING)]
@@ -136,8 +138,8 @@ def test_second_signal_aborts_the_trial_and_stops_its_server(tmp_path: Path) -> 
     assert not group_alive(pgid)
     [t] = trials(storage, STUDY)
     assert t.state == TrialState.FAIL
-    assert t.user_attrs["outcome"] == "interrupted" and t.user_attrs["reason"] == "interrupted"
-    assert t.user_attrs["stop_method"] == "kill"
+    assert TrialFacts.from_trial(t).outcome == "interrupted" and TrialFacts.from_trial(t).reason == "interrupted"
+    assert TrialFacts.from_trial(t).stop_method == "kill"
     assert "stoppedby:aborted" in squash(ctl.output())
     assert gpu_pids(tmp_path / ".servetune/simhost") == ""
 
@@ -148,14 +150,14 @@ def test_server_that_never_gets_ready_is_a_startup_timeout(tmp_path: Path) -> No
         "startup_timeout": "2s", "stop_grace": "1s", "max_consecutive_failures": 2}))
     host = local_host(space, runs_root=str(tmp_path / "runs"), sim_dir=tmp_path / "sim")
     summary = run_search(space, [host], options(tmp_path, cooldown=60, max_set_asides=1))
-    assert summary.stopped_by == "no hosts left"  # retired after 2 failures in a row: a clean end
-    assert summary.host_states[0]["state"] == "retired"
+    assert summary.stopped_by == StopReason.NO_HOSTS  # retired after 2 failures in a row: a clean end
+    assert summary.host_states[0].state == HostState.RETIRED
     ts = summary.study.get_trials()
     assert len(ts) == 2
     for t in ts:
         assert t.state == TrialState.FAIL  # not PRUNED: the sampler learns nothing from it
-        assert t.user_attrs["outcome"] == "startup_timeout"
-        assert t.user_attrs["reason"].startswith("not ready after 2s")
+        assert TrialFacts.from_trial(t).outcome == "startup_timeout"
+        assert TrialFacts.from_trial(t).reason.startswith("not ready after 2s")
     assert live_servers(tmp_path / "runs") == []
     assert gpu_pids(tmp_path / "sim") == ""
 
@@ -172,17 +174,17 @@ def test_busy_gpu_is_fail_host_busy_and_that_host_is_set_aside(tmp_path: Path) -
     finally:
         stop_hog(hog)
     ts = summary.study.get_trials()
-    on_a = [t for t in ts if t.user_attrs.get("host") == "gpu-a"]
-    on_b = [t for t in ts if t.user_attrs.get("host") == "gpu-b"]
+    on_a = [t for t in ts if TrialFacts.from_trial(t).host == "gpu-a"]
+    on_b = [t for t in ts if TrialFacts.from_trial(t).host == "gpu-b"]
     assert len(on_a) == 2  # two failures in a row, then set aside
     for t in on_a:
-        assert t.state == TrialState.FAIL and t.user_attrs["outcome"] == "host_busy"
-        assert f"pid {hog.pid}" in t.user_attrs["reason"]
+        assert t.state == TrialState.FAIL and TrialFacts.from_trial(t).outcome == "host_busy"
+        assert f"pid {hog.pid}" in TrialFacts.from_trial(t).reason
     assert len(on_b) == 4 and all(t.state == TrialState.COMPLETE for t in on_b)  # the other carried on
-    assert not any(t.user_attrs.get("outcome") == "oom" for t in ts)
-    states = {s["host"]: s for s in summary.host_states}
-    assert states["gpu-a"]["state"] == "set aside" and states["gpu-a"]["set_aside_count"] == 1
-    assert summary.stopped_by == "budget"
+    assert not any(TrialFacts.from_trial(t).outcome == "oom" for t in ts)
+    states = {s.host: s for s in summary.host_states}
+    assert states["gpu-a"].state == HostState.SET_ASIDE and states["gpu-a"].set_aside_count == 1
+    assert summary.stopped_by == StopReason.BUDGET
     assert live_servers(tmp_path / "runs-a") == [] and live_servers(tmp_path / "runs-b") == []
 
 
@@ -190,7 +192,7 @@ def test_timeout_ends_the_search_after_the_running_trial(tmp_path: Path) -> None
     space = load_space(make_space(tmp_path / "space.yaml"))
     host = local_host(space, runs_root=str(tmp_path / "runs"), sim_dir=tmp_path / "sim")
     summary = run_search(space, [host], options(tmp_path, n_trials=100, timeout=2.0))
-    assert summary.stopped_by == "timeout"
+    assert summary.stopped_by == StopReason.TIMEOUT
     ts = summary.study.get_trials()
     assert 1 <= len(ts) < 100 and summary.ran == len(ts)
     assert all(t.state == TrialState.COMPLETE for t in ts)  # the running trial was let finish, not aborted

@@ -8,7 +8,7 @@ import pytest
 
 from runners.host import Host
 from runners.transport import LocalTransport
-from search.pool import HostPool, HostSlot, NoHostsLeft
+from search.pool import HostPool, HostSlot, HostState, NoHostsLeft
 
 
 def hosts(n: int) -> list[Host]:
@@ -36,8 +36,8 @@ def test_flapping_host_is_set_aside_and_others_carry_on() -> None:
         slot = next(s for s in pool.slots if s.name == "h0")
         slot.busy = True
         pool.release(slot, infra_failure=True, error="ssh refused")
-    states = {s["host"]: s["state"] for s in pool.states()}
-    assert states == {"h0": "set aside", "h1": "idle"}
+    states = {s.host: s.state for s in pool.states()}
+    assert states == {"h0": HostState.SET_ASIDE, "h1": HostState.IDLE}
     assert pool.acquire().name == "h1"
 
 
@@ -58,14 +58,14 @@ def test_no_hosts_left_ends_the_search() -> None:
     pool.release(slot, infra_failure=True, error="GPU busy")
     with pytest.raises(NoHostsLeft, match="GPU busy"):
         pool.acquire()
-    assert pool.states()[0]["state"] == "retired"
+    assert pool.states()[0].state == HostState.RETIRED
 
 
 def test_all_set_aside_waits_for_the_cooldown_then_retires() -> None:
     pool = HostPool(hosts(1), max_consecutive_failures=1, cooldown=2.0, max_set_asides=2)
     first = pool.acquire()
     pool.release(first, infra_failure=True, error="ssh refused")
-    assert pool.states()[0]["state"] == "set aside"
+    assert pool.states()[0].state == HostState.SET_ASIDE
     got: list[HostSlot] = []
     waiting = threading.Event()
 
@@ -79,11 +79,11 @@ def test_all_set_aside_waits_for_the_cooldown_then_retires() -> None:
     blocked_while_set_aside = False
     while True:
         done = bool(got)  # read before the state: a host set aside now was set aside then, too
-        state = pool.states()[0]["state"]
+        state = pool.states()[0].state
         if done:
             assert state == "running", "acquire() returned a host that is still set aside"
             break
-        blocked_while_set_aside |= state == "set aside"
+        blocked_while_set_aside |= state == HostState.SET_ASIDE
         assert t.is_alive() or got, "acquire() ended without a host"
         t.join(timeout=0.01)
     assert blocked_while_set_aside, "acquire() returned before the cooldown was over"
@@ -99,7 +99,7 @@ def test_success_resets_the_set_aside_streak() -> None:
     for ok in (False, True, False, True):
         slot = pool.acquire()
         pool.release(slot, infra_failure=not ok, error="x")
-    assert pool.states()[0]["set_aside_count"] == 2
+    assert pool.states()[0].set_aside_count == 2
     assert pool.acquire().name == "h0"
 
 
@@ -116,5 +116,5 @@ def test_put_back_keeps_the_failure_count() -> None:
     pool = HostPool(hosts(1), max_consecutive_failures=2)
     pool.release(pool.acquire(), infra_failure=True, error="x")
     pool.put_back(pool.acquire())
-    assert pool.states()[0]["consecutive_failures"] == 1
-    assert pool.states()[0]["trials"] == 1
+    assert pool.states()[0].consecutive_failures == 1
+    assert pool.states()[0].trials == 1

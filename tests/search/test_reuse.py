@@ -9,7 +9,9 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
+from search._optuna_compat import enter_optimize_loop, trial_id
 from search.objective import _reuse
+from search.records import TrialFacts
 from search.study import create_or_load, open_storage
 
 PARAMS = {"mem_fraction_static": 0.62, "cuda_graph_max_bs": 64}
@@ -30,8 +32,9 @@ def test_completed_twin_is_reused(tmp_path: Path) -> None:
                                                       "cuda_graph_max_bs": 64},
                                               distributions=dists, value=31.5, user_attrs={"outcome": "ok"}))
     trial = study.ask(fixed_distributions=dists)
-    assert _reuse(trial, dict(PARAMS)) == 31.5  # float noise in the stored params does not matter
-    assert trial.user_attrs["duplicate_of"] == 0
+    facts = TrialFacts()
+    assert _reuse(trial, dict(PARAMS), facts) == 31.5  # float noise in the stored params does not matter
+    assert facts.duplicate_of == 0 and facts.outcome == "ok"
 
 
 def test_stale_running_twin_is_not_waited_for_forever(tmp_path: Path) -> None:
@@ -41,12 +44,12 @@ def test_stale_running_twin_is_not_waited_for_forever(tmp_path: Path) -> None:
     study = create_or_load(storage, "s")
     study.enqueue_trial(PARAMS)
     study.enqueue_trial(PARAMS)
-    study._thread_local.in_optimize_loop = True  # as search.run's workers do: ask/tell on a heartbeat storage
+    enter_optimize_loop(study)  # as search.run's workers do: ask/tell on a heartbeat storage
     dead = _ask(study)
-    storage.record_heartbeat(dead._trial_id)  # then the controller "dies": no more heartbeats
+    storage.record_heartbeat(trial_id(dead))  # then the controller "dies": no more heartbeats
     fresh = _ask(study)
     result: list[float | None] = []
-    waiter = threading.Thread(target=lambda: result.append(_reuse(fresh, dict(PARAMS), poll=0.1)), daemon=True)
+    waiter = threading.Thread(target=lambda: result.append(_reuse(fresh, dict(PARAMS), TrialFacts(), poll=0.1)), daemon=True)
     waiter.start()
     waiter.join(timeout=15)
     assert not waiter.is_alive(), "waited forever for a dead controller's trial"

@@ -30,6 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 from runners.host import Host
 from runners.inventory import HostSpec, open_host
 from search.hosts import sim_env
+from search.records import TrialFacts
 from search.run import RunOptions, run_search
 from search.study import create_or_load, open_storage
 from spaces.schema import Space, load_space
@@ -158,16 +159,16 @@ def test_search_over_ssh_prunes_the_oom_and_completes_the_survivor(
 
     oom, ok = trials[0], trials[1]
     assert oom.state == TrialState.PRUNED
-    assert oom.user_attrs["outcome"] == "oom" and oom.user_attrs["mem.oom_phase"] == "decode"
-    assert oom.user_attrs["level_reached"] == 16  # C=1 and C=16 served over SSH before C=64 killed it
-    assert oom.user_attrs["mem.tried_to_allocate_gib"] > 0
-    assert "CUDA out of memory" in oom.user_attrs["log_tail"]
+    assert TrialFacts.from_trial(oom).outcome == "oom" and TrialFacts.from_trial(oom).oom_phase == "decode"
+    assert TrialFacts.from_trial(oom).level_reached == 16  # C=1 and C=16 served over SSH before C=64 killed it
+    assert TrialFacts.from_trial(oom).memory["tried_to_allocate_gib"] > 0
+    assert "CUDA out of memory" in TrialFacts.from_trial(oom).log_tail
     assert ok.state == TrialState.COMPLETE
-    c64 = next(lv for lv in ok.user_attrs["levels"] if lv["max_concurrency"] == 64)
+    c64 = next(lv.stored() for lv in TrialFacts.from_trial(ok).levels if lv.max_concurrency == 64)
     assert c64["completed"] == 64 and c64["failed"] == 0 and ok.value == pytest.approx(c64["output_throughput"])
-    assert ok.user_attrs["stop_method"] == "term"
+    assert TrialFacts.from_trial(ok).stop_method == "term"
     for t in (oom, ok):
-        assert t.user_attrs["host"] == box.spec.name == f"127.0.0.1:{sshd.port}"
+        assert TrialFacts.from_trial(t).host == box.spec.name == f"127.0.0.1:{sshd.port}"
         run = box.run_dir("ssh", t.number)
         assert (run / "launch.sh").is_file() and (run / "server.log").read_text()
         assert (run / "exit_code").is_file() and not (run / "scratch").exists()
@@ -202,9 +203,9 @@ def test_sshd_killed_mid_trial_is_fail_and_its_orphan_is_stopped_when_the_host_i
 
     lost = trials[0]
     assert lost.state == TrialState.FAIL  # infrastructure, not the config: the sampler learns nothing
-    assert lost.user_attrs["outcome"] == "host_unreachable"
-    assert "mem.oom_phase" not in lost.user_attrs
-    assert "stop_error" in lost.user_attrs  # the stop could not reach the host
+    assert TrialFacts.from_trial(lost).outcome == "host_unreachable"
+    assert "oom_phase" not in TrialFacts.from_trial(lost).memory
+    assert TrialFacts.from_trial(lost).stop_error  # the stop could not reach the host
     # The detached server outlived the connection and held its simulated GPU memory ...
     assert seen["members"] and seen["orphan_at_outcome"]
     assert seen["gpu"] & set(seen["members"])
@@ -229,11 +230,11 @@ def test_server_that_ignores_sigterm_gets_sigkill(
 
     t = trials[0]
     assert t.state == TrialState.COMPLETE
-    assert "--sim-ignore-sigterm" in t.user_attrs["argv"]
+    assert "--sim-ignore-sigterm" in TrialFacts.from_trial(t).argv
     # Escalated: TERM, TERM at half the grace, then KILL at its end. (How long that took, ``stop_s``, is a
     # wall-clock figure and not asserted; the server ignores SIGTERM silently, so nothing else shows the TERMs.)
-    assert t.user_attrs["stop_method"] == "kill"
-    assert "stop_error" not in t.user_attrs
+    assert TrialFacts.from_trial(t).stop_method == "kill"
+    assert TrialFacts.from_trial(t).stop_error is None
     run = box.run_dir("ssh", 0)
     assert not group(int((run / "pgid").read_text()))
     assert not (run / "exit_code").exists()  # the wrapper was killed too, before it could write one
@@ -259,9 +260,9 @@ def test_foreign_gpu_process_makes_the_host_busy_without_a_false_oom(
 
     busy = trials[0]
     assert busy.state == TrialState.FAIL
-    assert busy.user_attrs["outcome"] == "host_busy"
-    assert str(hog.pid) in busy.user_attrs["reason"]
-    assert not any(k.startswith("mem.") for k in busy.user_attrs)  # no memory verdict from a shared GPU
+    assert TrialFacts.from_trial(busy).outcome == "host_busy"
+    assert str(hog.pid) in TrialFacts.from_trial(busy).reason
+    assert not TrialFacts.from_trial(busy).memory  # no memory verdict from a shared GPU
     assert not box.run_dir("ssh", 0).exists()  # no server was started next to the foreign process
     free = trials[1]
     assert free.state == TrialState.COMPLETE and free.params == busy.params  # the config was never at fault
@@ -287,14 +288,14 @@ def test_two_hosts_run_two_trials_at_the_same_time(
 
     ran = list(trials.values())
     assert len(ran) == 2 and all(t.state == TrialState.COMPLETE for t in ran)
-    assert {t.user_attrs["host"] for t in ran} == {b.spec.name, c.spec.name}
+    assert {TrialFacts.from_trial(t).host for t in ran} == {b.spec.name, c.spec.name}
     first, second = ran
     assert first.datetime_start and first.datetime_complete and second.datetime_start and second.datetime_complete
     assert first.datetime_start < second.datetime_complete and second.datetime_start < first.datetime_complete
     for t in ran:
-        box = b if t.user_attrs["host"] == b.spec.name else c
-        assert t.user_attrs["launch_config"]["port"] == box.spec.server_port
-        assert t.user_attrs["launch_config"]["python"] == (str(python_c) if box is c else space.engine.python)
+        box = b if TrialFacts.from_trial(t).host == b.spec.name else c
+        assert TrialFacts.from_trial(t).launch_config["port"] == box.spec.server_port
+        assert TrialFacts.from_trial(t).launch_config["python"] == (str(python_c) if box is c else space.engine.python)
         launch_sh = (box.run_dir("ssh", t.number) / "launch.sh").read_text()
         assert (f"exec {python_c} -m" in launch_sh) == (box is c)
         assert (box.run_dir("ssh", t.number) / "server.log").read_text()
@@ -351,7 +352,7 @@ def test_cli_run_over_ssh_then_export(sshd_b: SshServer, tmp_path: Path, boxes: 
     assert "on gpu-box" in res.stdout and "best" in res.stdout
     study = optuna.load_study(study_name="cli-ssh", storage=storage)
     (t,) = study.trials
-    assert t.state == TrialState.COMPLETE and t.user_attrs["host"] == "gpu-box"
+    assert t.state == TrialState.COMPLETE and TrialFacts.from_trial(t).host == "gpu-box"
     assert (box.run_dir("cli-ssh", 0) / "server.log").read_text()
 
     out = tmp_path / "serve.sh"
