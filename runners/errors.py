@@ -69,3 +69,23 @@ class EngineMissing(RunnerError):
 
 class NotOurProcess(RunnerError):
     """A process group failed the ownership check; servetune will not signal it."""
+
+
+# ---- one line of an error ----------------------------------------------------------------------------
+
+
+def first_line(error: object) -> str:
+    """The first line of ``str(error)`` (stripped), or the error's type name when that is empty."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def validation_line(exc: object) -> tuple[str, str]:
+    """``(where, message)`` of a pydantic ``ValidationError``'s first error: the dotted location of the
+    value (empty at the top level) and pydantic's message without its ``Value error, `` prefix."""
+    errors = exc.errors() if hasattr(exc, "errors") else []
+    if not errors:
+        return "", first_line(exc)
+    first = errors[0]
+    where = ".".join(str(part) for part in first.get("loc", ()))
+    return where, str(first.get("msg", "")).removeprefix("Value error, ")

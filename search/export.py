@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
-from runners.errors import ConfigError
+from runners.errors import ConfigError, validation_line
 from search.records import LevelResult, TrialFacts, best_record, records
 from search.report import THIN_HEADROOM_GIB
 from spaces.launch import LaunchConfig, render_script
@@ -45,10 +45,9 @@ def export_script(study: optuna.Study, *, trial: int | None = None, min_free_gib
     try:
         launch = LaunchConfig.model_validate(launch_data)
     except ValidationError as exc:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": str(exc)}
-        where = ".".join(str(p) for p in first["loc"]) or "launch_config"
-        raise ConfigError(f"trial {rec.number}: stored launch config is invalid ({where}: {first['msg']})"
-                          ) from None
+        where, msg = validation_line(exc)
+        raise ConfigError(f"trial {rec.number}: stored launch config is invalid ({where or 'launch_config'}: "
+                          f"{msg})") from None
     bar = min_free_gib if min_free_gib is not None else THIN_HEADROOM_GIB
     header = _header(study, rec, version, bar, now or datetime.now(UTC))
     return render_script(launch, version, header=header)

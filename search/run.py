@@ -54,7 +54,6 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy.engine import make_url
 
 from runners.errors import RunnerError, ServetuneError
 from runners.host import Host
@@ -63,7 +62,7 @@ from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
 from search.pool import HostPool, HostSlot, HostStatus, NoHostsLeft
 from search.records import TrialFacts, mark_interrupted
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL
-from search.study import artifact_store, create_or_load, fail_stale, open_storage
+from search.study import artifact_store, create_or_load, fail_stale, open_storage, sqlite_file
 from spaces.schema import Space
 
 log = logging.getLogger("servetune")
@@ -138,10 +137,9 @@ class _StudyLock:
         self._dialect = storage.engine.dialect.name
         self._conn: Any = None
         self._file: Path | None = None
-        if self._dialect == "sqlite":
-            db = make_url(url).database or ""
-            if db and db != ":memory:" and not db.startswith("file::memory"):
-                self._file = Path(db).with_name(Path(db).name + ".servetune-lock")
+        db = sqlite_file(url) if self._dialect == "sqlite" else None
+        if db is not None and not str(db).startswith("file::memory"):
+            self._file = db.with_name(db.name + ".servetune-lock")
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:

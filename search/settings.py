@@ -22,7 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from runners.errors import ConfigError
+from runners.errors import ConfigError, validation_line
 
 #: Defaults shared with the library entry points (:mod:`search.study`, :mod:`search.run`,
 #: :mod:`search.tracking`), which take them when no settings are given.
@@ -65,8 +65,7 @@ def load_settings(**cli: Any) -> Settings:
     try:
         return Settings(**given)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "settings"
-        raise ConfigError(f"setting {where}: {err['msg']}") from None
+        where, msg = validation_line(exc)
+        raise ConfigError(f"setting {where or 'settings'}: {msg}") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"settings file: {exc}") from None

@@ -24,9 +24,10 @@ from optuna.artifacts import FileSystemArtifactStore
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import event
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError, SQLAlchemyError
 
-from runners.errors import StudyError
+from runners.errors import StudyError, first_line
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL
 
 METRIC_NAMES = ["output_throughput"]
@@ -88,8 +89,8 @@ def open_storage(url: str, *, heartbeat: bool = True, heartbeat_interval: int = 
     ``must_exist``: for commands that only read, a SQLite file that is not there is an error, not a new
     empty database.
     """
-    if url.startswith("sqlite:///"):
-        path = Path(url.removeprefix("sqlite:///"))
+    path = sqlite_file(url)
+    if path is not None:
         if not path.parent.exists():
             raise StudyError(f"storage {url}: directory {path.parent} does not exist")
         if must_exist and not path.exists():
@@ -111,11 +112,11 @@ def open_storage(url: str, *, heartbeat: bool = True, heartbeat_interval: int = 
             _use_wal(storage)
         return storage
     except (ArgumentError, NoSuchModuleError) as exc:
-        raise StudyError(f"storage {url!r} is not a usable SQLAlchemy URL: {_first_line(exc)}") from None
+        raise StudyError(f"storage {url!r} is not a usable SQLAlchemy URL: {first_line(exc)}") from None
     except OperationalError as exc:
-        raise StudyError(f"storage {_redact(url)} is unreachable: {_first_line(exc.orig or exc)}") from None
+        raise StudyError(f"storage {redact(url)} is unreachable: {first_line(exc.orig or exc)}") from None
     except SQLAlchemyError as exc:
-        raise StudyError(f"storage {_redact(url)} failed: {_first_line(exc)}") from None
+        raise StudyError(f"storage {redact(url)} failed: {first_line(exc)}") from None
 
 
 def _create_storage(url: str, engine_kwargs: dict[str, object], kwargs: dict[str, Any]) -> RDBStorage:
@@ -157,7 +158,7 @@ def create_or_load(storage: RDBStorage, name: str, *, direction: Literal["minimi
             sampler=sampler, pruner=optuna.pruners.NopPruner(),
         )
     except SQLAlchemyError as exc:
-        raise StudyError(f"cannot create study {name!r}: {_first_line(exc)}") from None
+        raise StudyError(f"cannot create study {name!r}: {first_line(exc)}") from None
     if study.metric_names is None:
         with experimental_ok():
             study.set_metric_names(METRIC_NAMES)
@@ -187,15 +188,21 @@ def artifact_store(artifacts_dir: str | os.PathLike[str]) -> FileSystemArtifactS
     return FileSystemArtifactStore(str(path))
 
 
-def _first_line(exc: object) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+def redact(url: str) -> str:
+    """A database (or tracking) URL with its password hidden (``***``); anything that is not a SQLAlchemy
+    URL (an ``http://`` tracking server, say) as it is."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
 
 
-def _redact(url: str) -> str:
-    """Hide a password in a storage URL."""
-    if "://" in url and "@" in url:
-        scheme, rest = url.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        user = creds.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}"
-    return url
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a ``sqlite:`` URL; None for another database or an in-memory one."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)

@@ -45,11 +45,11 @@ import optuna
 from optuna.artifacts import download_artifact
 from optuna.trial import FrozenTrial, TrialState
 
-from runners.errors import ServetuneError, StudyError
+from runners.errors import ServetuneError, StudyError, first_line
 from search.records import MEM_PREFIX, TrialFacts
 from search.report import status_data
 from search.settings import DEFAULT_TRACKING_URI
-from search.study import _redact
+from search.study import redact, sqlite_file
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -223,7 +223,7 @@ class MlflowTracker:
             if self.remote:
                 for key, value in HTTP_ENV_DEFAULTS.items():
                     os.environ.setdefault(key, value)
-            db = _sqlite_path(self.tracking_uri)
+            db = sqlite_file(self.tracking_uri)
             if db is not None:
                 db.parent.mkdir(parents=True, exist_ok=True)
             from mlflow import MlflowClient
@@ -241,7 +241,7 @@ class MlflowTracker:
         except Exception as exc:
             if not _is_mlflow_error(exc):
                 raise
-            where = _redact(self.tracking_uri)
+            where = redact(self.tracking_uri)
             raise StudyError(f"MLflow at {where}: {what} failed: {_one_line(exc)}") from None
 
     def _experiment_id(self, name: str) -> str:
@@ -510,13 +510,6 @@ def _artifact_location(root: str | None, *, remote: bool) -> str | None:
     return Path(root).expanduser().resolve().as_uri()
 
 
-def _sqlite_path(uri: str) -> Path | None:
-    if not uri.startswith("sqlite:///"):
-        return None
-    path = uri.removeprefix("sqlite:///").split("?", 1)[0]
-    return None if path in ("", ":memory:") else Path(path)
-
-
 def _is_mlflow_error(exc: BaseException) -> bool:
     from mlflow.exceptions import MlflowException
 
@@ -537,7 +530,7 @@ def _one_line(exc: BaseException) -> str:
     for cause in ("Connection refused", "timed out", "Name or service not known", "No route to host"):
         if cause in text:
             return f"unreachable ({cause.lower()})"
-    line = text.splitlines()[0] if text else type(exc).__name__
+    line = first_line(exc)
     return line if len(line) <= 240 else line[:237] + "..."
 
 

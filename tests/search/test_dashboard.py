@@ -17,6 +17,7 @@ from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
+from search.records import FACTS_ATTR, TrialFacts, write_facts
 from tests.fixtures.mlflow_server import group_alive
 from tests.fixtures.ports import free_port
 from tests.fixtures.trials import build_study, standard_trials
@@ -34,8 +35,7 @@ def test_dashboard_serves_trials_with_their_artifacts(tmp_path: Path) -> None:
     study = build_study(f"sqlite:///{tmp_path / 'servetune.db'}", "dash", standard_trials())
     # A trial recorded as the objective records one: attrs and artifacts while it runs, then PRUNED.
     pruned_trial = study.ask({"mem_fraction_static": FloatDistribution(0.6, 0.95, step=0.01)})
-    for key, value in {"outcome": "oom", "phase": "cuda_graph", "log_tail": "Capture cuda graph failed"}.items():
-        pruned_trial.set_user_attr(key, value)
+    write_facts(pruned_trial, TrialFacts(outcome="oom", phase="cuda_graph", log_tail="Capture cuda graph failed"))
     for name in ("server.log", "launch.sh"):
         (tmp_path / name).write_text(f"{name} of trial {pruned_trial.number}\n")
         upload_artifact(artifact_store=store, file_path=str(tmp_path / name), study_or_trial=pruned_trial)
@@ -57,7 +57,7 @@ def test_dashboard_serves_trials_with_their_artifacts(tmp_path: Path) -> None:
         detail = get(f"http://127.0.0.1:{port}/api/studies/{studies[0]['study_id']}?after=0")
         pruned = next(t for t in detail["trials"] if t["number"] == pruned_trial.number)
         keys = {a["key"] for a in pruned["user_attrs"]}
-        assert {"outcome", "phase", "log_tail"} <= keys
+        assert {"outcome", "phase", FACTS_ATTR} <= keys  # the record, and the attrs people read in the table
         assert {a["filename"] for a in pruned["artifacts"]} >= {"server.log", "launch.sh"}
         # Bound to 127.0.0.1 only (the default), not to every address: another loopback address is refused.
         with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.2", port), timeout=5):

@@ -1,0 +1,106 @@
+"""The trial record: one list of level keys, a record that round-trips, and the stored form of this release
+reads back to what servetune 0.1.0 made of the same trials."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from runners import loadgen
+from runners.telemetry import FailureKind, Phase
+from search import tracking
+from search.export import export_script
+from search.notes import note_markdown
+from search.records import FACTS_ATTR, LevelResult, TrialFacts, best_record, records
+from search.report import report_markdown
+from tests.data.make_stored_study import EXPORTED_AT, STUDY
+from tests.fixtures.trials import make_trial, standard_trials, stored_attrs
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def test_level_fields_are_the_keys_the_load_generator_emits() -> None:
+    assert tuple(LevelResult.model_fields) == loadgen.RECORD_KEYS
+    assert {name for name, _ in LevelResult.TABLE + LevelResult.HEADLINE} <= set(LevelResult.model_fields)
+
+
+def test_a_level_stores_what_it_was_given_without_the_request_description() -> None:
+    record = loadgen.summarize([], 2.0, level=4, api="sglang", input_len=64, output_len=16)
+    level = LevelResult.model_validate(record)
+    stored = level.stored()
+    assert set(stored) == set(loadgen.RECORD_KEYS) - {"backend", "num_prompts", "random_input_len",
+                                                      "random_output_len", "concurrency"}
+    assert stored["mean_ttft_ms"] is None  # measured as "none completed": kept, not dropped
+    assert LevelResult.model_validate({"max_concurrency": 8, "output_throughput": 1.5}).stored() == {
+        "max_concurrency": 8, "output_throughput": 1.5}
+    assert not level.served
+
+
+def test_facts_round_trip_through_the_trial(tmp_path: Path) -> None:
+    trial = make_trial(state=TrialState.PRUNED, mfs=0.9, cgbs=128, outcome="oom", phase="decode",
+                       reason="Decode out of memory", memory={"free_after_capture_gib": 1.2},
+                       levels=[{"max_concurrency": 1, "completed": 1, "failed": 0, "output_throughput": 9.0}])
+    assert set(trial.user_attrs) == {FACTS_ATTR, "outcome", "phase", "reason"}
+    facts = TrialFacts.from_trial(trial)
+    assert (facts.state, facts.outcome, facts.phase) == (TrialState.PRUNED, FailureKind.OOM, Phase.DECODE)
+    assert facts.oom_phase == "decode" and facts.free_after_capture_gib == 1.2
+    assert facts.levels[0].output_throughput == 9.0 and facts.level_reached == 1
+    assert TrialFacts.from_trial(trial).stored() == trial.user_attrs[FACTS_ATTR]
+    assert facts.telemetry.free_after_capture_gib == 1.2
+
+
+def test_a_running_trial_names_its_host_only() -> None:
+    running = standard_trials()[5]
+    facts = TrialFacts.from_trial(running)
+    assert facts.state == TrialState.RUNNING and facts.host == "gpu-a"
+    assert facts.outcome is None and facts.label == "running"
+
+
+def test_unknown_facts_from_a_newer_release_are_ignored() -> None:
+    trial = make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=64, value=1.0)
+    attrs = dict(trial.user_attrs)
+    attrs[FACTS_ATTR] = {**attrs[FACTS_ATTR], "a_fact_of_tomorrow": 42}
+    trial.user_attrs = attrs
+    assert TrialFacts.from_trial(trial).outcome == "ok"
+
+
+def test_best_and_best_with_headroom(study: optuna.Study) -> None:
+    recs = records(study)
+    best = best_record(recs, optuna.study.StudyDirection.MAXIMIZE)
+    assert best is not None and best.number == 1
+    kept = best_record(recs, optuna.study.StudyDirection.MAXIMIZE, min_free_gib=2.0)
+    assert kept is not None and kept.number == 0
+
+
+@pytest.fixture(scope="module")
+def rewritten(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
+    """The stored 0.1.0 study with each trial's facts written as this release writes them."""
+    db = tmp_path_factory.mktemp("rewritten") / "study.db"
+    shutil.copy(DATA / "study-0.1.0.db", db)
+    old = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{db}")
+    new = optuna.create_study(storage=f"sqlite:///{db}", study_name="rewritten", direction="maximize")
+    for trial in old.get_trials():
+        trial.user_attrs = stored_attrs(TrialFacts.from_trial(trial))
+        new.add_trial(trial)
+    return new
+
+
+def test_the_new_record_makes_what_the_old_attrs_made(rewritten: optuna.Study) -> None:
+    expected: dict[str, Any] = json.loads((DATA / "study-0.1.0.expected.json").read_text())
+    trials = rewritten.get_trials()
+    assert all(set(t.user_attrs) <= {FACTS_ATTR, "outcome", "phase", "reason", "duplicate_of"} for t in trials)
+    assert report_markdown(rewritten) == expected["report"].replace(f"report: {STUDY}", "report: rewritten")
+    assert export_script(rewritten, now=EXPORTED_AT) == expected["export"].replace(
+        f"study {STUDY},", "study rewritten,")
+    assert [note_markdown(t) for t in trials] == expected["notes"]
+    recs = records(rewritten)
+    assert json.loads(json.dumps([r.summary() for r in recs], default=str)) == expected["trials_json"]
+    assert [tracking._params(r) for r in recs] == expected["mlflow_params"]
+    assert [sorted([k, v, s] for k, v, s in tracking._metrics(r)) for r in recs] == expected["mlflow_metrics"]
+    assert [tracking._tags(STUDY, r) for r in recs] == expected["mlflow_tags"]
