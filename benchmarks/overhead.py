@@ -34,7 +34,8 @@ def main() -> None:
     served = 0.0
     for t in trials:
         duration = (t.datetime_complete - t.datetime_start).total_seconds()
-        server = TrialFacts.from_trial(t).startup_s + TrialFacts.from_trial(t).bench_s
+        facts = TrialFacts.from_trial(t)
+        server = (facts.startup_s or 0.0) + (facts.bench_s or 0.0)
         served += server
         in_trial.append(duration - server)
     ran = [t for t in study.trials if TrialFacts.from_trial(t).measured]

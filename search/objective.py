@@ -31,7 +31,7 @@ from runners.telemetry import Failure, FailureKind, Phase
 from search._optuna_compat import ArtifactStore
 from search.hosts import preflight
 from search.pool import HostSlot
-from search.records import LevelResult, TrialFacts, note_host, note_waiting, write_facts
+from search.records import LevelResult, TrialFacts, note_waiting, write_facts
 from search.sampling import normal_params, sample
 from search.study import fail_stale
 from spaces.launch import LaunchConfig, render_script
@@ -130,7 +130,6 @@ class Objective:
         facts.launch_config = launch.model_dump(mode="json")
         self._emit(trial, "host", slot.name)
         facts.host = slot.name
-        note_host(trial, slot.name)
         try:
             info = self._preflight(slot)
         except RunnerError as exc:

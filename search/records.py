@@ -10,7 +10,8 @@ How it is stored (Optuna user attrs, JSON values):
 ========================  ==================================================================================
 ``servetune.facts``       the whole record (:meth:`TrialFacts.stored`): outcome, phase, reason, host/GPU/engine,
                           the frozen launch config, argv/env, memory telemetry, levels, the objective...
-``host``                  where the trial runs: written when it starts, so a RUNNING trial names its host
+``host``                  where the trial runs: written when the trial is created for a host (so a RUNNING
+                          trial names it), and again with the record
 ``outcome``, ``phase``,   shown by optuna-dashboard's attribute table (the record holds them too)
 ``reason``, ``duplicate_of``
 ``retried_from``          written by Optuna's stale-trial retry onto the re-queued trial
@@ -54,7 +55,7 @@ __all__ = [
 #: The user attr that holds the whole record.
 FACTS_ATTR = "servetune.facts"
 #: The user attrs optuna-dashboard shows in its table besides the record (written from it).
-DASHBOARD_ATTRS = ("outcome", "phase", "reason", "duplicate_of")
+DASHBOARD_ATTRS = ("host", "outcome", "phase", "reason", "duplicate_of")
 #: Prefix of the memory figures in studies of servetune 0.1.0 (``mem.free_after_capture_gib``...); also the
 #: prefix of their MLflow metric names.
 MEM_PREFIX = "mem."

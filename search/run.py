@@ -60,7 +60,7 @@ from runners.host import Host
 from search._optuna_compat import enter_optimize_loop, study_id, trial_id
 from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
 from search.pool import HostPool, HostSlot, HostStatus, NoHostsLeft
-from search.records import TrialFacts, mark_interrupted
+from search.records import TrialFacts, mark_interrupted, note_host
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL
 from search.study import artifact_store, create_or_load, fail_stale, open_storage, sqlite_file
 from spaces.schema import Space
@@ -209,8 +209,8 @@ class _Budget:
     def done(self) -> bool:
         return self.n_trials is not None and self.counts()[0] >= self.n_trials
 
-    def reserve(self) -> optuna.Trial | str:
-        """A new (or re-queued) trial with its first heartbeat recorded; or DONE; or WAIT."""
+    def reserve(self, host: str) -> optuna.Trial | str:
+        """A new (or re-queued) trial for ``host``, with its first heartbeat recorded; or DONE; or WAIT."""
         with self.lock():
             fail_stale(self.study)  # serialised by the lock
             if self.n_trials is not None:
@@ -220,6 +220,8 @@ class _Budget:
                 if finished + running >= self.n_trials:
                     return self.WAIT
             trial = self.study.ask()
+            # Named at once: `servetune status` and a recovering controller see which host runs it.
+            note_host(trial, host)
             self.storage.record_heartbeat(trial_id(trial))
             return trial
 
@@ -337,7 +339,7 @@ class _Run:
                 if self.stop.is_set():
                     self.pool.put_back(slot)
                     return
-                got = self.budget.reserve()
+                got = self.budget.reserve(slot.name)
             except BaseException:
                 self.pool.put_back(slot)
                 raise

@@ -28,6 +28,7 @@ def get(url: str) -> dict:
         return json.loads(response.read())
 
 
+@pytest.mark.slow  # starts optuna-dashboard (a few seconds)
 def test_dashboard_serves_trials_with_their_artifacts(tmp_path: Path) -> None:
     artifacts = tmp_path / "servetune-artifacts"
     store = FileSystemArtifactStore(str(artifacts / "optuna-artifacts"))

@@ -58,6 +58,7 @@ def postgres() -> Iterator[PostgresCluster]:
         cluster.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_two_workers_share_one_postgres_study_and_mlflow_is_back_filled(
         tmp_path: Path, postgres: PostgresCluster) -> None:
@@ -119,6 +120,7 @@ def test_two_workers_share_one_postgres_study_and_mlflow_is_back_filled(
         mlflow.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.ssh
 def test_sshd_down_for_a_while_then_back(tmp_path: Path, sshd_factory: Callable[[str], SshServer]) -> None:
     sshd = sshd_factory("127.0.0.1")

@@ -21,9 +21,12 @@ import pytest
 from optuna.trial import TrialState
 
 from runners.telemetry import FailureKind, Phase
+from search import RunPlan, StopReason, run_study
 from search.hosts import local_host
+from search.pool import HostState
 from search.records import TrialFacts
 from search.run import RunOptions, run_search
+from search.settings import load_settings
 from search.study import create_or_load, open_storage
 from search.tracking import MlflowTracker
 from spaces.schema import load_space
@@ -66,6 +69,7 @@ def by_number(study: optuna.Study) -> dict[int, optuna.trial.FrozenTrial]:
     return {t.number: t for t in study.get_trials()}
 
 
+@pytest.mark.slow  # the module fixture runs a real search (about 10 s)
 def test_eager_decode_oom_is_pruned_with_telemetry(searched: tuple[Path, optuna.Study]) -> None:
     _, study = searched
     t = by_number(study)[0]
@@ -86,6 +90,7 @@ def test_eager_decode_oom_is_pruned_with_telemetry(searched: tuple[Path, optuna.
     assert t.intermediate_values[1] > 0 and t.intermediate_values[16] > 0
 
 
+@pytest.mark.slow  # the module fixture runs a real search (about 10 s)
 def test_surviving_config_completes_with_the_objective(searched: tuple[Path, optuna.Study]) -> None:
     _, study = searched
     t = by_number(study)[1]
@@ -100,6 +105,7 @@ def test_surviving_config_completes_with_the_objective(searched: tuple[Path, opt
     assert "--cuda-graph-max-bs" in (facts.argv or [])
 
 
+@pytest.mark.slow  # the module fixture runs a real search (about 10 s)
 def test_illegal_nccl_combination_is_not_an_oom(searched: tuple[Path, optuna.Study]) -> None:
     _, study = searched
     t = by_number(study)[2]
@@ -109,6 +115,7 @@ def test_illegal_nccl_combination_is_not_an_oom(searched: tuple[Path, optuna.Stu
     assert (facts.env or {})["NCCL_ALGO"] == "NVLS"
 
 
+@pytest.mark.slow  # the module fixture runs a real search (about 10 s)
 def test_measured_configuration_is_not_run_again(searched: tuple[Path, optuna.Study]) -> None:
     wd, study = searched
     t = by_number(study)[3]
@@ -118,6 +125,7 @@ def test_measured_configuration_is_not_run_again(searched: tuple[Path, optuna.St
     assert not (wd / "runs" / "e2e" / "3").exists()
 
 
+@pytest.mark.slow  # the module fixture runs a real search (about 10 s)
 def test_servers_are_gone_and_artifacts_kept(searched: tuple[Path, optuna.Study]) -> None:
     wd, study = searched
     for number in (0, 1, 2):
@@ -131,6 +139,7 @@ def test_servers_are_gone_and_artifacts_kept(searched: tuple[Path, optuna.Study]
     assert gpu_pids(wd / "sim") == ""  # no simulated GPU memory left held
 
 
+@pytest.mark.slow  # the module fixture runs a real search (about 10 s)
 def test_every_trial_is_in_mlflow(searched: tuple[Path, optuna.Study]) -> None:
     wd, study = searched
     tracker = MlflowTracker(f"sqlite:///{wd}/mlruns/mlflow.db", artifact_root=str(wd / "mlruns" / "artifacts"))
@@ -143,6 +152,7 @@ def test_every_trial_is_in_mlflow(searched: tuple[Path, optuna.Study]) -> None:
     assert tracker.sync(study).added == 0  # idempotent
 
 
+@pytest.mark.slow  # the module fixture runs a real search (about 10 s)
 def test_cli_trials_export_and_resume(searched: tuple[Path, optuna.Study]) -> None:
     wd, _ = searched
     storage = f"sqlite:///{wd}/servetune.db"
@@ -162,6 +172,30 @@ def test_cli_trials_export_and_resume(searched: tuple[Path, optuna.Study]) -> No
     study = optuna.load_study(study_name="e2e", storage=storage)
     assert len(study.trials) >= 5
     assert {t.number for t in study.trials} == set(range(len(study.trials)))
+    # What `servetune run` prints: the plan, the trials, why it stopped, the best, the morning summary.
+    assert "study e2e on local" in res.stdout and "budget 5 trials" in res.stdout
+    assert "servetune trials" in res.stdout
+    assert "stopped by: budget" in res.stdout
+    assert "best: trial 1," in res.stdout
+    report = wd / "artifacts" / "e2e" / "report.md"
+    assert f"morningsummary:{report}" in "".join(res.stdout.split())  # however the console wrapped it
+
+
+@pytest.mark.slow  # the module fixture runs a real search (about 10 s)
+def test_run_study_is_the_library_call_behind_run(searched: tuple[Path, optuna.Study]) -> None:
+    wd, study = searched
+    settings = load_settings(storage=f"sqlite:///{wd}/servetune.db", artifacts_dir=wd / "artifacts-lib",
+                             runs_root=str(wd / "runs"), sim_dir=wd / "sim")
+    seen: list[RunPlan] = []
+    counted = len([t for t in study.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)])
+    summary = run_study(load_space(wd / "space.yaml"), settings, study_name="e2e", n_trials=counted,
+                        mlflow=False, on_start=seen.append)
+    assert seen == [RunPlan("e2e", ["local"], settings.storage, counted, None)]
+    assert summary.stopped_by == StopReason.BUDGET_REACHED and summary.ran == 0
+    assert [(s.host, s.state) for s in summary.host_states] == [("local", HostState.IDLE)]
+    assert summary.report_path == wd / "artifacts-lib" / "e2e" / "report.md"
+    assert summary.report_path.read_text().startswith("# servetune report: e2e\n")
+    assert summary.mlflow_error is None
 
 
 @pytest.mark.parametrize(

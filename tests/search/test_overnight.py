@@ -23,6 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from optuna.trial import TrialState
 
 from search.hosts import local_host
@@ -49,6 +50,8 @@ from tests.search.overnight_kit import (
 )
 
 STUDY = "night"
+
+pytestmark = pytest.mark.slow  # each test runs real searches with fault injection (7-40 s)
 
 
 def run_args(space: Path, storage: str, *extra: str) -> tuple[str, ...]:

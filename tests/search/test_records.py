@@ -46,7 +46,7 @@ def test_facts_round_trip_through_the_trial(tmp_path: Path) -> None:
     trial = make_trial(state=TrialState.PRUNED, mfs=0.9, cgbs=128, outcome="oom", phase="decode",
                        reason="Decode out of memory", memory={"free_after_capture_gib": 1.2},
                        levels=[{"max_concurrency": 1, "completed": 1, "failed": 0, "output_throughput": 9.0}])
-    assert set(trial.user_attrs) == {FACTS_ATTR, "outcome", "phase", "reason"}
+    assert set(trial.user_attrs) == {FACTS_ATTR, "host", "outcome", "phase", "reason"}
     facts = TrialFacts.from_trial(trial)
     assert (facts.state, facts.outcome, facts.phase) == (TrialState.PRUNED, FailureKind.OOM, Phase.DECODE)
     assert facts.oom_phase == "decode" and facts.free_after_capture_gib == 1.2
@@ -94,7 +94,7 @@ def rewritten(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
 def test_the_new_record_makes_what_the_old_attrs_made(rewritten: optuna.Study) -> None:
     expected: dict[str, Any] = json.loads((DATA / "study-0.1.0.expected.json").read_text())
     trials = rewritten.get_trials()
-    assert all(set(t.user_attrs) <= {FACTS_ATTR, "outcome", "phase", "reason", "duplicate_of"} for t in trials)
+    assert all(set(t.user_attrs) <= {FACTS_ATTR, "host", "outcome", "phase", "reason", "duplicate_of"} for t in trials)
     assert report_markdown(rewritten) == expected["report"].replace(f"report: {STUDY}", "report: rewritten")
     assert export_script(rewritten, now=EXPORTED_AT) == expected["export"].replace(
         f"study {STUDY},", "study rewritten,")

@@ -41,7 +41,7 @@ from tests.search.overnight_kit import BASE, DIES, SEED003, SURVIVES
 from tests.search.overnight_kit import cli as kit_cli
 from tests.search.overnight_kit import make_space as kit_make_space
 
-pytestmark = pytest.mark.ssh
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]  # real searches over a real sshd
 
 ALSO_SURVIVES = {**BASE, "mem_fraction_static": 0.60, "cuda_graph_max_bs": 64}
 SSH_BUDGET = {"startup_timeout": "40s", "benchmark_timeout": "60s", "stop_grace": "5s"}
