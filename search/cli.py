@@ -76,22 +76,19 @@ def run(
     ``--storage``) each controller runs its own hosts and the budget is shared. First Ctrl-C/SIGTERM:
     finish the running trials and stop; second: abort them.
     """
-    from search.api import RunPlan, run_study
-    from search.progress import Progress, print_run
+    from search.api import run_study
+    from search.progress import Progress, print_plan, print_run
 
     space = load_space(space_file)
     settings = _settings(storage=storage, mlflow_uri=mlflow_uri, artifacts_dir=artifacts_dir)
-
-    def announce(plan: RunPlan) -> None:
-        console.print(f"study [bold]{plan.study}[/] on {', '.join(plan.hosts)} "
-                      f"(storage {plan.storage}; budget {plan.n_trials or 'unlimited'} trials)")
 
     summary = run_study(
         space, settings, study_name=study, n_trials=n_trials,
         timeout=_duration("--timeout", timeout) if timeout else None, hosts=host or [], inventory=inventory,
         accept_new_host_key=accept_new_host_key, mlflow=not no_mlflow, seed=seed,
         cooldown=_duration("--host-cooldown", host_cooldown),
-        progress=Progress(console, n_trials=None, metric=space.objective.metric, live=live), on_start=announce,
+        progress=Progress(console, n_trials=None, metric=space.objective.metric, live=live),
+        on_start=lambda plan: print_plan(console, plan),
     )
     print_run(console, err_console, summary, space)
     if summary.stopped_by.interrupted:

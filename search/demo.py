@@ -17,9 +17,9 @@ from optuna.trial import TrialState
 from rich.console import Console
 
 from runners.errors import ServetuneError
-from search.api import RunPlan, run_study
+from search.api import run_study
 from search.export import export_script, write_script
-from search.progress import Progress, print_run
+from search.progress import Progress, print_plan, print_run
 from search.settings import Settings, load_settings
 from search.study import open_study
 from spaces.schema import load_space
@@ -48,14 +48,9 @@ def demo(study: str, n_trials: int | None, console: Console, err_console: Consol
     settings = load_settings()
     space = load_space(ROOT / "spaces" / "demo-sim.yaml")
     budget = n_trials or _resume_budget(settings, study)
-
-    def announce(plan: RunPlan) -> None:
-        console.print(f"study [bold]{plan.study}[/] on {', '.join(plan.hosts)} "
-                      f"(storage {plan.storage}; budget {plan.n_trials or 'unlimited'} trials)")
-
     summary = run_study(space, settings, study_name=study, n_trials=budget, seed=SEED,
                         progress=Progress(console, n_trials=None, metric=space.objective.metric),
-                        on_start=announce)
+                        on_start=lambda plan: print_plan(console, plan))
     print_run(console, err_console, summary, space)
     if summary.stopped_by.interrupted:
         return 130

@@ -17,6 +17,7 @@ from rich.text import Text
 from search.records import TrialFacts, best_record, records
 
 if TYPE_CHECKING:
+    from search.api import RunPlan
     from search.run import RunSummary
     from spaces.schema import Space
 
@@ -134,6 +135,12 @@ def _short(name: str) -> str:
 
 def _value(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def print_plan(console: Console, plan: RunPlan) -> None:
+    """What ``servetune run`` prints once its hosts are open: the study, the hosts, storage and budget."""
+    console.print(f"study [bold]{plan.study}[/] on {', '.join(plan.hosts)} "
+                  f"(storage {plan.storage}; budget {plan.n_trials or 'unlimited'} trials)")
 
 
 def print_run(console: Console, err_console: Console, summary: RunSummary, space: Space) -> None:
