@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from runners.engines.base import LaunchLike
-from runners.engines.sglang import SGLangEngine, SimulatedLogParser, parse_version
+from runners.engines.common import parse_version
+from runners.engines.sglang import SGLangEngine, SimulatedLogParser
 from runners.errors import ConfigError
 
 __all__ = ["SimEngine"]
