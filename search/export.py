@@ -1,6 +1,6 @@
 """``servetune export``: the launch script of a measured trial, rendered from the value the trial ran.
 
-The script comes from :func:`spaces.launch.render_script` applied to the trial's stored ``launch_config`` and
+The script comes from :func:`runners.engines.script.render_script` applied to the trial's stored ``launch_config`` and
 ``engine_version``, so its exports and its ``exec`` line are exactly what the trial ran. The header comments
 carry the evidence: study, trial, engine and version, GPU and host, the measured figures per concurrency
 level, the free GPU memory after CUDA graph capture, and a WARNING when that headroom is thin (seed 001:
@@ -14,10 +14,12 @@ from datetime import UTC, datetime
 import optuna
 from pydantic import ValidationError
 
+from runners.engines import engine_for
+from runners.engines.script import render_script
 from runners.errors import ConfigError
 from search.records import TrialRecord, best_record, records
 from search.report import THIN_HEADROOM_GIB
-from spaces.launch import LaunchConfig, render_script
+from spaces.launch import LaunchConfig
 
 __all__ = ["export_script", "pick_record"]
 
@@ -49,7 +51,7 @@ def export_script(study: optuna.Study, *, trial: int | None = None, min_free_gib
                           ) from None
     bar = min_free_gib if min_free_gib is not None else THIN_HEADROOM_GIB
     header = _header(study, rec, version, bar, now or datetime.now(UTC))
-    return render_script(launch, version, header=header)
+    return render_script(engine_for(launch), launch, version, header=header)
 
 
 def pick_record(study: optuna.Study, *, trial: int | None = None,

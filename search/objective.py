@@ -25,6 +25,8 @@ from optuna.artifacts import upload_artifact
 from optuna.artifacts._protocol import ArtifactStore
 from optuna.trial import TrialState
 
+from runners.engines import engine_for
+from runners.engines.script import render
 from runners.errors import RunnerError, ServetuneError
 from runners.host import HostInfo
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
@@ -34,7 +36,7 @@ from search.pool import HostSlot
 from search.records import MEM_PREFIX
 from search.sampling import normal_params, sample
 from search.study import fail_stale
-from spaces.launch import LaunchConfig, render_script
+from spaces.launch import LaunchConfig
 from spaces.schema import Space
 
 #: A host whose last server stopped less than this many seconds ago may still be releasing GPU memory.
@@ -134,11 +136,12 @@ class Objective:
         trial.set_user_attr("engine_version", version)
         trial.set_user_attr("gpu_name", info.gpu_name)
         trial.set_user_attr("gpu_count", len(info.gpus))
-        engine = launch.engine_impl()
+        engine = engine_for(launch)  # resolved once per trial and passed on
         header = [f"servetune trial {trial.number} of study {env.study_name}"]
-        script = render_script(launch, version, header=header)
-        trial.set_user_attr("argv", launch.argv(version))
-        trial.set_user_attr("env", launch.environment(version))
+        rendered = render(engine, launch, version, header=header)
+        script = rendered.script
+        trial.set_user_attr("argv", rendered.argv)
+        trial.set_user_attr("env", rendered.env)
         run_id = f"{env.study_name}-{trial.number}-{uuid.uuid4().hex[:8]}"
         run_dir = slot.host.run_dir(env.study_name, str(trial.number))
         trial.set_user_attr("run_id", run_id)

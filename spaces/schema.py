@@ -40,7 +40,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from runners.engines import sglang, vllm
 from runners.errors import ConfigError
 
 UNSET = "unset"
@@ -259,10 +258,18 @@ class Knobs(_Strict):
         return out
 
 
-SGLANG_KNOBS = {*sglang.KNOB_FLAGS, "nccl"}
-"""Knobs a space may search for SGLang and the simulated host: the engine's flags and NCCL variables."""
-VLLM_KNOBS = {*vllm.KNOB_FLAGS, *vllm.ENV_KNOBS}
-"""Knobs a space may search for vLLM: the engine's flags and its environment knobs."""
+ENGINE_KNOBS: dict[str, frozenset[str]] = {
+    "sglang": frozenset({"mem_fraction_static", "cuda_graph_max_bs", "num_continuous_decode_steps",
+                         "max_running_requests", "chunked_prefill_size", "nccl"}),
+    "vllm": frozenset({"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "cuda_graph_sizes",
+                       "max_model_len", "enforce_eager", "kv_cache_space_gib"}),
+}
+"""The knobs a space may name, per engine kind (``sim`` takes SGLang's). The vocabulary lives here; each engine
+owns the flag for each of its knobs (``runners.engines``: ``knob_flags``/``env_knobs``), and a contract test
+checks that every name here has one. ``nccl`` stands for the NCCL environment variables."""
+ENGINE_KNOBS["sim"] = ENGINE_KNOBS["sglang"]
+SGLANG_KNOBS = ENGINE_KNOBS["sglang"]
+VLLM_KNOBS = ENGINE_KNOBS["vllm"]
 
 
 class SimOptions(_Strict):
@@ -373,7 +380,7 @@ class Space(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Space:
-        allowed = VLLM_KNOBS if self.engine.kind == "vllm" else SGLANG_KNOBS
+        allowed = ENGINE_KNOBS[self.engine.kind]
         for name in self.knobs.model_fields_set:
             if getattr(self.knobs, name) not in (None, {}) and name not in allowed:
                 raise ValueError(
