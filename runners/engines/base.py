@@ -94,8 +94,9 @@ class Engine(Protocol):
         knob this engine does not have."""
         ...
 
-    def inert_knobs(self, version: str) -> dict[str, str]:
-        """Knobs (``nccl.NAME`` for NCCL variables) that have no effect in ``version`` -> why, one line."""
+    def inert_knobs(self, version: str | None) -> dict[str, str]:
+        """Knobs (``nccl.NAME`` for NCCL variables) that have no effect in ``version`` -> why, one line each;
+        with ``version`` None (not known yet), those inert in every release the engine's knowledge covers."""
         ...
 
     def version_command(self, python: str) -> str:

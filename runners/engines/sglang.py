@@ -71,8 +71,11 @@ _INERT: tuple[tuple[str, Version, Version, str], ...] = (
 )
 
 
-def inert_knobs(version: str) -> dict[str, str]:
-    """Knobs (``nccl.NAME`` for NCCL variables) that have no effect in this SGLang version -> why."""
+def inert_knobs(version: str | None) -> dict[str, str]:
+    """Knobs (``nccl.NAME`` for NCCL variables) that have no effect in this SGLang version -> why; with no
+    version, those inert in every release read (0.5.2-0.5.23)."""
+    if version is None:
+        return {knob: why for knob, low, high, why in _INERT if low <= (0, 5, 2) and high >= (0, 5, 23)}
     v = parse_version(version)
     return {knob: why for knob, low, high, why in _INERT if low <= v <= high}
 
@@ -495,7 +498,7 @@ class SGLangEngine:
     def knob_flag(self, knob: str, version: str) -> str:
         return knob_flag(knob, parse_version(version))
 
-    def inert_knobs(self, version: str) -> dict[str, str]:
+    def inert_knobs(self, version: str | None) -> dict[str, str]:
         return inert_knobs(version)
 
     def version_command(self, python: str) -> str:

@@ -50,5 +50,9 @@ class SimEngine(SGLangEngine):
             args += ["--" + key.lstrip("-").replace("_", "-"), value]
         return args
 
+    def inert_knobs(self, version: str | None) -> dict[str, str]:
+        """SGLang's, for the emulated version (the simulated host gives an inert knob no effect either)."""
+        return super().inert_knobs(version or self.version)
+
     def parser(self) -> SimulatedLogParser:
         return SimulatedLogParser()

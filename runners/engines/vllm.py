@@ -423,9 +423,10 @@ class VLLMEngine:
             return ENV_KNOBS[knob]
         return knob_flag(knob, parse_version(version))
 
-    def inert_knobs(self, version: str) -> dict[str, str]:
+    def inert_knobs(self, version: str | None) -> dict[str, str]:
         """No vLLM knob is known to be inert (the releases read: 0.10.2, 0.11.0, 0.11.1, 0.33.0)."""
-        parse_version(version)
+        if version is not None:
+            parse_version(version)
         return {}
 
     def version_command(self, python: str) -> str:
