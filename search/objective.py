@@ -25,7 +25,7 @@ from optuna.artifacts import upload_artifact
 from optuna.artifacts._protocol import ArtifactStore
 from optuna.trial import TrialState
 
-from runners.engines import engine_for
+from runners.engines import Engine, engine_for
 from runners.engines.script import render
 from runners.errors import RunnerError, ServetuneError
 from runners.host import HostInfo
@@ -93,14 +93,14 @@ class Objective:
         if self.env.hook is not None:
             self.env.hook(trial.number, kind, value)
 
-    def _preflight(self, slot: HostSlot) -> HostInfo:
+    def _preflight(self, slot: HostSlot, engine: Engine) -> HostInfo:
         """Stop orphans, check the host is reachable, the engine present and the GPUs free."""
         env = self.env
         host = slot.host
         orphans = host.cleanup_orphans(grace=env.space.budget.stop_grace)
         cached = env.preflight_cache.get(host.name)
         if cached is None:
-            info = preflight(host, env.space)
+            info = preflight(host, env.space, engine)
             env.preflight_cache[host.name] = info
         else:
             # Engine and python do not change between trials; the GPUs do.
@@ -127,8 +127,9 @@ class Objective:
         trial.set_user_attr("launch_config", launch.model_dump(mode="json"))
         self._emit(trial, "host", slot.name)
         trial.set_user_attr("host", slot.name)
+        engine = engine_for(launch)  # resolved once per trial and passed on
         try:
-            info = self._preflight(slot)
+            info = self._preflight(slot, engine)
         except RunnerError as exc:
             kind = FailureKind.HOST_BUSY if type(exc).__name__ == "HostBusy" else FailureKind.HOST_UNREACHABLE
             self._fail(trial, Failure(kind, None, str(exc)))
@@ -136,7 +137,6 @@ class Objective:
         trial.set_user_attr("engine_version", version)
         trial.set_user_attr("gpu_name", info.gpu_name)
         trial.set_user_attr("gpu_count", len(info.gpus))
-        engine = engine_for(launch)  # resolved once per trial and passed on
         header = [f"servetune trial {trial.number} of study {env.study_name}"]
         rendered = render(engine, launch, version, header=header)
         script = rendered.script
