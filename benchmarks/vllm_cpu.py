@@ -27,13 +27,15 @@ from typing import Any
 
 from _common import ROOT, metadata, workdir
 
+from runners.engines import engine_for
+from runners.engines.script import render_script
 from runners.host import Host
 from runners.server import ServerSession
 from runners.transport import LocalTransport
 from search.records import TrialFacts
 from search.run import RunOptions, run_search
 from search.study import create_or_load, open_storage
-from spaces.launch import LaunchConfig, render_script
+from spaces.launch import LaunchConfig
 from spaces.schema import Space, load_space
 
 SEARCH = [
@@ -74,7 +76,8 @@ def _search(space: Space, host: Host, wd: Path, name: str, trials: list[dict[str
 
 def _session(host: Host, space: Space, version: str, name: str) -> ServerSession:
     launch = LaunchConfig.from_params(space, SEARCH[0])
-    return ServerSession(host, launch.engine_impl(), launch, script=render_script(launch, version),
+    engine = engine_for(launch)
+    return ServerSession(host, engine, launch, script=render_script(engine, launch, version),
                          run_dir=host.run_dir("bench", name), run_id=f"bench-{name}-{uuid.uuid4().hex[:8]}",
                          python=space.engine.python, stop_grace=GRACE, smi_interval=0)
 

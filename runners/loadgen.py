@@ -28,6 +28,7 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -113,6 +114,39 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+class _StreamEnded(Exception):
+    """The stream failed mid-way; the message is the request's error."""
+
+
+def _chunks(resp: http.client.HTTPResponse, deadline: float, timeout: float) -> Iterator[tuple[float, dict[str, Any]]]:
+    """``(arrival time, JSON chunk)`` for each server-sent event up to ``[DONE]``. Raises _StreamEnded on a
+    timeout or an error event."""
+    while True:
+        raw = resp.readline()
+        if not raw:
+            return
+        now = time.perf_counter()
+        if now > deadline:
+            raise _StreamEnded(f"timeout after {timeout:g}s")
+        line = raw.decode("utf-8", "replace").strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            continue
+        if not isinstance(chunk, dict):
+            continue
+        if chunk.get("error"):
+            err = chunk["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            raise _StreamEnded(f"server error: {msg}"[:300])
+        yield now, chunk
+
+
 def stream_request(target: Target, api: str, model: str, prompt: list[int], output_len: int,
                    timeout: float) -> RequestResult:
     """Send one streaming request and time it. Never raises: a failure is ``ok=False`` with ``error``."""
@@ -120,7 +154,6 @@ def stream_request(target: Target, api: str, model: str, prompt: list[int], outp
     result.input_tokens = len(prompt)
     path, body = request_body(api, model, prompt, output_len)
     start = time.perf_counter()
-    deadline = start + timeout
     last_token_at = start
     chunk_tokens = 0
     reported_tokens: int | None = None
@@ -134,31 +167,7 @@ def stream_request(target: Target, api: str, model: str, prompt: list[int], outp
             detail = resp.read(300).decode("utf-8", "replace").strip()
             result.error = f"HTTP {resp.status}: {detail}"[:300]
             return result
-        while True:
-            raw = resp.readline()
-            if not raw:
-                break
-            now = time.perf_counter()
-            if now > deadline:
-                result.error = f"timeout after {timeout:g}s"
-                return result
-            line = raw.decode("utf-8", "replace").strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            try:
-                chunk = json.loads(data)
-            except ValueError:
-                continue
-            if not isinstance(chunk, dict):
-                continue
-            if chunk.get("error"):
-                err = chunk["error"]
-                msg = err.get("message", err) if isinstance(err, dict) else err
-                result.error = f"server error: {msg}"[:300]
-                return result
+        for now, chunk in _chunks(resp, start + timeout, timeout):
             finish_reason = _finish_reason(api, chunk) or finish_reason
             new_tokens, exact, completion, prompt_tokens = _read_chunk(api, chunk, reported_tokens)
             if prompt_tokens is not None:
@@ -175,6 +184,9 @@ def stream_request(target: Target, api: str, model: str, prompt: list[int], outp
                 result.itl.extend([gap / new_tokens] * new_tokens if exact else [gap])
             last_token_at = now
             chunk_tokens += new_tokens
+    except _StreamEnded as exc:
+        result.error = str(exc)
+        return result
     except (OSError, http.client.HTTPException, ValueError) as exc:
         result.error = _error_text(exc)[:300]
         return result
@@ -182,6 +194,11 @@ def stream_request(target: Target, api: str, model: str, prompt: list[int], outp
         conn.close()
     result.e2e = time.perf_counter() - start
     result.output_tokens = reported_tokens if reported_tokens is not None else chunk_tokens
+    return _completed(result, finish_reason)
+
+
+def _completed(result: RequestResult, finish_reason: Any) -> RequestResult:
+    """``result`` marked ok, or with the error that says why a stream that ended is not a completed request."""
     if result.ttft is None or result.output_tokens <= 0:
         result.error = "no tokens in the response stream"
         return result

@@ -365,7 +365,7 @@ class ServerSession:
                 return None
 
     def _read_server_info(self) -> None:
-        for path in ("/get_server_info", "/server_info"):
+        for path in self.engine.info_paths:
             try:
                 status, body = self.http_get(path, timeout=10)
             except RunnerError:

@@ -341,26 +341,30 @@ class SSHTransport:
             return False
 
         files = list(ep.identity_files)
-        for path in files:
-            if key_file_accepted(path):
-                return
-        if self.use_agent and not ep.identities_only:
-            agent = paramiko.Agent()
-            try:
-                agent_keys = agent.get_keys()
-                for agent_key in agent_keys:
-                    if _try_key(t, ep, agent_key):
-                        return
-                if agent_keys:
-                    tried.append(f"{len(agent_keys)} agent key(s)")
-            finally:
-                agent.close()
+        if any(key_file_accepted(path) for path in files):
+            return
+        if self.use_agent and not ep.identities_only and self._agent_key_accepted(t, ep, tried):
+            return
         if not files:
             for path in map(os.path.expanduser, _DEFAULT_IDENTITIES):
                 if os.path.isfile(path) and key_file_accepted(path):
                     return
         what = ", ".join(tried) if tried else "no key file, no agent key, no ~/.ssh/id_* key found"
         raise AuthError(f"{ep}: no key was accepted (tried {what})", host=self.name)
+
+    @staticmethod
+    def _agent_key_accepted(t: paramiko.Transport, ep: _Endpoint, tried: list[str]) -> bool:
+        """Offer the SSH agent's keys; note how many were refused in ``tried``."""
+        agent = paramiko.Agent()
+        try:
+            agent_keys = agent.get_keys()
+            if any(_try_key(t, ep, agent_key) for agent_key in agent_keys):
+                return True
+            if agent_keys:
+                tried.append(f"{len(agent_keys)} agent key(s)")
+            return False
+        finally:
+            agent.close()
 
     # ---- channels -------------------------------------------------------------------------------
 

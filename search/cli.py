@@ -101,13 +101,20 @@ app.command(name="worker", help="Join a (shared) study as one more controller; s
 @app.command()
 def validate(space_file: Annotated[Path, typer.Argument(help="Space file (YAML).")]) -> None:
     """Check a space file and print what would be searched."""
+    from runners.engines import get_engine
     from search.sampling import distributions
+    from spaces.launch import engine_options
 
     space = load_space(space_file)
     console.print(f"{space_file}: ok — study {space.name}, engine {space.engine.kind}, "
                   f"target C={space.target_level}")
     for name, dist in distributions(space).items():
         console.print(f"  {name}: {dist}")
+    inert = get_engine(space.engine.kind, engine_options(space)).inert_knobs(space.engine.version)
+    for knob in sorted(set(inert) & set(space.knobs.searched())):
+        console.print(f"  warning: {knob} has no effect: {inert[knob]}", markup=False, soft_wrap=True)
+    for line in space.warnings():
+        console.print(f"  warning: {line}", markup=False, soft_wrap=True)
 
 
 @app.command()

@@ -1,6 +1,6 @@
 """``servetune export``: the launch script of a measured trial, rendered from the value the trial ran.
 
-The script comes from :func:`spaces.launch.render_script` applied to the trial's stored ``launch_config`` and
+The script comes from :func:`runners.engines.script.render_script` applied to the trial's stored ``launch_config`` and
 ``engine_version``, so its exports and its ``exec`` line are exactly what the trial ran. The header comments
 carry the evidence: study, trial, engine and version, GPU and host, the measured figures per concurrency
 level, the free GPU memory after CUDA graph capture, and a WARNING when that headroom is thin (seed 001:
@@ -16,10 +16,12 @@ import optuna
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
+from runners.engines import engine_for
+from runners.engines.script import render_script
 from runners.errors import ConfigError, validation_line
 from search.records import LevelResult, TrialFacts, best_record, records
 from search.report import THIN_HEADROOM_GIB
-from spaces.launch import LaunchConfig, render_script
+from spaces.launch import LaunchConfig
 
 __all__ = ["export_script", "pick_record", "write_script"]
 
@@ -50,7 +52,7 @@ def export_script(study: optuna.Study, *, trial: int | None = None, min_free_gib
                           f"{msg})") from None
     bar = min_free_gib if min_free_gib is not None else THIN_HEADROOM_GIB
     header = _header(study, rec, version, bar, now or datetime.now(UTC))
-    return render_script(launch, version, header=header)
+    return render_script(engine_for(launch), launch, version, header=header)
 
 
 def write_script(path: Path, script: str) -> None:

@@ -11,10 +11,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from runners.engines import Engine, get_engine
 from runners.errors import ConfigError
 from runners.host import Host, HostInfo
 from runners.transport import LocalTransport
-from spaces.launch import LaunchConfig
+from spaces.launch import engine_options
 from spaces.schema import Space
 
 
@@ -67,10 +68,10 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
     return hosts
 
 
-def preflight(host: Host, space: Space) -> HostInfo:
-    """:meth:`Host.preflight` for ``space``'s engine and python, or the host's own python (nvidia-smi only
-    for a GPU engine)."""
-    engine = LaunchConfig.from_params(space, {}).engine_impl()
+def preflight(host: Host, space: Space, engine: Engine | None = None) -> HostInfo:
+    """:meth:`Host.preflight` for ``space``'s engine (``engine`` when the caller has resolved it) and python, or
+    the host's own python (nvidia-smi only for a GPU engine)."""
+    engine = engine or get_engine(space.engine.kind, engine_options(space))
     python = host.python or space.engine.python
     return host.preflight(space.engine.kind, python, engine.version_command(python),
                           gpus=space.engine.device == "gpu")

@@ -24,6 +24,8 @@ import optuna
 from optuna.artifacts import upload_artifact
 from optuna.trial import TrialState
 
+from runners.engines import Engine, engine_for
+from runners.engines.script import render
 from runners.errors import RunnerError, ServetuneError
 from runners.host import HostInfo
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
@@ -34,7 +36,7 @@ from search.pool import HostSlot
 from search.records import LevelResult, TrialFacts, note_waiting, write_facts
 from search.sampling import normal_params, sample
 from search.study import fail_stale
-from spaces.launch import LaunchConfig, render_script
+from spaces.launch import LaunchConfig
 from spaces.schema import Space
 
 #: A host whose last server stopped less than this many seconds ago may still be releasing GPU memory.
@@ -96,14 +98,14 @@ class Objective:
         if self.env.hook is not None:
             self.env.hook(trial.number, kind, value)
 
-    def _preflight(self, slot: HostSlot) -> HostInfo:
+    def _preflight(self, slot: HostSlot, engine: Engine) -> HostInfo:
         """Stop orphans, check the host is reachable, the engine present and the GPUs free."""
         env = self.env
         host = slot.host
         orphans = host.cleanup_orphans(grace=env.space.budget.stop_grace)
         cached = env.preflight_cache.get(host.name)
         if cached is None:
-            info = preflight(host, env.space)
+            info = preflight(host, env.space, engine)
             env.preflight_cache[host.name] = info
         else:
             # Engine and python do not change between trials; the GPUs do.
@@ -130,8 +132,9 @@ class Objective:
         facts.launch_config = launch.model_dump(mode="json")
         self._emit(trial, "host", slot.name)
         facts.host = slot.name
+        engine = engine_for(launch)  # resolved once per trial and passed on
         try:
-            info = self._preflight(slot)
+            info = self._preflight(slot, engine)
         except RunnerError as exc:
             kind = FailureKind.HOST_BUSY if type(exc).__name__ == "HostBusy" else FailureKind.HOST_UNREACHABLE
             self._fail(trial, facts, Failure(kind, None, str(exc)))
@@ -139,11 +142,11 @@ class Objective:
         facts.engine_version = version
         facts.gpu_name = info.gpu_name
         facts.gpu_count = len(info.gpus)
-        engine = launch.engine_impl()
         header = [f"servetune trial {trial.number} of study {env.study_name}"]
-        script = render_script(launch, version, header=header)
-        facts.argv = launch.argv(version)
-        facts.env = launch.environment(version)
+        rendered = render(engine, launch, version, header=header)
+        script = rendered.script
+        facts.argv = list(rendered.argv)
+        facts.env = dict(rendered.env)
         run_id = f"{env.study_name}-{trial.number}-{uuid.uuid4().hex[:8]}"
         run_dir = slot.host.run_dir(env.study_name, str(trial.number))
         facts.run_id = run_id

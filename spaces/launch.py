@@ -1,23 +1,33 @@
 """The launch config: a frozen, validated value from which both the trial and the exported script render.
 
 ``LaunchConfig.from_params(space, params)`` turns one point of the space (as sampled) into the exact set
-of knobs, fixed args and environment. :func:`render_script` renders it for an engine version into a bash
-script whose last line is ``exec <python> -m <module> <flags>``, every value shell-quoted. The trial runs
-that script on the host and ``servetune export`` renders it again from the same stored value, so the two
-cannot drift.
+of knobs, fixed args and environment. It says *what* to launch; how an engine spells it (argv, environment,
+the launch script) is :mod:`runners.engines.script`'s job, typed on the launch protocol
+(:class:`runners.engines.base.LaunchLike`) that this class satisfies.
 """
 
 from __future__ import annotations
 
-import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runners.engines import get_engine
-from runners.engines.base import Engine
 from spaces.schema import UNSET, Space
+
+
+def engine_options(space: Space) -> dict[str, Any]:
+    """The engine-specific settings a space gives its engine (the simulated host's profile, speed, seed and
+    version; nothing for a real engine): what ``runners.engines.get_engine`` takes as ``options``."""
+    sim = space.engine.sim
+    if sim is None:
+        return {}
+    options: dict[str, Any] = {"profile": sim.profile, "speed": sim.speed}
+    if sim.seed is not None:
+        options["seed"] = sim.seed
+    if space.engine.version:
+        options["version"] = space.engine.version
+    return options
 
 
 class LaunchConfig(BaseModel):
@@ -46,13 +56,6 @@ class LaunchConfig(BaseModel):
                     env[name.removeprefix("nccl.")] = str(value)
             else:
                 knobs[name] = value
-        options: dict[str, Any] = {}
-        if space.engine.sim is not None:
-            options = {"profile": space.engine.sim.profile, "speed": space.engine.sim.speed}
-            if space.engine.sim.seed is not None:
-                options["seed"] = space.engine.sim.seed
-            if space.engine.version:
-                options["version"] = space.engine.version
         return cls(
             engine=space.engine.kind,
             python=space.engine.python,
@@ -61,27 +64,5 @@ class LaunchConfig(BaseModel):
             knobs=knobs,
             fixed_args=tuple(space.fixed_args),
             env=env,
-            engine_options=options,
+            engine_options=engine_options(space),
         )
-
-    def engine_impl(self) -> Engine:
-        return get_engine(self.engine, self.engine_options)
-
-    def argv(self, version: str) -> list[str]:
-        return self.engine_impl().argv(self, version)
-
-    def environment(self, version: str) -> dict[str, str]:
-        return self.engine_impl().environment(self, version)
-
-
-def render_script(launch: LaunchConfig, version: str, *, header: Sequence[str] = ()) -> str:
-    """A runnable bash launch script: header comments, exports, then ``exec`` of the server."""
-    lines = ["#!/usr/bin/env bash"]
-    lines += [f"# {h}" if h else "#" for h in header]
-    lines.append("set -euo pipefail")
-    env = launch.environment(version)
-    for key in sorted(env):
-        lines.append(f"export {key}={shlex.quote(env[key])}")
-    argv = launch.argv(version)
-    lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
-    return "\n".join(lines) + "\n"

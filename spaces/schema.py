@@ -40,7 +40,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from runners.engines import sglang, vllm
 from runners.errors import ConfigError
 
 UNSET = "unset"
@@ -92,28 +91,78 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# ---- NCCL legal values (sglang-facts §6, NCCL env.rst) ------------------------------------------
+# ---- NCCL legal values (NCCL >= 2.24: env.rst and src/graph/tuning.cc; engine-audit #2-#5) -------------
 
 _PROTOS = {"ll", "ll128", "simple"}
-_ALGOS = {"ring", "tree", "collnet", "collnetchain", "collnetdirect", "nvls", "nvlstree", "pat"}
+_ALGOS = {"ring", "tree", "collnetchain", "collnetdirect", "nvls", "nvlstree", "pat"}
+_FUNCS = {"allreduce", "allgather", "reducescatter", "broadcast", "reduce"}
+_NVLS = {"nvls", "nvlstree"}
 _LEVELS = {"LOC", "NVL", "PIX", "PXB", "PHB", "SYS"}
+SAFE_ALGO = "allreduce:tree"
+"""The spelling that forces Tree where it exists (AllReduce) and leaves every other collective to NCCL; SGLang
+itself writes it (``srt/arg_groups/attention_hook.py:676@v0.5.23``)."""
+
+
+def _parts(value: str) -> list[tuple[str, str]]:
+    """``"ring;allreduce:tree"`` -> ``[("", "ring"), ("allreduce", "tree")]`` (NCCL 2.24 per-collective form:
+    a part without ``func:`` applies to every collective)."""
+    out = []
+    for part in value.split(";"):
+        func, _, body = part.rpartition(":")
+        out.append((func.strip().lower(), body.strip()))
+    return out
+
+
+def _items(body: str) -> tuple[bool, list[str]]:
+    """``"^tree,ring"`` -> ``(True, ["tree", "ring"])``: whether the list excludes, and its lowercased items."""
+    negated = body.startswith("^")
+    return negated, [p.strip().lower() for p in (body[1:] if negated else body).split(",")]
+
+
+def allows(value: str, name: str, *, func: str = "") -> bool:
+    """Whether the NCCL list ``value`` (of NCCL_ALGO or NCCL_PROTO) lets collective ``func`` ("" = the bare
+    default) use ``name``. A part naming ``func`` wins over the bare one; no part at all allows everything."""
+    chosen = None
+    for part_func, body in _parts(value):
+        if part_func == func or (part_func == "" and chosen is None):
+            chosen = body
+    if chosen is None:
+        return True
+    negated, items = _items(chosen)
+    return (name in items) != negated
+
+
+def forced(value: str, names: set[str]) -> bool:
+    """Whether any part of the list ``value`` names one of ``names`` without excluding it."""
+    return any(not neg and names & set(items) for neg, items in (_items(b) for _, b in _parts(value)))
 
 
 def _check_list(value: str, legal: set[str], what: str) -> None:
-    body = value[1:] if value.startswith("^") else value
-    items = [p.strip().lower() for p in body.split(",")]
-    if not body or any(not p for p in items):
-        raise ValueError(f"{what} {value!r} is not a comma list")
-    bad = [p for p in items if p not in legal]
-    if bad:
-        raise ValueError(f"{what} value {bad[0]!r} is not one of {sorted(legal)} (optionally ^-prefixed)")
+    for func, body in _parts(value):
+        if func and func not in _FUNCS:
+            raise ValueError(f"{what} collective {func!r} is not one of {sorted(_FUNCS)}")
+        _negated, items = _items(body)
+        if not body.lstrip("^") or any(not p for p in items):
+            raise ValueError(f"{what} {value!r} is not a comma list")
+        bad = [p for p in items if p not in legal]
+        if bad == ["collnet"]:
+            raise ValueError(f"{what} 'collnet' is invalid since NCCL 2.14 (CollNetDirect, CollNetChain)")
+        if bad:
+            raise ValueError(f"{what} value {bad[0]!r} is not one of {sorted(legal)} (optionally ^-prefixed)")
 
 
 def _check_algo(value: str) -> None:
-    # NCCL 2.24+: "func:algos;func:algos" per-collective syntax.
-    for part in value.split(";"):
-        algos = part.split(":", 1)[1] if ":" in part else part
-        _check_list(algos, _ALGOS, "NCCL_ALGO")
+    _check_list(value, _ALGOS, "NCCL_ALGO")
+    for func, _body in _parts(value):
+        if func != "allreduce" and not allows(value, "ring", func=func):
+            # Since NCCL 2.24 a list applies to every collective it covers, with no fallback to Ring.
+            raise ValueError(
+                f"NCCL_ALGO {value!r} leaves {func or 'every collective'} without Ring; since NCCL 2.24 that fails "
+                f"on SGLang's TP AllGather (no algorithm/protocol available for function AllGather): write "
+                f"{SAFE_ALGO} (or allreduce:<algo>)"
+            )
+    if forced(value, {"nvlstree"}):
+        raise ValueError("NCCL_ALGO NVLSTree needs more than one node (src/graph/tuning.cc); servetune launches one")
 
 
 def _int_in(lo: int, hi: int | None) -> Any:
@@ -168,6 +217,43 @@ def check_nccl(name: str, value: str) -> None:
     if name not in NCCL_VARIABLES:
         raise ValueError(f"unknown NCCL variable {name!r}; allowed: {', '.join(sorted(NCCL_VARIABLES))}")
     NCCL_VARIABLES[name](value)
+
+
+def nccl_values(name: str, env: dict[str, str], searched: dict[str, list[str]]) -> list[str | None]:
+    """The values variable ``name`` can take in a trial: each searched one ("unset" keeps ``env``'s), or
+    ``env``'s alone; None for absent."""
+    fixed = env.get(name)
+    if name not in searched:
+        return [fixed]
+    return [fixed if v == UNSET else v for v in searched[name]]
+
+
+def check_nccl_combinations(env: dict[str, str], searched: dict[str, list[str]], *, engine: str,
+                            fixed_args: list[str]) -> None:
+    """Raise ValueError (one line) for NCCL settings that are legal alone but fail together (NCCL >= 2.24)."""
+    algos = [v for v in nccl_values("NCCL_ALGO", env, searched) if v is not None and forced(v, _NVLS)]
+    if not algos:
+        return
+    for proto in nccl_values("NCCL_PROTO", env, searched):
+        if proto is not None and not allows(proto, "simple"):
+            raise ValueError(f"NCCL_ALGO={algos[0]} runs only with the Simple protocol (src/graph/tuning.cc), "
+                             f"but NCCL_PROTO can be {proto}")
+    if engine in ("sglang", "sim") and "--enable-nccl-nvls" not in fixed_args:
+        bad = [v for v in nccl_values("NCCL_NVLS_ENABLE", env, searched) if v != "1"]
+        if bad:
+            raise ValueError(f"NCCL_ALGO={algos[0]} needs NCCL_NVLS_ENABLE=1: SGLang sets it to 0 unless "
+                             "--enable-nccl-nvls (srt/entrypoints/engine.py:1909@v0.5.23); set it in env or "
+                             "add --enable-nccl-nvls to fixed_args")
+
+
+def nccl_warnings(env: dict[str, str], searched: dict[str, list[str]]) -> list[str]:
+    """Settings that run but are unsafe: one line each, saying why."""
+    protos = [v for v in nccl_values("NCCL_PROTO", env, searched) if v is not None and forced(v, {"ll128"})]
+    if not protos:
+        return []
+    return [f"NCCL_PROTO={protos[0]} forces LL128, which on hardware that does not support it can corrupt data "
+            "(NCCL env.rst); servetune measures only throughput, so a corrupted run would look like a win. "
+            "Search it only where NCCL enables LL128 by itself."]
 
 
 # ---- knobs ---------------------------------------------------------------------------------------
@@ -259,10 +345,18 @@ class Knobs(_Strict):
         return out
 
 
-SGLANG_KNOBS = {*sglang.KNOB_FLAGS, "nccl"}
-"""Knobs a space may search for SGLang and the simulated host: the engine's flags and NCCL variables."""
-VLLM_KNOBS = {*vllm.KNOB_FLAGS, *vllm.ENV_KNOBS}
-"""Knobs a space may search for vLLM: the engine's flags and its environment knobs."""
+ENGINE_KNOBS: dict[str, frozenset[str]] = {
+    "sglang": frozenset({"mem_fraction_static", "cuda_graph_max_bs", "num_continuous_decode_steps",
+                         "max_running_requests", "chunked_prefill_size", "nccl"}),
+    "vllm": frozenset({"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "cuda_graph_sizes",
+                       "max_model_len", "enforce_eager", "kv_cache_space_gib"}),
+}
+"""The knobs a space may name, per engine kind (``sim`` takes SGLang's). The vocabulary lives here; each engine
+owns the flag for each of its knobs (``runners.engines``: ``knob_flags``/``env_knobs``), and a contract test
+checks that every name here has one. ``nccl`` stands for the NCCL environment variables."""
+ENGINE_KNOBS["sim"] = ENGINE_KNOBS["sglang"]
+SGLANG_KNOBS = ENGINE_KNOBS["sglang"]
+VLLM_KNOBS = ENGINE_KNOBS["vllm"]
 
 
 class SimOptions(_Strict):
@@ -373,7 +467,7 @@ class Space(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Space:
-        allowed = VLLM_KNOBS if self.engine.kind == "vllm" else SGLANG_KNOBS
+        allowed = ENGINE_KNOBS[self.engine.kind]
         for name in self.knobs.model_fields_set:
             if getattr(self.knobs, name) not in (None, {}) and name not in allowed:
                 raise ValueError(
@@ -389,7 +483,21 @@ class Space(_Strict):
         for flag in ("--host", "--port", "--model-path", "--model"):
             if flag in self.fixed_args:
                 raise ValueError(f"fixed_args must not set {flag}: it comes from the space's own field")
+        self._check_env()
+        check_nccl_combinations(self.env, self.knobs.nccl, engine=self.engine.kind, fixed_args=self.fixed_args)
         return self
+
+    def _check_env(self) -> None:
+        for name, value in self.env.items():
+            if name in NCCL_VARIABLES:
+                try:
+                    check_nccl(name, value)
+                except ValueError as exc:
+                    raise ValueError(f"env.{name}={value}: {exc}") from None
+
+    def warnings(self) -> list[str]:
+        """What is legal but unsafe in this space, one line each (``servetune validate`` prints them)."""
+        return nccl_warnings(self.env, self.knobs.nccl)
 
     @property
     def target_level(self) -> int:

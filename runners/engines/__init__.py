@@ -15,7 +15,7 @@ from runners.engines.sim import SimEngine
 from runners.engines.vllm import VLLMEngine
 from runners.errors import ConfigError
 
-__all__ = ["Engine", "LaunchLike", "LogParser", "engine_names", "get_engine"]
+__all__ = ["Engine", "LaunchLike", "LogParser", "engine_for", "engine_names", "get_engine"]
 
 
 def _check_options(name: str, options: Mapping[str, Any], allowed: set[str]) -> None:
@@ -66,3 +66,9 @@ def get_engine(name: str, options: Mapping[str, Any] | None = None) -> Engine:
     except KeyError:
         raise ConfigError(f"unknown engine {name!r}; allowed: {', '.join(engine_names())}") from None
     return factory(options or {})
+
+
+def engine_for(launch: LaunchLike) -> Engine:
+    """The engine that runs ``launch`` (its ``engine`` name and ``engine_options``). Resolve it once per trial
+    and pass it on."""
+    return get_engine(launch.engine, launch.engine_options)

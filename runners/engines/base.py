@@ -15,7 +15,7 @@ Adding an engine is one module in this package plus its tests.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from runners.telemetry import Failure, Phase, Telemetry
 
@@ -82,6 +82,22 @@ class Engine(Protocol):
     scratch_vars: tuple[str, ...]
     """Environment variables pointed at per-trial scratch directories, removed after the stop
     (e.g. ``TMPDIR``; vLLM adds ``VLLM_CACHE_ROOT``). Leave shared compile caches out of it."""
+    info_paths: tuple[str, ...]
+    """Server-info endpoints to read after readiness, in the order to try them."""
+    knob_flags: ClassVar[Mapping[str, str]]
+    """The engine's knob -> flag table (base spelling; :meth:`knob_flag` respells it per version)."""
+    env_knobs: ClassVar[Mapping[str, str]]
+    """Knobs the engine takes as environment variables -> the variable."""
+
+    def knob_flag(self, knob: str, version: str) -> str:
+        """The flag (or environment variable) that carries ``knob`` in ``version``. Raises ConfigError for a
+        knob this engine does not have."""
+        ...
+
+    def inert_knobs(self, version: str | None) -> dict[str, str]:
+        """Knobs (``nccl.NAME`` for NCCL variables) that have no effect in ``version`` -> why, one line each;
+        with ``version`` None (not known yet), those inert in every release the engine's knowledge covers."""
+        ...
 
     def version_command(self, python: str) -> str:
         """Shell command that prints the engine version as its last stdout line."""

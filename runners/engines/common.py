@@ -1,15 +1,28 @@
-"""Pieces every engine's log parser and classifier share: phase order, fatal priorities, exit signals,
-flag values and host OOM evidence."""
+"""Pieces every engine shares: version parsing, the log-parser base (feed, phase advance, fatal evidence, rule
+tables), phase order, fatal priorities, exit signals, flag values and host OOM evidence."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from runners.engines.base import LaunchLike
 from runners.errors import ConfigError
-from runners.telemetry import FailureKind, Phase
+from runners.telemetry import Failure, FailureKind, Phase, Telemetry
+
+Version = tuple[int, int, int]
+_VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_version(text: str) -> Version:
+    """``"0.5.10.post1"`` -> ``(0, 5, 10)``; ``"0.5.3rc0"`` -> ``(0, 5, 3)``. Raises ConfigError."""
+    match = _VERSION_RE.match(text or "")
+    if match is None:
+        raise ConfigError(f"cannot read an engine version from {text!r} (expected e.g. 0.5.10)")
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
 
 STARTUP_ORDER = (
     Phase.STARTING, Phase.LOAD_WEIGHTS, Phase.KV_POOL, Phase.CUDA_GRAPH, Phase.WARMUP, Phase.READY,
@@ -124,3 +137,79 @@ def command(launch: LaunchLike, module: str, model_flag: str, flags: Sequence[st
         *flags,
         *fixed,
     ]
+
+
+# ---- the log-parser base ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Line:
+    """One log line as a rule sees it: ``text`` without the engine's prefix, ``key`` the rank that printed it
+    (``""`` when the line carries none)."""
+
+    text: str
+    key: str = ""
+
+
+Handler = Callable[[Any, "re.Match[str]", Line], "bool | None"]
+"""A rule's action: ``handler(parser, match, line)``; returning False passes the line on to the next rule."""
+Rules = tuple[tuple["re.Pattern[str]", Handler], ...]
+
+_LINE_BREAK = re.compile(r"\r\n?|\n")
+
+
+class LogParserBase:
+    """Feeds lines through a table of ``(pattern, handler)`` rules (implements
+    :class:`~runners.engines.base.LogParser`).
+
+    ``feed`` splits tqdm's ``\\r`` fragments, drops colour codes, lets :meth:`split` take off the engine's
+    prefix, then runs the first rule whose pattern matches; a line no rule takes goes to
+    :meth:`fatal_evidence`. Start-up phases only move forward (ranks print the same lines at different
+    times). ``fatal`` keeps the first fatal line unless a more specific kind (:data:`PRIORITY`) follows.
+    """
+
+    RULES: ClassVar[Rules] = ()
+    simulated: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.telemetry = Telemetry(simulated=self.simulated)
+        self.phase = Phase.STARTING
+        self.ready_line = False
+        self.fatal: Failure | None = None
+        self._fatal_priority = 0
+
+    def feed(self, line: str) -> None:
+        for fragment in _LINE_BREAK.split(line):
+            fragment = ANSI.sub("", fragment)
+            if fragment.strip():
+                self._feed_one(self.split(fragment))
+
+    def split(self, raw: str) -> Line:
+        """The line without the engine's log prefix (none by default)."""
+        return Line(raw.rstrip())
+
+    def _feed_one(self, line: Line) -> None:
+        for pattern, handler in self.RULES:
+            m = pattern.search(line.text)
+            if m is not None and handler(self, m, line) is not False:
+                return
+        self.fatal_evidence(line.text)
+
+    def fatal_evidence(self, text: str) -> None:
+        """Record what ``text`` says about a death (nothing by default)."""
+
+    def advance(self, phase: Phase) -> None:
+        """Move to ``phase`` if it comes later in start-up; serving phases switch freely among themselves."""
+        if (self.phase in SERVING and phase in SERVING) or rank(phase) > rank(self.phase):
+            self.phase = phase
+
+    def set_fatal(self, kind: FailureKind, phase: Phase, reason: str, *, priority: int | None = None) -> bool:
+        """Record a fatal line unless one of the same or a higher priority is already recorded."""
+        prio = PRIORITY[kind] if priority is None else priority
+        if self.fatal is not None and prio <= self._fatal_priority:
+            return False
+        self.fatal = Failure(kind, phase, reason)
+        self._fatal_priority = prio
+        if kind is FailureKind.OOM:
+            self.telemetry.oom_phase = phase.value
+        return True

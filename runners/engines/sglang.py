@@ -15,32 +15,34 @@ from typing import Any, ClassVar
 
 from runners.engines.base import LaunchLike, LogParser
 from runners.engines.common import (
-    ANSI,
     ARGPARSE_ERROR,
     PRIORITY,
     SERVING,
     SIZE,
     TORCH_OOM,
+    Line,
+    LogParserBase,
+    Rules,
+    Version,
     command,
     death_reason,
     last_error,
     number_arg,
     one_line,
     oom_kills,
-    rank,
+    parse_version,
     signal_of,
 )
 from runners.errors import ConfigError
-from runners.telemetry import Failure, FailureKind, Phase, Telemetry, parse_size_gib
+from runners.telemetry import Failure, FailureKind, Phase, parse_size_gib
 
-__all__ = ["KNOB_FLAGS", "SGLangEngine", "SGLangLogParser", "parse_version"]
+__all__ = ["KNOB_FLAGS", "SGLangEngine", "SGLangLogParser", "inert_knobs", "knob_flag", "parse_version"]
 
 # ---- versions and flags ---------------------------------------------------------------------------
 
-_VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
-
-#: First release whose CUDA-graph batch-size flag is ``--cuda-graph-max-bs-decode`` (sglang-facts §1.2).
-DECODE_GRAPH_FLAG_SINCE = (0, 5, 15)
+#: First release with ``--cuda-graph-max-bs-decode`` (engine-audit #6: ``srt/server_args.py:1939@v0.5.14``);
+#: the old ``--cuda-graph-max-bs`` is a deprecated alias 0.5.14-0.5.19 and gone from 0.5.20.
+DECODE_GRAPH_FLAG_SINCE: Version = (0, 5, 14)
 
 KNOB_FLAGS: dict[str, str] = {
     "mem_fraction_static": "--mem-fraction-static",
@@ -51,19 +53,34 @@ KNOB_FLAGS: dict[str, str] = {
 }
 """servetune knob -> SGLang flag (``cuda_graph_max_bs`` is respelled per version: :func:`knob_flag`)."""
 
+ENV_KNOBS: dict[str, str] = {}
+"""Knobs that are environment variables rather than flags (none: NCCL variables travel as ``nccl.NAME``)."""
+
 _FLOAT_KNOBS = frozenset({"mem_fraction_static"})
 
+#: Releases read (engine-audit): a knob's liveness is known for these, and assumed to hold after the last.
+_INERT: tuple[tuple[str, Version, Version, str], ...] = (
+    ("num_continuous_decode_steps", (0, 5, 2), (9, 9, 9),
+     "the flag is defined but nothing reads it in SGLang 0.5.2-0.5.23 (srt/server_args.py:357@v0.5.2, "
+     "srt/arg_groups/fields/schedule.py:200@v0.5.23)"),
+    ("nccl.NCCL_CUMEM_ENABLE", (0, 0, 0), (0, 5, 4),
+     "SGLang before 0.5.5 overwrites NCCL_CUMEM_ENABLE at launch (srt/entrypoints/engine.py:652@v0.5.2)"),
+    ("nccl.NCCL_NVLS_ENABLE", (0, 0, 0), (0, 5, 4),
+     "SGLang before 0.5.5 overwrites NCCL_NVLS_ENABLE from --enable-nccl-nvls "
+     "(srt/entrypoints/engine.py:654@v0.5.2)"),
+)
 
-def parse_version(text: str) -> tuple[int, int, int]:
-    """``"0.5.10.post1"`` -> ``(0, 5, 10)``; ``"0.5.3rc0"`` -> ``(0, 5, 3)``. Raises ConfigError."""
-    match = _VERSION_RE.match(text or "")
-    if match is None:
-        raise ConfigError(f"cannot read an engine version from {text!r} (expected e.g. 0.5.10)")
-    major, minor, patch = match.groups()
-    return int(major), int(minor), int(patch or 0)
+
+def inert_knobs(version: str | None) -> dict[str, str]:
+    """Knobs (``nccl.NAME`` for NCCL variables) that have no effect in this SGLang version -> why; with no
+    version, those inert in every release read (0.5.2-0.5.23)."""
+    if version is None:
+        return {knob: why for knob, low, high, why in _INERT if low <= (0, 5, 2) and high >= (0, 5, 23)}
+    v = parse_version(version)
+    return {knob: why for knob, low, high, why in _INERT if low <= v <= high}
 
 
-def knob_flag(knob: str, version: tuple[int, int, int]) -> str:
+def knob_flag(knob: str, version: Version) -> str:
     """The SGLang flag for a servetune knob in that version. Raises ConfigError for unknown knobs."""
     if knob not in KNOB_FLAGS:
         raise ConfigError(f"unknown SGLang knob {knob!r}; allowed: {', '.join(sorted(KNOB_FLAGS))}")
@@ -74,18 +91,24 @@ def knob_flag(knob: str, version: tuple[int, int, int]) -> str:
 
 # ---- log patterns ---------------------------------------------------------------------------------
 
-_LINE_BREAK = re.compile(r"\r\n?|\n")
 _PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?((?: [A-Z][A-Z_]*\d+)*)\] ?")
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
 
 _MFS = re.compile(r"\bmem_fraction_static'?\s*[=:]\s*" + _NUM)
 _CG_DECODE = re.compile(r"\bcuda_graph_max_bs_decode'?\s*[=:]\s*(\d+)")
 _CG_PLAIN = re.compile(r"\bcuda_graph_max_bs'?\s*[=:]\s*(\d+)")
+# From 0.5.14 a defaulted cuda_graph_max_bs(_decode) logs None; the value is in cuda_graph_config.decode.max_bs
+# (0.5.14: ``cuda_graph_config=CudaGraphConfig(decode=PhaseConfig(backend='full', max_bs=256, ...``; 0.5.23's
+# resolved dict: ``'cuda_graph_config': {'decode': {'backend': 'full', 'max_bs': 256, ...``).
+_CG_CONFIG = re.compile(
+    r"\bcuda_graph_config'?\s*[=:]\s*(?:CudaGraphConfig\()?\{?\s*'?decode'?\s*[=:]\s*(?:PhaseConfig\()?\{?"
+    r"[^)}]*?\bmax_bs'?\s*[=:]\s*(\d+)"
+)
 _SA_CHUNKED = re.compile(r"\bchunked_prefill_size'?\s*[=:]\s*(-?\d+)")
 _SA_MAXRUN = re.compile(r"\bmax_running_requests'?\s*[=:]\s*(\d+)")
 
 _LOAD_BEGIN = re.compile(r"Load weight begin\..*?avail mem=" + _NUM + " GB")
-_LOAD_END = re.compile(r"Load weight end\..*?avail mem=" + _NUM + r" GB, mem usage=" + _NUM + " GB")
+_LOAD_END = re.compile(r"Load weight end\.(?:.*?avail mem=" + _NUM + r" GB, mem usage=" + _NUM + " GB)?")
 _KV = re.compile(
     r"(?:^|\s|: )(?:(\S+) )?KV Cache (is allocated|VA upper bound)\.(?: dtype: [^,]+,)? #tokens: (\d+), "
     r"(?:K size: " + _NUM + r" GB, V size: " + _NUM + r" GB|KV size: " + _NUM + " GB)"
@@ -94,11 +117,16 @@ _KV_POST = re.compile(
     r"Post-capture KV sizing: KV cache allocated\..*?#tokens: (\d+), KV size: " + _NUM
     + r" GB(?:, avail mem=" + _NUM + " GB)?"
 )
+_SWA_TOTAL = re.compile(r"SWAKVPool mem usage: " + _NUM + r" GB, swa size: (\d+), full size: (\d+)")
+_DSV4_POOL = re.compile(r"Initialize DeepSeekV4TokenToKVPool with ")
+_DSV4_FIELDS = re.compile(r"\b(max_num_reqs|swa_size|c4_size|c4_logical_size|c128_size|c4_state_pool_size"
+                          r"|c128_state_pool_size)=(\d+)")
 _POOL_END = re.compile(r"Memory pool end\. avail mem=" + _NUM + " GB")
 _CAPTURE = re.compile(
     r"Capture .*?graph (begin|end)\b.*?(?:mem usage=" + _NUM + r" GB[,.] )?avail mem=" + _NUM + " GB",
     re.IGNORECASE,
 )
+_CAPTURE_BS = re.compile(r"\bbs=\[([\d, ]*)\]")
 _CAPTURE_BAR = re.compile(
     r"Capturing (batches|prefill shape|num tokens) \((?:bs|num_tokens)=(\d+) avail_mem=" + _NUM + " GB\\)"
 )
@@ -112,8 +140,7 @@ _UVICORN = re.compile(
     r"Started server process \[|Waiting for application startup\.|Application startup complete\."
     r"|Uvicorn running on"
 )
-_PREFILL_BATCH = re.compile(r"\bPrefill batch\b")
-_DECODE_BATCH = re.compile(r"\bDecode batch\b")
+_BATCH = re.compile(r"\b(Prefill|Decode) batch\b")
 _FRAME = re.compile(r'^\s*File ".*", line \d+, in (forward_extend|forward_decode)\b')
 
 # torch caching-allocator text (sglang-facts §3.1), current and old wording.
@@ -130,6 +157,9 @@ _OOM_TEXTS: tuple[tuple[re.Pattern[str], Phase | None], ...] = (
     (re.compile(r"Prefill out of memory\. Try to lower your batch size"), Phase.PREFILL),
     (re.compile(r"Decode out of memory\. Try to lower your batch size"), Phase.DECODE),
     (re.compile(r"alloc_req_slots runs out of memory"), Phase.PREFILL),
+    # The KV allocator (srt/mem_cache/allocation.py:163@v0.5.23, srt/mem_cache/common.py:217@v0.5.10): the
+    # phase is where the server is (a prefill or decode batch).
+    (re.compile(r"(?<![A-Za-z])Out of memory\. Try to lower your batch size"), None),
     (re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|Cuda failure 'out of memory'"
                 r"|CUBLAS_STATUS_ALLOC_FAILED"), None),
 )
@@ -137,12 +167,14 @@ _OOM_TEXTS: tuple[tuple[re.Pattern[str], Phase | None], ...] = (
 _NCCL = re.compile(
     r"NCCL error|ncclInvalidArgument|ncclInvalidUsage|ncclUnhandledCudaError|ncclSystemError"
     r"|ncclInternalError|ncclRemoteError|DistBackendError|unhandled cuda error"
+    # NCCL >= 2.24 with a forced algorithm or protocol that has no path for a collective (enqueue.cc).
+    r"|no algorithm/protocol available for function"
 )
 _USAGE = re.compile(r"^usage: \S")
 
 # (pattern, phase the server must be in when it appears, or None for "where it is").
 _FATAL_TEXTS: tuple[tuple[re.Pattern[str], Phase | None], ...] = (
-    (re.compile(r"Capture (?:cuda|draft cuda|prefill CUDA) graph failed:"
+    (re.compile(r"Capture (?:cuda|draft cuda|prefill CUDA|frozen-KV MTP cuda) graph failed:"
                 r"|Piecewise CUDA Graph failed with error"), Phase.CUDA_GRAPH),
     (re.compile(r"Initialization failed\. warmup error"), Phase.WARMUP),
     (re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"), Phase.KV_POOL),
@@ -155,42 +187,43 @@ _FATAL_TEXTS: tuple[tuple[re.Pattern[str], Phase | None], ...] = (
 
 
 
-class SGLangLogParser:
+def _first(table: tuple[tuple[re.Pattern[str], Phase | None], ...], text: str) -> tuple[bool, Phase | None]:
+    """Whether a pattern of ``table`` matches ``text``, and the phase that first match names."""
+    for pattern, phase in table:
+        if pattern.search(text):
+            return True, phase
+    return False, None
+
+
+class SGLangLogParser(LogParserBase):
     """Reads an SGLang 0.5.2-0.5.23 server log line by line (implements :class:`LogParser`).
 
     Start-up phases only move forward (ranks print the same lines at different times); after the readiness
     line, ``Prefill batch``/``Decode batch`` lines switch between PREFILL and DECODE. Per-rank memory figures
     are taken from the first rank that prints one (TP ranks repeat them). ``fatal`` is set by the first
     fatal line; a later, more specific one (OOM over NCCL/argparse over a generic crash) replaces it.
+    Each line goes through :attr:`RULES`, a table of (pattern, handler); what no rule takes is fatal evidence.
     """
 
     def __init__(self) -> None:
-        self.telemetry = Telemetry()
-        self.phase = Phase.STARTING
-        self.ready_line = False
-        self.fatal: Failure | None = None
-        self._fatal_priority = 0
+        super().__init__()
         self._fatal_phase_explicit = False
         self._rank_key: str | None = None
         self._last_batch: Phase | None = None
         self._frame_kind: Phase | None = None
         self._kv: dict[str, tuple[int, float]] = {}
+        self._kv_unlabeled = 0
         self._kv_post = False
+        self._dsv4 = False
         self._graph_gib: dict[str, float] = {}
-
-    # ---- public ----
-
-    def feed(self, line: str) -> None:
-        for fragment in _LINE_BREAK.split(line):
-            fragment = ANSI.sub("", fragment)
-            if fragment.strip():
-                self._feed_one(fragment)
 
     # ---- internals ----
 
-    def _advance(self, phase: Phase) -> None:
-        if (self.phase in SERVING and phase in SERVING) or rank(phase) > rank(self.phase):
-            self.phase = phase
+    def split(self, raw: str) -> Line:
+        prefix = _PREFIX.match(raw)
+        if prefix is None:
+            return Line(raw)
+        return Line(raw[prefix.end():], prefix.group(1).strip())
 
     def _own_rank(self, key: str) -> bool:
         """True for figures from the rank whose figures we keep (the first prefixed rank seen)."""
@@ -200,116 +233,159 @@ class SGLangLogParser:
             self._rank_key = key
         return key == self._rank_key
 
-    def _feed_one(self, raw: str) -> None:
-        prefix = _PREFIX.match(raw)
-        key = prefix.group(1).strip() if prefix else ""
-        text = raw[prefix.end():] if prefix else raw
+    # ---- rules: one handler per kind of line ----
+
+    def _on_server_args(self, m: re.Match[str], line: Line) -> None:
+        self._server_args(line.text)
+
+    def _on_ready(self, m: re.Match[str], line: Line) -> None:
+        self.ready_line = True
+        self.advance(Phase.READY)
+
+    def _on_load_begin(self, m: re.Match[str], line: Line) -> None:
+        self.advance(Phase.LOAD_WEIGHTS)
+        if self._own_rank(line.key):
+            self.telemetry.avail_before_weights_gib = float(m.group(1))
+
+    def _on_load_end(self, m: re.Match[str], line: Line) -> None:
+        self.advance(Phase.KV_POOL)
+        if m.group(1) is not None and self._own_rank(line.key):
+            self.telemetry.avail_after_weights_gib = float(m.group(1))
+            self.telemetry.weights_gib = float(m.group(2))
+
+    def _on_kv_post(self, m: re.Match[str], line: Line) -> None:
+        if self._own_rank(line.key):
+            tele = self.telemetry
+            self._kv_post = True
+            tele.kv_tokens, tele.kv_gib = int(m.group(1)), float(m.group(2))
+            if m.group(3):
+                tele.avail_after_kv_gib = float(m.group(3))
+
+    def _on_kv(self, m: re.Match[str], line: Line) -> None:
+        self.advance(Phase.KV_POOL)
+        if not self._own_rank(line.key) or self._kv_post:
+            return
+        label = m.group(1) or ""
+        size = float(m.group(4)) + float(m.group(5)) if m.group(4) else float(m.group(6))
+        if not label:
+            # 0.5.5-0.5.16 sliding-window models print two unlabeled lines (the SWA pool, then the full
+            # one): the KV total is their sum, the token count the full pool's (the last line).
+            self._kv_unlabeled += 1
+            label = "" if self._kv_unlabeled == 1 else f"#{self._kv_unlabeled}"
+        self._kv[label] = (int(m.group(3)), size)
         tele = self.telemetry
+        tele.kv_tokens = self._kv_tokens()
+        tele.kv_gib = round(sum(size for _, size in self._kv.values()), 4)
 
-        if "server_args=" in text:
-            self._server_args(text)
-            return
-        if _READY in text:
-            self.ready_line = True
-            self._advance(Phase.READY)
-            return
+    def _kv_tokens(self) -> int:
+        unlabeled = [k for k in self._kv if k == "" or k.startswith("#")]
+        if unlabeled:
+            return self._kv[unlabeled[-1]][0]
+        return self._kv["Full"][0] if "Full" in self._kv else next(iter(self._kv.values()))[0]
 
-        m = _LOAD_BEGIN.search(text)
-        if m:
-            self._advance(Phase.LOAD_WEIGHTS)
-            if self._own_rank(key):
-                tele.avail_before_weights_gib = float(m.group(1))
-            return
-        m = _LOAD_END.search(text)
-        if m:
-            self._advance(Phase.KV_POOL)
-            if self._own_rank(key):
-                tele.avail_after_weights_gib = float(m.group(1))
-                tele.weights_gib = float(m.group(2))
-            return
-        if text.startswith("Load weight end."):
-            self._advance(Phase.KV_POOL)
-            return
-        m = _KV_POST.search(text)
-        if m:
-            if self._own_rank(key):
-                self._kv_post = True
-                tele.kv_tokens, tele.kv_gib = int(m.group(1)), float(m.group(2))
-                if m.group(3):
-                    tele.avail_after_kv_gib = float(m.group(3))
-            return
-        m = _KV.search(text)
-        if m:
-            self._advance(Phase.KV_POOL)
-            if self._own_rank(key) and not self._kv_post:
-                label = m.group(1) or ""
-                size = float(m.group(4)) + float(m.group(5)) if m.group(4) else float(m.group(6))
-                self._kv[label] = (int(m.group(3)), size)
-                tele.kv_tokens = self._kv[""][0] if "" in self._kv else next(iter(self._kv.values()))[0]
-                tele.kv_gib = round(sum(size for _, size in self._kv.values()), 4)
-            return
-        m = _POOL_END.search(text)
-        if m:
-            self._advance(Phase.KV_POOL)
-            if self._own_rank(key):
-                tele.avail_after_kv_gib = float(m.group(1))
-            return
-        m = _CAPTURE.search(text)
-        if m and "failed" not in text:
-            self._advance(Phase.CUDA_GRAPH)
-            if m.group(1).lower() == "end" and self._own_rank(key):
-                what = text[: m.start(1)]
-                if m.group(2):
-                    self._graph_gib[what] = float(m.group(2))
-                    tele.graph_gib = round(sum(self._graph_gib.values()), 4)
-                tele.free_after_capture_gib = float(m.group(3))
-            return
-        m = _CAPTURE_BAR.search(text)
-        if m:
-            self._advance(Phase.CUDA_GRAPH)
-            what = "capture_last_bs" if m.group(1) == "batches" else "capture_last_tokens"
-            tele.extra[what] = int(m.group(2))
-            tele.extra["capture_last_avail_gib"] = float(m.group(3))
-            return
-        m = _POOL_SUMMARY.search(text)
-        if m and "available_" in text:
-            self._advance(Phase.WARMUP)
-            tele.max_total_num_tokens = int(m.group(1))
-            for name, value in _SUMMARY_FIELDS.findall(text):
-                if name == "available_gpu_mem":
-                    tele.extra["available_gpu_mem_gib"] = float(value)
-                elif name == "max_prefill_tokens":
-                    tele.extra["max_prefill_tokens"] = int(value)
-                else:
-                    setattr(tele, name, int(value))
-            return
-        if _UVICORN.search(text):
-            self._advance(Phase.WARMUP)
-            return
-        if _PREFILL_BATCH.search(text):
-            self._last_batch = Phase.PREFILL
-            if self.phase in SERVING:
-                self.phase = Phase.PREFILL
-            return
-        if _DECODE_BATCH.search(text):
-            self._last_batch = Phase.DECODE
-            if self.phase in SERVING:
-                self.phase = Phase.DECODE
-            return
-        if "Traceback (most recent call last)" in text:
-            self._frame_kind = None
-        m = _FRAME.match(text)
-        if m:
-            self._frame_kind = Phase.PREFILL if m.group(1) == "forward_extend" else Phase.DECODE
-            return
-        self._fatal_evidence(text)
+    def _on_swa_total(self, m: re.Match[str], line: Line) -> None:
+        # SWAKVPool mem usage: X GB, swa size: S, full size: F (0.5.5-0.5.16): the pool's own total.
+        if self._own_rank(line.key) and not self._kv_post:
+            tele = self.telemetry
+            tele.kv_gib = round(float(m.group(1)), 4)
+            tele.kv_tokens = int(m.group(3))
+            tele.extra["swa_tokens"] = int(m.group(2))
+
+    def _on_dsv4_pool(self, m: re.Match[str], line: Line) -> None:
+        # The DeepSeek-V4 pool logs sizes in tokens only; kv_gib comes from the pool-end figure (below).
+        self.advance(Phase.KV_POOL)
+        if self._own_rank(line.key):
+            self._dsv4 = True
+            for name, value in _DSV4_FIELDS.findall(line.text):
+                self.telemetry.extra[f"dsv4_{name}"] = int(value)
+
+    def _on_pool_end(self, m: re.Match[str], line: Line) -> None:
+        self.advance(Phase.KV_POOL)
+        if self._own_rank(line.key):
+            tele = self.telemetry
+            tele.avail_after_kv_gib = float(m.group(1))
+            if (self._dsv4 and tele.kv_gib is None and tele.avail_after_weights_gib is not None):
+                tele.kv_gib = round(tele.avail_after_weights_gib - tele.avail_after_kv_gib, 4)
+                tele.extra["kv_gib_from"] = "avail mem before and after the pool"
+
+    def _on_capture(self, m: re.Match[str], line: Line) -> bool:
+        if "failed" in line.text:
+            return False
+        self.advance(Phase.CUDA_GRAPH)
+        captured = _CAPTURE_BS.search(line.text)
+        if captured and "decode" in line.text[: m.start(1)] and captured.group(1).strip():
+            # The decode batch sizes captured: on the begin line 0.5.14-0.5.21, on the end line from 0.5.22.
+            self.telemetry.extra["capture_max_bs"] = max(int(b) for b in captured.group(1).split(","))
+        if m.group(1).lower() == "end" and self._own_rank(line.key):
+            tele = self.telemetry
+            what = line.text[: m.start(1)]
+            if m.group(2):
+                self._graph_gib[what] = float(m.group(2))
+                tele.graph_gib = round(sum(self._graph_gib.values()), 4)
+            tele.free_after_capture_gib = float(m.group(3))
+        return True
+
+    def _on_capture_bar(self, m: re.Match[str], line: Line) -> None:
+        self.advance(Phase.CUDA_GRAPH)
+        what = "capture_last_bs" if m.group(1) == "batches" else "capture_last_tokens"
+        self.telemetry.extra[what] = int(m.group(2))
+        self.telemetry.extra["capture_last_avail_gib"] = float(m.group(3))
+
+    def _on_pool_summary(self, m: re.Match[str], line: Line) -> bool:
+        if "available_" not in line.text:
+            return False
+        tele = self.telemetry
+        self.advance(Phase.WARMUP)
+        tele.max_total_num_tokens = int(m.group(1))
+        for name, value in _SUMMARY_FIELDS.findall(line.text):
+            if name == "available_gpu_mem":
+                tele.extra["available_gpu_mem_gib"] = float(value)
+            elif name == "max_prefill_tokens":
+                tele.extra["max_prefill_tokens"] = int(value)
+            else:
+                setattr(tele, name, int(value))
+        return True
+
+    def _on_uvicorn(self, m: re.Match[str], line: Line) -> None:
+        self.advance(Phase.WARMUP)
+
+    def _on_batch(self, m: re.Match[str], line: Line) -> None:
+        self._last_batch = Phase.PREFILL if m.group(1) == "Prefill" else Phase.DECODE
+        if self.phase in SERVING:
+            self.phase = self._last_batch
+
+    def _on_traceback(self, m: re.Match[str], line: Line) -> bool:
+        self._frame_kind = None
+        return False  # the line may still be fatal evidence
+
+    def _on_frame(self, m: re.Match[str], line: Line) -> None:
+        self._frame_kind = Phase.PREFILL if m.group(1) == "forward_extend" else Phase.DECODE
+
+    RULES: ClassVar[Rules] = (
+        (re.compile(r"server_args="), _on_server_args),
+        (re.compile(re.escape(_READY)), _on_ready),
+        (_LOAD_BEGIN, _on_load_begin),
+        (_LOAD_END, _on_load_end),
+        (_KV_POST, _on_kv_post),
+        (_KV, _on_kv),
+        (_SWA_TOTAL, _on_swa_total),
+        (_DSV4_POOL, _on_dsv4_pool),
+        (_POOL_END, _on_pool_end),
+        (_CAPTURE, _on_capture),
+        (_CAPTURE_BAR, _on_capture_bar),
+        (_POOL_SUMMARY, _on_pool_summary),
+        (_UVICORN, _on_uvicorn),
+        (_BATCH, _on_batch),
+        (re.compile(r"Traceback \(most recent call last\)"), _on_traceback),
+        (_FRAME, _on_frame),
+    )
 
     def _server_args(self, text: str) -> None:
         tele = self.telemetry
         m = _MFS.search(text)
         if m:
             tele.mem_fraction_static = float(m.group(1))
-        m = _CG_DECODE.search(text) or _CG_PLAIN.search(text)
+        m = _CG_DECODE.search(text) or _CG_PLAIN.search(text) or _CG_CONFIG.search(text)
         if m:
             tele.cuda_graph_max_bs = int(m.group(1))
         m = _SA_CHUNKED.search(text)
@@ -328,49 +404,33 @@ class SGLangLogParser:
             return explicit
         return self.phase
 
-    def _fatal_evidence(self, text: str) -> None:
+    def fatal_evidence(self, text: str) -> None:
         # Hints that pin the phase (capture failed, warm-up error, KV pool) refine an OOM already recorded.
-        hint: Phase | None = None
-        generic = False
-        for pattern, phase in _FATAL_TEXTS:
-            if pattern.search(text):
-                hint, generic = phase, True
-                break
-        oom_phase: Phase | None = None
-        is_oom = False
-        for pattern, phase in _OOM_TEXTS:
-            if pattern.search(text):
-                is_oom, oom_phase = True, phase
-                break
+        generic, hint = _first(_FATAL_TEXTS, text)
+        is_oom, oom_phase = _first(_OOM_TEXTS, text)
         if is_oom:
-            explicit = oom_phase or hint
-            if self._refine(explicit):
-                return
-            phase = self._oom_phase(explicit)
-            self._oom_figures(text)
-            self._set_fatal(FailureKind.OOM, phase, self._oom_reason(text, phase),
-                            explicit=explicit is not None)
+            self._on_oom(text, oom_phase or hint)
             return
         where = hint if hint is not None and self.phase not in SERVING else self.phase
         if _NCCL.search(text):
-            self._set_fatal(FailureKind.NCCL_ERROR, where,
-                            f"NCCL failure in {where.value}: {one_line(text)}")
-            return
-        if generic:
-            if self._refine(hint):
-                return
-            self._set_fatal(FailureKind.CRASH, where, f"server crashed in {where.value}: {one_line(text)}",
-                            explicit=hint is not None)
-            return
-        m = ARGPARSE_ERROR.search(text)
-        if m:
-            self._set_fatal(FailureKind.BAD_FLAG, Phase.STARTING,
-                            f"SGLang rejected a flag: {one_line(m.group(1))}")
-            return
-        if _USAGE.match(text):
+            self.set_fatal(FailureKind.NCCL_ERROR, where, f"NCCL failure in {where.value}: {one_line(text)}")
+        elif generic:
+            if not self._refine(hint):
+                self.set_fatal(FailureKind.CRASH, where, f"server crashed in {where.value}: {one_line(text)}",
+                               explicit=hint is not None)
+        elif m := ARGPARSE_ERROR.search(text):
+            self.set_fatal(FailureKind.BAD_FLAG, Phase.STARTING, f"SGLang rejected a flag: {one_line(m.group(1))}")
+        elif _USAGE.match(text):
             # The usage line comes before the argparse error: weak evidence the error line replaces.
-            self._set_fatal(FailureKind.BAD_FLAG, Phase.STARTING,
-                            f"SGLang printed its usage: {one_line(text)}", priority=1)
+            self.set_fatal(FailureKind.BAD_FLAG, Phase.STARTING, f"SGLang printed its usage: {one_line(text)}",
+                           priority=1)
+
+    def _on_oom(self, text: str, explicit: Phase | None) -> None:
+        if self._refine(explicit):
+            return
+        phase = self._oom_phase(explicit)
+        self._oom_figures(text)
+        self.set_fatal(FailureKind.OOM, phase, self._oom_reason(text, phase), explicit=explicit is not None)
 
     def _refine(self, hint: Phase | None) -> bool:
         """Pin the phase of an OOM already recorded when a later line names it (e.g. capture failed)."""
@@ -385,16 +445,13 @@ class SGLangLogParser:
         self._fatal_phase_explicit = True
         return True
 
-    def _set_fatal(self, kind: FailureKind, phase: Phase, reason: str, *, explicit: bool = False,
-                   priority: int | None = None) -> None:
-        prio = PRIORITY[kind] if priority is None else priority
-        if self.fatal is not None and prio <= self._fatal_priority:
-            return
-        self.fatal = Failure(kind, phase, reason)
-        self._fatal_priority = prio
+    def set_fatal(self, kind: FailureKind, phase: Phase, reason: str, *, priority: int | None = None,
+                  explicit: bool = False) -> bool:
+        """As :meth:`LogParserBase.set_fatal`; ``explicit`` says the line named its phase itself."""
+        if not super().set_fatal(kind, phase, reason, priority=priority):
+            return False
         self._fatal_phase_explicit = explicit
-        if kind is FailureKind.OOM:
-            self.telemetry.oom_phase = phase.value
+        return True
 
     def _oom_figures(self, text: str) -> None:
         tele = self.telemetry
@@ -423,9 +480,7 @@ class SGLangLogParser:
 class SimulatedLogParser(SGLangLogParser):
     """The simulated host prints SGLang's lines; its telemetry is marked simulated."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.telemetry.simulated = True
+    simulated: ClassVar[bool] = True
 
 
 # ---- engine -------------------------------------------------------------------------------------------
@@ -440,7 +495,18 @@ class SGLangEngine:
     needs_ready_line: bool = True
     scratch_vars: tuple[str, ...] = ("TMPDIR",)
     """Per-trial scratch only; shared compile caches (Triton, FlashInfer, torch.compile) stay shared."""
+    info_paths: tuple[str, ...] = ("/server_info", "/get_server_info")
+    """``/server_info`` first: from 0.5.9 each ``/get_server_info`` call logs a deprecation warning
+    (engine-audit #15); releases without ``/server_info`` answer 404 and the old path is asked next."""
+    knob_flags: ClassVar[Mapping[str, str]] = KNOB_FLAGS
+    env_knobs: ClassVar[Mapping[str, str]] = ENV_KNOBS
     module: ClassVar[str] = "sglang.launch_server"
+
+    def knob_flag(self, knob: str, version: str) -> str:
+        return knob_flag(knob, parse_version(version))
+
+    def inert_knobs(self, version: str | None) -> dict[str, str]:
+        return inert_knobs(version)
 
     def version_command(self, python: str) -> str:
         return f'{shlex.quote(python)} -c "import sglang; print(sglang.__version__)"'
@@ -465,6 +531,25 @@ class SGLangEngine:
     def parser(self) -> SGLangLogParser:
         return SGLangLogParser()
 
+    def _rescan(self, parser: LogParser, log_tail: str) -> Failure | None:
+        """The parser's fatal line, or a more specific one found by re-reading ``log_tail`` (whose OOM figures
+        are then copied where the parser has none)."""
+        fatal = parser.fatal
+        if not log_tail:
+            return fatal
+        rescan = self.parser()
+        rescan.phase = parser.phase
+        rescan._last_batch = getattr(parser, "_last_batch", None)
+        for line in log_tail.splitlines():
+            rescan.feed(line)
+        found = rescan.fatal
+        if found is not None and (fatal is None or PRIORITY[found.kind] > PRIORITY.get(fatal.kind, 0)):
+            fatal = found
+            for key in ("tried_to_allocate_gib", "free_at_oom_gib", "gpu_total_gib", "oom_phase"):
+                if getattr(parser.telemetry, key) is None:
+                    setattr(parser.telemetry, key, getattr(rescan.telemetry, key))
+        return fatal
+
     def classify(self, parser: LogParser, exit_code: int | None, log_tail: str,
                  evidence: Mapping[str, Any] | None = None) -> Failure:
         """Why the server died: parser evidence, then the log tail re-read, then the exit code.
@@ -472,19 +557,7 @@ class SGLangEngine:
         Figures found only in ``log_tail`` (OOM sizes, ``oom_phase``) are copied into ``parser.telemetry``
         where it has none. ``evidence`` may carry ``oom_kill`` (host OOM killer count or flag).
         """
-        fatal = parser.fatal
-        if log_tail:
-            rescan = self.parser()
-            rescan.phase = parser.phase
-            rescan._last_batch = getattr(parser, "_last_batch", None)
-            for line in log_tail.splitlines():
-                rescan.feed(line)
-            found = rescan.fatal
-            if found is not None and (fatal is None or PRIORITY[found.kind] > PRIORITY.get(fatal.kind, 0)):
-                fatal = found
-                for key in ("tried_to_allocate_gib", "free_at_oom_gib", "gpu_total_gib", "oom_phase"):
-                    if getattr(parser.telemetry, key) is None:
-                        setattr(parser.telemetry, key, getattr(rescan.telemetry, key))
+        fatal = self._rescan(parser, log_tail)
         phase = parser.phase
         signal = signal_of(exit_code) if exit_code is not None else None
         host_oom = signal == 9 and oom_kills(evidence) > 0

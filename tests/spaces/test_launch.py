@@ -1,4 +1,5 @@
-"""The launch config is frozen and renders argv/env/script per engine version, every value quoted."""
+"""The launch config is frozen; runners.engines.script renders it (argv/env/script) per engine version, every
+value quoted."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from spaces.launch import LaunchConfig, render_script
+from runners.engines import engine_for
+from runners.engines.script import render, render_script
+from spaces.launch import LaunchConfig
 from spaces.schema import Space
 
 SPACE = Space.model_validate({
@@ -42,11 +45,12 @@ def test_from_params_is_frozen_and_round_trips() -> None:
 @pytest.mark.parametrize(
     ("version", "flag"),
     [("0.5.2", "--cuda-graph-max-bs"), ("0.5.10", "--cuda-graph-max-bs"), ("0.5.13", "--cuda-graph-max-bs"),
-     ("0.5.15", "--cuda-graph-max-bs-decode"), ("0.5.20", "--cuda-graph-max-bs-decode"),
+     ("0.5.14", "--cuda-graph-max-bs-decode"), ("0.5.15", "--cuda-graph-max-bs-decode"), ("0.5.20", "--cuda-graph-max-bs-decode"),
      ("0.5.23", "--cuda-graph-max-bs-decode")],
 )
 def test_cuda_graph_flag_spelling_follows_version(version: str, flag: str) -> None:
-    argv = LaunchConfig.from_params(SPACE, PARAMS).argv(version)
+    launch = LaunchConfig.from_params(SPACE, PARAMS)
+    argv = render(engine_for(launch), launch, version).argv
     assert argv[:3] == ["/opt/venv/bin/python", "-m", "sglang.launch_server"]
     assert argv[argv.index(flag) + 1] == "64"
     assert argv[argv.index("--mem-fraction-static") + 1] == "0.62"
@@ -56,7 +60,7 @@ def test_cuda_graph_flag_spelling_follows_version(version: str, flag: str) -> No
 
 def test_script_is_quoted_runnable_bash(tmp_path: Path) -> None:
     launch = LaunchConfig.from_params(SPACE, PARAMS)
-    script = render_script(launch, "0.5.10", header=["study t, trial 3"])
+    script = render_script(engine_for(launch), launch, "0.5.10", header=["study t, trial 3"])
     path = tmp_path / "launch.sh"
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)], check=False).returncode == 0
@@ -65,5 +69,5 @@ def test_script_is_quoted_runnable_bash(tmp_path: Path) -> None:
     assert "NCCL_ALGO" not in script
     last = script.strip().splitlines()[-1]
     assert last.startswith("exec ")
-    assert shlex.split(last)[1:] == launch.argv("0.5.10")
+    assert shlex.split(last)[1:] == render(engine_for(launch), launch, "0.5.10").argv
     assert "'/models/My Model'" in last

@@ -94,7 +94,15 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     ("name", "value", "ok"),
     [
         ("NCCL_PROTO", "LL,LL128", True), ("NCCL_PROTO", "^LL128", True), ("NCCL_PROTO", "simple", True),
-        ("NCCL_ALGO", "Ring", True), ("NCCL_ALGO", "NVLS", True), ("NCCL_ALGO", "allreduce:tree;broadcast:ring", True),
+        ("NCCL_ALGO", "Ring", True), ("NCCL_ALGO", "allreduce:nvls", True),
+        ("NCCL_ALGO", "allreduce:tree;broadcast:ring", True), ("NCCL_ALGO", "ring,tree", True),
+        ("NCCL_ALGO", "^tree", True), ("NCCL_ALGO", "allreduce:^tree", True),
+        ("NCCL_ALGO", "ring,collnetdirect;allreduce:tree,collnetdirect;broadcast:ring", True),
+        # NCCL >= 2.24: a bare list applies to every collective, with no fallback to Ring.
+        ("NCCL_ALGO", "Tree", False), ("NCCL_ALGO", "NVLS", False), ("NCCL_ALGO", "^ring", False),
+        ("NCCL_ALGO", "allreduce:tree;allgather:tree", False), ("NCCL_ALGO", "tree;allreduce:ring", False),
+        ("NCCL_ALGO", "allreduce:nvlstree", False), ("NCCL_ALGO", "collnet", False),
+        ("NCCL_ALGO", "allscatter:ring", False), ("NCCL_PROTO", "allreduce:simple", True),
         ("NCCL_ALGO", "Rings", False), ("NCCL_P2P_LEVEL", "PHB", True), ("NCCL_P2P_LEVEL", "5", True),
         ("NCCL_P2P_LEVEL", "FAR", False), ("NCCL_NTHREADS", "256", True), ("NCCL_NTHREADS", "100", False),
         ("NCCL_MIN_NCHANNELS", "33", False), ("NCCL_P2P_DISABLE", "1", True), ("NCCL_P2P_DISABLE", "yes", False),
@@ -107,6 +115,65 @@ def test_nccl_legal_values(name: str, value: str, ok: bool) -> None:
     else:
         with pytest.raises(ValueError):
             check_nccl(name, value)
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("Tree", "NCCL_ALGO=Tree: NCCL_ALGO 'Tree' leaves every collective without Ring; since NCCL 2.24 that fails "
+                 "on SGLang's TP AllGather (no algorithm/protocol available for function AllGather): write "
+                 "allreduce:tree"),
+        ("allreduce:NVLSTree", "NVLSTree needs more than one node"),
+        ("collnet", "'collnet' is invalid since NCCL 2.14"),
+    ],
+)
+def test_illegal_nccl_algo_is_one_line_at_load(tmp_path: Path, value: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_space(write(tmp_path, with_("knobs.nccl", {"NCCL_ALGO": ["unset", value]})))
+    assert "\n" not in str(info.value)
+    assert needle in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kind", "nccl", "env", "fixed", "needle"),
+    [
+        ("sglang", {"NCCL_ALGO": ["allreduce:nvls"], "NCCL_PROTO": ["unset", "LL"]}, {"NCCL_NVLS_ENABLE": "1"}, [],
+         "runs only with the Simple protocol"),
+        ("sglang", {"NCCL_ALGO": ["unset", "allreduce:nvls"]}, {}, [], "needs NCCL_NVLS_ENABLE=1: SGLang sets it to 0"),
+        ("sim", {"NCCL_ALGO": ["allreduce:nvls"], "NCCL_NVLS_ENABLE": ["unset", "1"]}, {}, [], "needs NCCL_NVLS_ENABLE=1"),
+        ("sglang", {"NCCL_PROTO": ["LL"]}, {"NCCL_ALGO": "allreduce:nvls", "NCCL_NVLS_ENABLE": "1"}, [], "Simple"),
+        ("sglang", {"NCCL_PROTO": ["LL"]}, {"NCCL_ALGO": "Tree"}, [], "env.NCCL_ALGO=Tree"),
+        ("sglang", {"NCCL_ALGO": ["allreduce:nvls"], "NCCL_PROTO": ["unset", "Simple"]}, {"NCCL_NVLS_ENABLE": "1"}, [], None),
+        ("sglang", {"NCCL_ALGO": ["allreduce:nvls"]}, {}, ["--enable-nccl-nvls"], None),
+        ("vllm", {"NCCL_ALGO": ["allreduce:nvls"]}, {}, [], None),
+    ],
+)
+def test_nvls_needs_simple_and_nvls_enable(tmp_path: Path, kind: str, nccl: dict, env: dict, fixed: list,
+                                           needle: str | None) -> None:
+    data = with_("knobs.nccl", nccl)
+    data["engine"]["kind"] = kind
+    if kind == "sim":
+        data["engine"]["sim"] = {"profile": "p.yaml"}
+    if kind == "vllm":
+        data["knobs"] = {"max_num_seqs": {"choices": [8]}}
+        data["env"] = {"NCCL_ALGO": "allreduce:nvls"}
+    else:
+        data["env"] = env
+    data["fixed_args"] = fixed
+    if needle is None:
+        load_space(write(tmp_path, data))
+        return
+    with pytest.raises(ConfigError) as info:
+        load_space(write(tmp_path, data))
+    assert "\n" not in str(info.value)
+    assert needle in str(info.value), str(info.value)
+
+
+def test_ll128_is_a_warning_that_says_why(tmp_path: Path) -> None:
+    space = load_space(write(tmp_path, with_("knobs.nccl", {"NCCL_PROTO": ["unset", "LL128"]})))
+    (warning,) = space.warnings()
+    assert "LL128" in warning and "corrupt data" in warning and "\n" not in warning
+    assert load_space(write(tmp_path, with_("knobs.nccl", {"NCCL_PROTO": ["unset", "^LL128"]}))).warnings() == []
 
 
 def test_durations() -> None:

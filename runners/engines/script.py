@@ -1,0 +1,48 @@
+"""Rendering a launch: argv, environment and the bash launch script, from one launch value and one engine.
+
+A trial runs the script this renders on the host, and ``servetune export`` renders it again from the same stored
+launch value, so the two cannot drift. The launch is anything that satisfies :class:`~runners.engines.base.
+LaunchLike` (``spaces.launch.LaunchConfig`` does); the engine is resolved once by the caller
+(:func:`runners.engines.engine_for`) and passed in.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from runners.engines.base import Engine, LaunchLike
+
+__all__ = ["RenderedLaunch", "render", "render_script"]
+
+
+@dataclass(frozen=True)
+class RenderedLaunch:
+    """One launch rendered for one engine version: the server's argv, its environment and the script."""
+
+    argv: list[str]
+    env: dict[str, str]
+    script: str
+
+
+def _script(argv: Sequence[str], env: dict[str, str], header: Sequence[str]) -> str:
+    lines = ["#!/usr/bin/env bash"]
+    lines += [f"# {h}" if h else "#" for h in header]
+    lines.append("set -euo pipefail")
+    lines += [f"export {key}={shlex.quote(env[key])}" for key in sorted(env)]
+    lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
+    return "\n".join(lines) + "\n"
+
+
+def render(engine: Engine, launch: LaunchLike, version: str, *, header: Sequence[str] = ()) -> RenderedLaunch:
+    """``launch`` for ``engine`` at ``version``. Raises ConfigError for a knob or value the engine refuses."""
+    argv = engine.argv(launch, version)
+    env = engine.environment(launch, version)
+    return RenderedLaunch(argv=argv, env=env, script=_script(argv, env, header))
+
+
+def render_script(engine: Engine, launch: LaunchLike, version: str, *, header: Sequence[str] = ()) -> str:
+    """A runnable bash launch script: header comments, exports, then ``exec`` of the server, every value
+    shell-quoted."""
+    return render(engine, launch, version, header=header).script

@@ -1,0 +1,155 @@
+"""One contract for :class:`runners.engines.base.Engine`, run on every registered engine.
+
+The knob vocabulary a space may name (``spaces.schema.ENGINE_KNOBS``) and each engine's knob->flag table must
+agree both ways; every knob renders for every release the engine's knowledge covers; the parser is the shared
+base and reads the texts every engine shares; a death with no evidence is a CRASH with its exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from runners.engines import engine_names, get_engine
+from runners.engines.base import Engine, LogParser
+from runners.engines.common import LogParserBase
+from runners.engines.script import render, render_script
+from runners.errors import ConfigError
+from runners.telemetry import FailureKind, Phase
+from spaces.launch import LaunchConfig
+from spaces.schema import ENGINE_KNOBS, BoolChoices, FloatRange, Knobs
+
+OPTIONS: dict[str, dict[str, Any]] = {"sim": {"profile": "p.yaml", "version": "0.5.14"}}
+VERSIONS = {
+    "sglang": ["0.5.2", "0.5.5", "0.5.13", "0.5.14", "0.5.19", "0.5.20", "0.5.23"],
+    "sim": ["0.5.2", "0.5.10", "0.5.14", "0.5.23"],
+    "vllm": ["0.10.2", "0.11.0", "0.11.1", "0.32.0", "0.33.0"],
+}
+TORCH_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+             "of 94.97 GiB of which 1.50 GiB is free.")
+
+
+@pytest.fixture(params=engine_names())
+def engine(request: pytest.FixtureRequest) -> Engine:
+    return get_engine(request.param, OPTIONS.get(request.param, {}))
+
+
+def _value(knob: str) -> Any:
+    annotation = str(Knobs.model_fields[knob].annotation)
+    if FloatRange.__name__ in annotation:
+        return 0.8
+    if BoolChoices.__name__ in annotation:
+        return True
+    return 64
+
+
+def _launch(engine: Engine, knobs: dict[str, Any]) -> LaunchConfig:
+    return LaunchConfig(engine=engine.name, python="/opt/venv/bin/python", model_path="/models/m", port=30000,
+                        knobs=knobs, engine_options=OPTIONS.get(engine.name, {}))
+
+
+def test_engine_satisfies_the_protocol(engine: Engine) -> None:
+    assert isinstance(engine, Engine)
+    assert engine.bench_api in ("sglang", "openai")
+    assert engine.health_path.startswith("/") and all(p.startswith("/") for p in engine.info_paths)
+    assert "/opt/py" in engine.version_command("/opt/py")
+
+
+def test_every_knob_a_space_can_name_has_a_flag_and_back(engine: Engine) -> None:
+    vocabulary = ENGINE_KNOBS[engine.name] - {"nccl"}
+    table = set(engine.knob_flags) | set(engine.env_knobs)
+    assert table == vocabulary, f"space vocabulary and {engine.name}'s flag table differ: {table ^ vocabulary}"
+    for version in VERSIONS[engine.name]:
+        for knob in vocabulary:
+            flag = engine.knob_flag(knob, version)
+            assert flag.startswith("--") or flag in engine.env_knobs.values(), (knob, version, flag)
+    with pytest.raises(ConfigError):
+        engine.knob_flag("no_such_knob", VERSIONS[engine.name][0])
+
+
+def test_every_knob_renders_in_every_release(engine: Engine) -> None:
+    knobs = {k: _value(k) for k in ENGINE_KNOBS[engine.name] - {"nccl"}}
+    launch = _launch(engine, knobs)
+    for version in VERSIONS[engine.name]:
+        rendered = render(engine, launch, version)
+        for knob, value in knobs.items():
+            flag = engine.knob_flag(knob, version)
+            if flag in engine.env_knobs.values():
+                assert rendered.env[flag] == str(value)
+            else:
+                assert flag in rendered.argv, (knob, version)
+
+
+def test_rendered_script_is_runnable_bash(engine: Engine, tmp_path: Path) -> None:
+    launch = _launch(engine, {}).model_copy(update={"env": {"NCCL_ALGO": "allreduce:tree"}})
+    script = render_script(engine, launch, VERSIONS[engine.name][-1], header=["contract"])
+    path = tmp_path / "launch.sh"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)], check=False).returncode == 0
+    assert "export NCCL_ALGO=allreduce:tree" in script
+
+
+def test_inert_knobs_are_knobs_with_a_reason(engine: Engine) -> None:
+    names = ENGINE_KNOBS[engine.name] - {"nccl"}
+    for version in [None, *VERSIONS[engine.name]]:
+        for knob, why in engine.inert_knobs(version).items():
+            assert knob in names or knob.startswith("nccl.NCCL_"), knob
+            assert why and "\n" not in why
+
+
+def test_parser_is_the_shared_base(engine: Engine) -> None:
+    parser = engine.parser()
+    assert isinstance(parser, LogParser) and isinstance(parser, LogParserBase)
+    assert (parser.phase, parser.ready_line, parser.fatal) == (Phase.STARTING, False, None)
+    parser.feed("\x1b[32m\x1b[0m\r\n")
+    assert parser.fatal is None
+    parser.feed(TORCH_OOM)
+    assert parser.fatal is not None and parser.fatal.kind is FailureKind.OOM
+    assert parser.telemetry.tried_to_allocate_gib == 2.0
+    assert parser.telemetry.simulated is (engine.name == "sim")
+
+
+def test_a_death_without_evidence_is_a_crash_with_its_exit_code(engine: Engine) -> None:
+    failure = engine.classify(engine.parser(), 1, "")
+    assert failure.kind is FailureKind.CRASH and failure.exit_code == 1
+
+
+def test_a_flag_the_engine_rejects_is_bad_flag(engine: Engine) -> None:
+    parser = engine.parser()
+    parser.feed("launch_server.py: error: unrecognized arguments: --bogus 1")
+    failure = engine.classify(parser, 2, "")
+    assert failure.kind is FailureKind.BAD_FLAG and failure.phase is Phase.STARTING
+
+
+def test_validate_names_an_inert_knob_in_one_line(tmp_path: Path) -> None:
+    from search.cli import app
+
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "name: t\nengine: {kind: sglang, python: /usr/bin/python3, version: 0.5.10}\nmodel_path: /m\n"
+        "knobs:\n  num_continuous_decode_steps: {choices: [1, 4]}\n"
+        "  nccl: {NCCL_PROTO: [unset, LL128], NCCL_ALGO: [unset, 'allreduce:tree']}\n"
+    )
+    result = CliRunner().invoke(app, ["validate", str(space)], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "warning:" in line]
+    assert len(lines) == 2, result.output
+    assert "num_continuous_decode_steps has no effect" in lines[0] and "0.5.2-0.5.23" in lines[0]
+    assert "LL128" in lines[1] and "corrupt data" in lines[1]
+
+
+def test_validate_rejects_a_bare_tree_in_one_line(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("name: t\nengine: {kind: sglang}\nmodel_path: /m\nknobs:\n  nccl: {NCCL_ALGO: [unset, Tree]}\n")
+    proc = subprocess.run([sys.executable, "-m", "search", "validate", str(space)], capture_output=True, text=True,
+                          check=False, timeout=60, env={**os.environ, "COLUMNS": "400"})
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert "allreduce:tree" in output and "AllGather" in output
+    assert len([ln for ln in output.splitlines() if ln.strip()]) == 1, output
