@@ -36,7 +36,7 @@ from runners.engines.common import (
 from runners.errors import ConfigError
 from runners.telemetry import Failure, FailureKind, Phase, parse_size_gib
 
-__all__ = ["KNOB_FLAGS", "SGLangEngine", "SGLangLogParser", "inert_knobs", "knob_flag", "parse_version"]
+__all__ = ["KNOB_FLAGS", "SGLangEngine", "SGLangLogParser", "inert_knobs", "knob_flag"]
 
 # ---- versions and flags ---------------------------------------------------------------------------
 

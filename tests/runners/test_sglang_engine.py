@@ -15,7 +15,8 @@ import pytest
 
 from runners.engines import engine_names, get_engine
 from runners.engines.base import Engine, LaunchLike
-from runners.engines.sglang import SGLangEngine, parse_version
+from runners.engines.common import parse_version
+from runners.engines.sglang import SGLangEngine
 from runners.engines.sim import SimEngine
 from runners.errors import ConfigError
 
