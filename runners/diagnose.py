@@ -299,6 +299,9 @@ _DEATH = re.compile(
 )
 
 
+_MFS_IN_REASON = re.compile(r"mem_fraction_static=([0-9]+(?:\.[0-9]+)?)")
+
+
 def _exit_code(lines: Sequence[str]) -> int | None:
     for line in reversed(lines):
         match = _DEATH.search(line)
@@ -308,15 +311,6 @@ def _exit_code(lines: Sequence[str]) -> int | None:
                     return int(group)
             return None
     return None
-
-
-def _fraction(parser: LogParser) -> float | None:
-    tele = parser.telemetry
-    value = tele.mem_fraction_static
-    if value is None:
-        extra = tele.extra.get("memory_utilization")
-        return float(extra) if isinstance(extra, int | float) else None
-    return value
 
 
 def _gib(value: Any) -> str:
@@ -373,8 +367,6 @@ def _memory(parser: LogParser) -> dict[str, Any]:
     memory = {key: tele.get(key) for key in MEMORY_KEYS}
     if memory["gpu_memory_utilization"] is None and isinstance(tele.get("memory_utilization"), int | float):
         memory["gpu_memory_utilization"] = tele["memory_utilization"]
-    if memory["kv_tokens"] is None and memory["max_total_num_tokens"] is not None:
-        memory["kv_tokens"] = memory["max_total_num_tokens"]
     return memory
 
 
@@ -449,8 +441,11 @@ def diagnose(text: str, *, engine: str | None = None, version: str | None = None
                   "(cut short, still starting, or stopped from outside)")
 
     memory = _memory(parser)
-    if memory["mem_fraction_static"] is None and name == "sglang":
-        memory["mem_fraction_static"] = _fraction(parser)
+    if memory["mem_fraction_static"] is None and failure is not None:
+        # SGLang's KV-pool error names the value ("Current value: mem_fraction_static=0.3").
+        match = _MFS_IN_REASON.search(failure.reason)
+        if match:
+            memory["mem_fraction_static"] = float(match.group(1))
     bound, detail = _bound(name, failure, memory)
     simulated = any(_SIMULATED in line for line in attempt[:20]) or parser.telemetry.simulated
     return Diagnosis(
@@ -501,12 +496,14 @@ def _memory_lines(memory: dict[str, Any]) -> Iterable[str]:
 def render_text(diagnosis: Diagnosis, source: str = "") -> str:
     """The human-readable verdict: one ``label  value`` line each, memory figures seen, then notes."""
     d = diagnosis
-    version = d.version or "(version not in the log; every release's wording is read)"
-    engine = f"{d.engine} {version}"
-    if d.engine_source != "log" or d.version_source != "log":
-        engine += f"  [engine from {d.engine_source}, version from {d.version_source}]"
+    engine = (f"{d.engine} {d.version}" if d.version
+              else f"{d.engine}, version not in the log (every release's wording is read)")
+    if d.engine_source != "log":
+        engine += " [engine from --engine]" if d.engine_source == "option" else " [engine not in the log: default]"
+    if d.version_source == "option":
+        engine += " [version from --version]"
     if d.simulated:
-        engine += "  (servetune's simulated host)"
+        engine += " (servetune's simulated host)"
     rows = [("log", source)] if source else []
     rows += [("engine", engine), ("outcome", d.outcome), ("phase", d.phase or "-"), ("reason", d.reason)]
     if d.bound:
