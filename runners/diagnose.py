@@ -128,6 +128,9 @@ _OUTER_PREFIXES = (
     re.compile(r"^\s{0,3}\| "),
 )
 _VLLM_RANKED_PROC = re.compile(r"^\(([\w:.-]+) (?:rank=|TP)(\d+) (pid=\d+)\)")
+_VLLM_RAY_PROC = re.compile(r"^\(([\w:.-]+) (pid=\d+), ip=[\w.:-]+\)")
+_VLLM_CUT_PROC = re.compile(r"^([A-Z][\w:.-]+ pid=\d+(?:, ip=[\w.:-]+)?\))")
+"""A head cut one character into the first line: ``RayWorkerWrapper pid=7) INFO ...``."""
 _SGLANG_TIME_ONLY = re.compile(r"^\[(\d\d:\d\d:\d\d(?:[.,]\d+)?(?: [A-Z][A-Z_]*\d+)*)\]")
 """Old SGLang releases (and some pastes) print ``[23:17:01 TP7]`` without the date."""
 
@@ -144,7 +147,9 @@ def _strip_outer(line: str) -> str:
 def _engine_prefix(line: str) -> str:
     """Engine prefixes the parsers do not read, rewritten into ones they do (the rank kept, so figures are
     still taken from one rank when ranks interleave)."""
+    line = _VLLM_CUT_PROC.sub(r"(\1", line)
     line = _VLLM_RANKED_PROC.sub(r"(\1_TP\2 \3)", line)
+    line = _VLLM_RAY_PROC.sub(r"(\1 \2)", line)
     return _SGLANG_TIME_ONLY.sub(r"[0000-01-01 \1]", line)
 
 
@@ -340,6 +345,9 @@ def _bound(engine: str, failure: Failure | None, memory: dict[str, Any]) -> tupl
                                               "for more than is free): raise it, or free the GPU")
         if phase is Phase.LOAD_WEIGHTS:
             return "weights", "the weights do not fit: more GPUs (tensor parallel) or a smaller/quantised model"
+        if phase is Phase.CUDA_GRAPH:
+            return "graph_headroom", (f"CUDA-graph capture {asked} after the KV cache took its share: lower "
+                                      "--gpu-memory-utilization or the capture sizes (--max-cudagraph-capture-size)")
         return "activation_headroom", f"a forward pass {asked} outside the KV budget: lower --gpu-memory-utilization"
     # SGLang
     if phase is Phase.KV_POOL:
@@ -427,7 +435,9 @@ def diagnose(text: str, *, engine: str | None = None, version: str | None = None
 
     tail = "\n".join(attempt[-400:])
     code = exit_code if exit_code is not None else _exit_code(attempt)
-    died = parser.fatal is not None or code is not None or any(_DEATH.search(line) for line in attempt[-50:])
+    # "exited with code 0" after a clean stop is no death; a death marker without a code still is one.
+    died = (parser.fatal is not None or (code is not None and code != 0)
+            or (code is None and any(_DEATH.search(line) for line in attempt[-50:])))
     failure: Failure | None = None
     if died:
         failure = eng.classify(parser, code, tail)
