@@ -304,6 +304,7 @@ _DEATH = re.compile(
 )
 
 
+_STOPPED = re.compile(r"Finished server process \[|Application shutdown complete\.|exited with code 0\b")
 _MFS_IN_REASON = re.compile(r"mem_fraction_static=([0-9]+(?:\.[0-9]+)?)")
 
 
@@ -444,7 +445,9 @@ def diagnose(text: str, *, engine: str | None = None, version: str | None = None
         outcome, phase, reason = failure.kind.value, failure.phase, failure.reason
     elif parser.ready_line:
         outcome, phase = OUTCOME_OK, parser.phase
-        reason = f"ready; still {phase.value} when the log ends"
+        stopped = any(_STOPPED.search(line) for line in attempt[-20:])
+        reason = (f"ready; stopped cleanly (last phase {phase.value})" if stopped
+                  else f"ready; still {phase.value} when the log ends")
     else:
         outcome, phase = OUTCOME_UNKNOWN, parser.phase
         reason = (f"the log ends in {phase.value} with no error and no readiness line "

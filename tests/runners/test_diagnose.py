@@ -273,3 +273,25 @@ def test_a_live_simulated_capture_oom_is_diagnosed_from_its_log(tmp_path: Path) 
     assert (result.outcome, result.phase, result.simulated) == ("oom", "cuda_graph", True)
     assert result.memory["tried_to_allocate_gib"] == pytest.approx(10.0, rel=0.1)
     assert result.bound == "graph_headroom"
+
+
+def test_a_clean_stop_after_serving_is_ok_and_says_so() -> None:
+    text = ("vllm-1  | (APIServer pid=1) INFO 01-02 03:04:05 [api_server.py:1] vLLM API server version 0.11.0\n"
+            "vllm-1  | INFO:     Application startup complete.\n"
+            "vllm-1  | INFO:     Shutting down\n"
+            "vllm-1  | INFO:     Application shutdown complete.\n"
+            "vllm-1 exited with code 0\n")
+    result = diagnose(text)
+    assert (result.outcome, result.phase, result.version) == (OUTCOME_OK, "ready", "0.11.0")
+    assert result.reason == "ready; stopped cleanly (last phase ready)"
+    died = diagnose(text.replace("exited with code 0", "exited with code 137"))
+    assert (died.outcome, died.phase) == ("crash", "ready") and "SIGKILL" in died.reason
+
+
+def test_readme_examples_are_what_diagnose_prints() -> None:
+    readme = (REPO / "README.md").read_text()
+    examples = {"server.log": CORPUS / "sim-capture-oom.log",
+                "tests/data/logs/sim-retry-after-capture-oom.log": CORPUS / "sim-retry-after-capture-oom.log"}
+    for shown, path in examples.items():
+        block = readme.split(f"$ servetune diagnose {shown}\n", 1)[1].split("```", 1)[0]
+        assert block == render_text(diagnose_file(path), source=shown)
