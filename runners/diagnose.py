@@ -114,7 +114,8 @@ class Diagnosis:
 # ---- normalisation ------------------------------------------------------------------------------------
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
-_ANSI = re.compile(r"(?:\x1b|\^\[|\\x1b|\\033|\\e)\[[0-9;?]*[A-Za-z]|\[(?:\d{1,3};)*\d{1,3}m")
+_ANSI = re.compile(r"(?:\x1b|\^\[|\\x1b|\\033|\\e)\[[0-9;?]*[A-Za-z]|\[(?:\d{1,3};)*(?:0|1|[349]\d)m")
+"""Colour codes, also when a copy lost the escape character (``[0;32m``: only SGR colour/reset codes then)."""
 _OUTER_PREFIXES = (
     # CI (Buildkite) timestamps, sometimes followed by a table gutter: "[2025-03-10T15:07:20Z]   | "
     re.compile(r"^\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z?\]\s*(?:\|\s?)?"),
@@ -233,7 +234,7 @@ _VERSION_MARKS: dict[str, tuple[re.Pattern[str], ...]] = {
     "vllm": (
         re.compile(r"vLLM API server version (v?\d+\.\d+\.\d+\S*)"),
         re.compile(r"Initializing a V\d LLM engine \(v(\d+\.\d+\.\d+\S*)\)"),
-        re.compile(r"\bversion (\d+\.\d+\.\d+\S*)\s*$"),  # the 0.19+ banner
+        re.compile(r"[█▀▄]\s+version (\d+\.\d+\.\d+\S*)"),  # the 0.19+ banner
         re.compile(r"\bvllm(?:-cpu)?(?:==|\s*:\s*|\s+version\s+|-openai:v)v?(\d+\.\d+\.\d+\S*)", re.IGNORECASE),
     ),
 }

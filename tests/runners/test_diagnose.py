@@ -295,3 +295,15 @@ def test_readme_examples_are_what_diagnose_prints() -> None:
     for shown, path in examples.items():
         block = readme.split(f"$ servetune diagnose {shown}\n", 1)[1].split("```", 1)[0]
         assert block == render_text(diagnose_file(path), source=shown)
+
+
+def test_version_banner_and_lookalikes() -> None:
+    banner = ("(APIServer pid=7) INFO 04-15 07:22:41 [utils.py:299]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version "
+              "0.19.1rc1.dev301+g60995c05b\n")
+    assert diagnose(banner).version == "0.19.1rc1.dev301+g60995c05b"
+    nccl = ("(EngineCore pid=7) ERROR 04-15 07:22:41 [core.py:1] torch.distributed.DistBackendError: NCCL error "
+            "in: ProcessGroupNCCL.cpp:3699, unhandled cuda error, NCCL version 2.27.3\n")
+    result = diagnose(nccl)
+    assert (result.engine, result.version) == ("vllm", None)
+    lines, _, _ = normalise("timeout [5m] reached [1;31mERROR[0m\n")
+    assert lines == ["timeout [5m] reached ERROR"]
