@@ -287,7 +287,7 @@ def diagnose(
     log: Annotated[Path, typer.Argument(help="Server log file (SGLang or vLLM), as written or as pasted.",
                                         show_default=False)],
     engine: Annotated[str | None, typer.Option(
-        "--engine", help="sglang or vllm, when the log does not say [default: from the log, else sglang].")] = None,
+        "--engine", help="sglang or vllm, when the log does not say (default: from the log, else sglang).")] = None,
     version: Annotated[str | None, typer.Option(
         "--version", help="Engine version, when the log does not say.")] = None,
     exit_code: Annotated[int | None, typer.Option(
