@@ -231,6 +231,28 @@ def dashboard(
         raise ConfigError(f"cannot serve on {host}:{settings.dashboard_port}: {exc.strerror or exc}") from None
 
 
+@app.command()
+def diagnose(
+    log: Annotated[Path, typer.Argument(help="Server log file (SGLang or vLLM), as written or as pasted.",
+                                        show_default=False)],
+    engine: Annotated[str | None, typer.Option(
+        "--engine", help="sglang or vllm, when the log does not say (default: from the log, else sglang).")] = None,
+    version: Annotated[str | None, typer.Option(
+        "--version", help="Engine version, when the log does not say.")] = None,
+    exit_code: Annotated[int | None, typer.Option(
+        "--exit-code", help="How the server ended, when known (e.g. 137).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys documented in the README).")] = False,
+) -> None:
+    """Read a server log and print the verdict a trial would record: outcome, phase, reason, memory, bound."""
+    from runners.diagnose import diagnose_file, render_text
+
+    result = diagnose_file(log, engine=engine, version=version, exit_code=exit_code)
+    if as_json:
+        sys.stdout.write(result.to_json() + "\n")
+    else:
+        sys.stdout.write(render_text(result, source=str(log)))
+
+
 @hosts_app.command("check")
 def hosts_check(
     space_file: Annotated[Path, typer.Option("--space", help="Space file (engine and python to check).")],

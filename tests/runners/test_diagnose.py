@@ -1,0 +1,309 @@
+"""``runners.diagnose`` on the corpus under tests/data/logs/ and on pasted-log shapes built in the tests.
+
+Each corpus case is ``<name>.log`` + ``<name>.expected.json`` (engine, outcome, phase, attempts, key memory
+figures, notes the verdict must carry, and the source it was rebuilt from). A case with an ``xfail`` reason is a
+text the engines' parsers do not handle yet; it is marked strict, so it fails the suite once the parser is fixed
+and the mark must go.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runners.diagnose import (
+    DIAGNOSIS_KEYS,
+    MEMORY_KEYS,
+    OUTCOME_OK,
+    OUTCOME_UNKNOWN,
+    diagnose,
+    diagnose_file,
+    normalise,
+    render_text,
+)
+from runners.errors import ConfigError
+from runners.telemetry import FailureKind
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "tests" / "data" / "logs"
+ESC = "\x1b"
+
+
+def corpus_cases() -> list[Any]:
+    cases = []
+    for path in sorted(CORPUS.glob("*.expected.json")):
+        name = path.name.removesuffix(".expected.json")
+        expected = json.loads(path.read_text())
+        marks = [pytest.mark.xfail(strict=True, reason=expected["xfail"])] if expected.get("xfail") else []
+        cases.append(pytest.param(name, expected, id=name, marks=marks))
+    return cases
+
+
+def test_corpus_is_complete() -> None:
+    logs = {p.name.removesuffix(".log") for p in CORPUS.glob("*.log")}
+    expected = {p.name.removesuffix(".expected.json") for p in CORPUS.glob("*.expected.json")}
+    assert logs == expected
+    assert len(logs) >= 20
+    data = [json.loads((CORPUS / f"{name}.expected.json").read_text()) for name in sorted(logs)]
+    assert {d["engine"] for d in data} == {"sglang", "vllm"}
+    assert all(d["source"] for d in data)
+    assert sum(d["source"].startswith("https://github.com/") for d in data) >= 8
+    outcomes = {d["outcome"] for d in data}
+    assert {"ok", "oom", "nccl_error", "bad_flag", "crash", "unknown"} <= outcomes
+    phases = {d["phase"] for d in data if d["outcome"] == "oom"}
+    assert {"kv_pool", "cuda_graph", "prefill", "decode"} <= phases
+    assert "SOURCES.md" in {p.name for p in CORPUS.iterdir()}
+
+
+@pytest.mark.parametrize(("name", "expected"), corpus_cases())
+def test_corpus_case(name: str, expected: dict[str, Any]) -> None:
+    result = diagnose_file(CORPUS / f"{name}.log").to_dict()
+    assert (result["engine"], result["outcome"], result["phase"], result["attempts"]) == (
+        expected["engine"], expected["outcome"], expected["phase"], expected["attempts"]), result["reason"]
+    for key, value in expected["memory"].items():
+        if value == "present":
+            assert result["memory"][key] is not None, key
+        else:
+            assert result["memory"][key] == pytest.approx(value, rel=0.01), key
+    for note in expected["notes_contain"]:
+        assert any(note in n for n in result["notes"]), result["notes"]
+    if result["outcome"] == FailureKind.OOM.value:
+        assert result["bound"] and result["bound_detail"]
+
+
+def test_json_keys_are_stable_on_every_corpus_log() -> None:
+    for path in sorted(CORPUS.glob("*.log")):
+        data = json.loads(diagnose_file(path).to_json())
+        assert tuple(data) == DIAGNOSIS_KEYS, path.name
+        assert tuple(data["memory"]) == MEMORY_KEYS, path.name
+        assert data["outcome"] in {OUTCOME_OK, OUTCOME_UNKNOWN, *(k.value for k in FailureKind)}
+
+
+# ---- shapes of pasted logs ------------------------------------------------------------------------------------
+
+KV_POOL_OOM = (
+    "[2026-01-02 03:04:05 TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=10.00 GB, "
+    "mem usage=60.00 GB.\n"
+    "[2026-01-02 03:04:06 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+    "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+    "Current value: mem_fraction_static=0.5\n"
+)
+
+
+def test_ansi_codes_are_stripped_with_or_without_the_escape_character() -> None:
+    coloured = KV_POOL_OOM.replace("[2026", f"{ESC}[32m[2026").replace("] ", f"]{ESC}[0m ", 1)
+    lost_escape = KV_POOL_OOM.replace("RuntimeError", "[1;31mRuntimeError[0m")
+    for text in (coloured, lost_escape):
+        result = diagnose(text)
+        assert (result.outcome, result.phase) == ("oom", "kv_pool")
+        assert result.memory["weights_gib"] == 60.0
+        assert result.bound == "mem_fraction_static"
+
+
+def wrap(text: str, width: int) -> str:
+    out = []
+    for line in text.splitlines():
+        while len(line) > width:
+            out.append(line[:width])
+            line = line[width:]
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def test_hard_wrapped_paste_is_joined_back() -> None:
+    lines, _, notes = normalise(wrap(KV_POOL_OOM * 2, 80))
+    assert lines == KV_POOL_OOM.splitlines() * 2
+    assert any("hard-wrapped at 80 columns" in n for n in notes)
+    result = diagnose(wrap(KV_POOL_OOM, 80))
+    assert (result.outcome, result.phase, result.memory["weights_gib"]) == ("oom", "kv_pool", 60.0)
+
+
+def test_short_unwrapped_log_is_left_alone() -> None:
+    text = "INFO:     Started server process [1]\nINFO:     Waiting for application startup.\n"
+    lines, numbers, notes = normalise(text)
+    assert lines == text.splitlines() and numbers == [1, 2] and notes == []
+
+
+def test_outer_prefixes_are_removed() -> None:
+    compose = "".join(f"sglang-1  | {line}\n" for line in KV_POOL_OOM.splitlines())
+    kubectl = "".join(f"2026-01-02T03:04:05.123456789Z {line}\n" for line in KV_POOL_OOM.splitlines())
+    for text in (compose, kubectl):
+        result = diagnose(text)
+        assert (result.outcome, result.phase, result.memory["weights_gib"]) == ("oom", "kv_pool", 60.0)
+        assert any("outer line prefixes" in n for n in result.notes)
+
+
+def test_several_attempts_the_last_counts_and_it_says_so() -> None:
+    start = "[2026-01-02 03:00:00] server_args=ServerArgs(model_path='m', mem_fraction_static=0.5)\n"
+    ready = (start.replace("0.5", "0.8")
+             + "[2026-01-02 03:10:00 TP0] Load weight end. type=X, dtype=torch.bfloat16, avail mem=20.00 GB, "
+               "mem usage=60.00 GB.\n"
+             + "[2026-01-02 03:10:09] The server is fired up and ready to roll!\n")
+    text = start + KV_POOL_OOM + start + KV_POOL_OOM + ready
+    result = diagnose(text)
+    assert (result.outcome, result.attempts, result.memory["mem_fraction_static"]) == (OUTCOME_OK, 3, 0.8)
+    assert result.attempt_first_line == 9
+    assert "3 attempts in this file; verdict is for the last (from line 9)" in result.notes
+    # the failed one alone
+    single = diagnose(start + KV_POOL_OOM)
+    assert (single.outcome, single.attempts) == ("oom", 1)
+
+
+def test_head_cut_mid_run_reads_as_serving() -> None:
+    text = (
+        "[2026-01-02 03:04:05 TP0] Decode batch, #running-req: 64, #token: 9000, token usage: 0.50, "
+        "cuda graph: False, gen throughput (token/s): 900.00, #queue-req: 0\n"
+        "[2026-01-02 03:04:06 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "79.11 GiB of which 1.50 GiB is free.\n"
+    )
+    result = diagnose(text)
+    assert (result.outcome, result.phase) == ("oom", "decode")
+    assert result.memory["tried_to_allocate_gib"] == 2.0 and result.memory["free_at_oom_gib"] == 1.5
+    assert result.bound == "activation_headroom"
+    assert any("starts mid-run" in n for n in result.notes)
+
+
+def test_tail_cut_mid_start_up_is_unknown_not_a_verdict() -> None:
+    text = "[2026-01-02 03:04:05 TP0] Load weight begin. avail mem=78.00 GB\n[2026-01-02 03:04:09 TP0] Load wei"
+    result = diagnose(text)
+    assert (result.outcome, result.phase, result.bound) == (OUTCOME_UNKNOWN, "load_weights", None)
+    assert "no error and no readiness line" in result.reason
+
+
+def test_exit_code_option_turns_a_silent_end_into_a_death() -> None:
+    text = "[2026-01-02 03:04:05 TP0] Load weight begin. avail mem=78.00 GB\n"
+    result = diagnose(text, exit_code=137)
+    assert (result.outcome, result.phase) == ("crash", "load_weights")
+    assert "SIGKILL" in result.reason
+
+
+def test_engine_and_version_from_the_log_beat_the_options() -> None:
+    vllm = "(APIServer pid=1) INFO 01-02 03:04:05 [api_server.py:1] vLLM API server version 0.11.0\n"
+    result = diagnose(vllm, engine="sglang", version="0.10.2")
+    assert (result.engine, result.engine_source, result.version, result.version_source) == (
+        "vllm", "log", "0.11.0", "log")
+    assert any("--engine sglang given" in n for n in result.notes)
+    assert any("--version 0.10.2 given, but the log says 0.11.0" in n for n in result.notes)
+
+
+def test_engine_and_version_from_options_or_stated_default() -> None:
+    bare = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n"
+    given = diagnose(bare, engine="sglang", version="v0.5.10")
+    assert (given.engine, given.engine_source, given.version, given.version_source) == (
+        "sglang", "option", "0.5.10", "option")
+    assert (given.outcome, given.phase) == ("oom", "kv_pool")
+    default = diagnose("something happened\n")
+    assert (default.engine, default.engine_source, default.version) == ("sglang", "default", None)
+    assert any("does not say which engine" in n for n in default.notes)
+    assert "not in the log" in render_text(default)
+
+
+def test_vllm_worker_rank_prefixes_are_read() -> None:
+    text = (
+        "(VllmWorker rank=1 pid=903752) INFO 03-18 10:21:47 [gpu_model_runner.py:1] Model loading took "
+        "7.50 GiB and 3.10 seconds\n"
+        "(VllmWorker TP1 pid=903752) ERROR 03-18 10:21:50 [core.py:1] ValueError: No available memory for the "
+        "cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.\n"
+    )
+    result = diagnose(text)
+    assert (result.engine, result.outcome, result.phase, result.memory["weights_gib"]) == (
+        "vllm", "oom", "kv_pool", 7.5)
+    assert result.bound == "gpu_memory_utilization"
+
+
+def test_bad_input_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown engine 'tgi'"):
+        diagnose("x\n", engine="tgi")
+    with pytest.raises(ConfigError, match="empty"):
+        diagnose(f"\n  \n{ESC}[0m\n")
+    with pytest.raises(ConfigError, match="cannot read"):
+        diagnose_file(tmp_path / "missing.log")
+
+
+def test_render_text_shows_the_verdict_and_figures() -> None:
+    text = render_text(diagnose_file(CORPUS / "sim-capture-oom.log"), source="server.log")
+    lines = text.splitlines()
+    assert lines[0] == "log      server.log"
+    assert "outcome  oom" in lines and "phase    cuda_graph" in lines
+    assert any(line.startswith("bound    graph_headroom: ") for line in lines)
+    assert "         OOM tried to allocate: 10.00 GiB" in lines
+    assert "         free at OOM: 10.96 GiB" in lines
+
+
+# ---- the CLI and a live simulated server -------------------------------------------------------------------
+
+
+def servetune(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "search", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_cli_json_text_and_bad_input() -> None:
+    done = servetune("diagnose", str(CORPUS / "sim-retry-after-capture-oom.log"), "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert tuple(data) == DIAGNOSIS_KEYS and (data["outcome"], data["attempts"]) == ("ok", 2)
+    done = servetune("diagnose", str(CORPUS / "vllm-max-len-pp.log"))
+    assert done.returncode == 0 and "outcome  oom" in done.stdout and "bound    max_model_len:" in done.stdout
+    done = servetune("diagnose", str(CORPUS / "nope.log"))
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        f"servetune: error: cannot read {CORPUS / 'nope.log'}: No such file or directory"]
+
+
+@pytest.mark.slow
+def test_a_live_simulated_capture_oom_is_diagnosed_from_its_log(tmp_path: Path) -> None:
+    from tests.simhost.conftest import SimHostFactory
+
+    factory = SimHostFactory(tmp_path)
+    try:
+        sp = factory.start("dsv4-flash-tp4-rtxpro6000", "--model-path", "m", "--tp", "4",
+                           "--mem-fraction-static", "0.85", "--cuda-graph-max-bs", "32")
+        assert sp.wait_exit() == -signal.SIGKILL
+        result = diagnose_file(sp.log_path, exit_code=sp.proc.returncode)
+    finally:
+        factory.stop_all()
+    assert (result.outcome, result.phase, result.simulated) == ("oom", "cuda_graph", True)
+    assert result.memory["tried_to_allocate_gib"] == pytest.approx(10.0, rel=0.1)
+    assert result.bound == "graph_headroom"
+
+
+def test_a_clean_stop_after_serving_is_ok_and_says_so() -> None:
+    text = ("vllm-1  | (APIServer pid=1) INFO 01-02 03:04:05 [api_server.py:1] vLLM API server version 0.11.0\n"
+            "vllm-1  | INFO:     Application startup complete.\n"
+            "vllm-1  | INFO:     Shutting down\n"
+            "vllm-1  | INFO:     Application shutdown complete.\n"
+            "vllm-1 exited with code 0\n")
+    result = diagnose(text)
+    assert (result.outcome, result.phase, result.version) == (OUTCOME_OK, "ready", "0.11.0")
+    assert result.reason == "ready; stopped cleanly (last phase ready)"
+    died = diagnose(text.replace("exited with code 0", "exited with code 137"))
+    assert (died.outcome, died.phase) == ("crash", "ready") and "SIGKILL" in died.reason
+
+
+def test_readme_examples_are_what_diagnose_prints() -> None:
+    readme = (REPO / "README.md").read_text()
+    examples = {"server.log": CORPUS / "sim-capture-oom.log",
+                "tests/data/logs/sim-retry-after-capture-oom.log": CORPUS / "sim-retry-after-capture-oom.log"}
+    for shown, path in examples.items():
+        block = readme.split(f"$ servetune diagnose {shown}\n", 1)[1].split("```", 1)[0]
+        assert block == render_text(diagnose_file(path), source=shown)
+
+
+def test_version_banner_and_lookalikes() -> None:
+    banner = ("(APIServer pid=7) INFO 04-15 07:22:41 [utils.py:299]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version "
+              "0.19.1rc1.dev301+g60995c05b\n")
+    assert diagnose(banner).version == "0.19.1rc1.dev301+g60995c05b"
+    nccl = ("(EngineCore pid=7) ERROR 04-15 07:22:41 [core.py:1] torch.distributed.DistBackendError: NCCL error "
+            "in: ProcessGroupNCCL.cpp:3699, unhandled cuda error, NCCL version 2.27.3\n")
+    result = diagnose(nccl)
+    assert (result.engine, result.version) == ("vllm", None)
+    lines, _, _ = normalise("timeout [5m] reached [1;31mERROR[0m\n")
+    assert lines == ["timeout [5m] reached ERROR"]
