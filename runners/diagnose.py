@@ -335,23 +335,30 @@ def _bound(engine: str, failure: Failure | None, memory: dict[str, Any]) -> tupl
     if "OOM killer" in reason or "DefaultCPUAllocator" in reason:
         return "host_memory", "the host's RAM (kernel OOM killer or a CPU allocation): lower the KV cache or free RAM"
     if engine == "vllm":
-        if "max model len" in reason or "max_model_len" in reason:
-            return "max_model_len", (f"one request of max_model_len needs {_gib(memory.get('kv_requested_gib'))} of KV "
-                                     f"cache, {_gib(memory.get('kv_available_gib'))} available: lower "
-                                     "--max-model-len or raise --gpu-memory-utilization")
-        if "requested but only" in reason:
-            return "kv_cache_space", ("the KV cache asked for is larger than the memory available: lower "
-                                      "VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes")
-        if "utilization" in reason or "cache blocks" in reason:
-            return "gpu_memory_utilization", ("--gpu-memory-utilization leaves no room for the KV cache (or asks "
-                                              "for more than is free): raise it, or free the GPU")
-        if phase is Phase.LOAD_WEIGHTS:
-            return "weights", "the weights do not fit: more GPUs (tensor parallel) or a smaller/quantised model"
-        if phase is Phase.CUDA_GRAPH:
-            return "graph_headroom", (f"CUDA-graph capture {asked} after the KV cache took its share: lower "
-                                      "--gpu-memory-utilization or the capture sizes (--max-cudagraph-capture-size)")
-        return "activation_headroom", f"a forward pass {asked} outside the KV budget: lower --gpu-memory-utilization"
-    # SGLang
+        return _bound_vllm(phase, reason, memory, asked)
+    return _bound_sglang(phase, reason, memory, asked)
+
+
+def _bound_vllm(phase: Phase | None, reason: str, memory: dict[str, Any], asked: str) -> tuple[str, str]:
+    if "max model len" in reason or "max_model_len" in reason:
+        return "max_model_len", (f"one request of max_model_len needs {_gib(memory.get('kv_requested_gib'))} of KV "
+                                 f"cache, {_gib(memory.get('kv_available_gib'))} available: lower "
+                                 "--max-model-len or raise --gpu-memory-utilization")
+    if "requested but only" in reason:
+        return "kv_cache_space", ("the KV cache asked for is larger than the memory available: lower "
+                                  "VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes")
+    if "utilization" in reason or "cache blocks" in reason:
+        return "gpu_memory_utilization", ("--gpu-memory-utilization leaves no room for the KV cache (or asks "
+                                          "for more than is free): raise it, or free the GPU")
+    if phase is Phase.LOAD_WEIGHTS:
+        return "weights", "the weights do not fit: more GPUs (tensor parallel) or a smaller/quantised model"
+    if phase is Phase.CUDA_GRAPH:
+        return "graph_headroom", (f"CUDA-graph capture {asked} after the KV cache took its share: lower "
+                                  "--gpu-memory-utilization or the capture sizes (--max-cudagraph-capture-size)")
+    return "activation_headroom", f"a forward pass {asked} outside the KV budget: lower --gpu-memory-utilization"
+
+
+def _bound_sglang(phase: Phase | None, reason: str, memory: dict[str, Any], asked: str) -> tuple[str, str]:
     if phase is Phase.KV_POOL:
         return "mem_fraction_static", (f"mem_fraction_static={memory.get('mem_fraction_static') or '?'} leaves no "
                                        f"room for a KV pool after {_gib(memory.get('weights_gib'))} of weights: "
@@ -392,27 +399,9 @@ def diagnose(text: str, *, engine: str | None = None, version: str | None = None
     lines, numbers, notes = normalise(text)
     if not lines:
         raise ConfigError("the log is empty")
-    detected = _detect_engine(lines)
-    if detected is not None:
-        name, engine_source = detected, "log"
-        if engine is not None and engine != detected:
-            notes.append(f"--engine {engine} given, but the log is {detected}'s: read as {detected}")
-    elif engine is not None:
-        name, engine_source = engine, "option"
-    else:
-        name, engine_source = DEFAULT_ENGINE, "default"
-        notes.append(f"the log does not say which engine wrote it: read as {DEFAULT_ENGINE} (use --engine)")
+    name, engine_source = _which_engine(lines, engine, notes)
     eng = get_engine(name)
-
-    found_version = _detect_version(name, lines)
-    if found_version is not None:
-        the_version, version_source = found_version, "log"
-        if version is not None and version.lstrip("v") != found_version:
-            notes.append(f"--version {version} given, but the log says {found_version}")
-    elif version is not None:
-        the_version, version_source = version.lstrip("v"), "option"
-    else:
-        the_version, version_source = None, "default"
+    the_version, version_source = _which_version(name, lines, version, notes)
 
     ranges = split_attempts(eng, lines)
     start, end = ranges[-1]
@@ -420,7 +409,52 @@ def diagnose(text: str, *, engine: str | None = None, version: str | None = None
     if len(ranges) > 1:
         notes.append(f"{len(ranges)} attempts in this file; verdict is for the last "
                      f"(from line {numbers[start]})")
+    parser = _read(eng, name, attempt, notes)
+    failure, outcome, phase, reason = _verdict(eng, parser, attempt, exit_code)
+    memory = _memory(parser)
+    if memory["mem_fraction_static"] is None and failure is not None:
+        # SGLang's KV-pool error names the value ("Current value: mem_fraction_static=0.3").
+        match = _MFS_IN_REASON.search(failure.reason)
+        if match:
+            memory["mem_fraction_static"] = float(match.group(1))
+    bound, detail = _bound(name, failure, memory)
+    simulated = any(_SIMULATED in line for line in attempt[:20]) or parser.telemetry.simulated
+    return Diagnosis(
+        engine=name, engine_source=engine_source, version=the_version, version_source=version_source,
+        simulated=simulated, attempts=len(ranges), attempt_first_line=numbers[start],
+        outcome=outcome, phase=phase.value if phase is not None else None, reason=reason,
+        ready=parser.ready_line, bound=bound, bound_detail=detail, memory=memory, notes=tuple(notes),
+        telemetry=parser.telemetry.to_dict(),
+    )
 
+
+def _which_engine(lines: list[str], engine: str | None, notes: list[str]) -> tuple[str, str]:
+    """(engine name, where it came from: log, option or default)."""
+    detected = _detect_engine(lines)
+    if detected is not None:
+        if engine is not None and engine != detected:
+            notes.append(f"--engine {engine} given, but the log is {detected}'s: read as {detected}")
+        return detected, "log"
+    if engine is not None:
+        return engine, "option"
+    notes.append(f"the log does not say which engine wrote it: read as {DEFAULT_ENGINE} (use --engine)")
+    return DEFAULT_ENGINE, "default"
+
+
+def _which_version(name: str, lines: list[str], version: str | None, notes: list[str]) -> tuple[str | None, str]:
+    """(engine version or None, where it came from: log, option or default)."""
+    found_version = _detect_version(name, lines)
+    if found_version is not None:
+        if version is not None and version.lstrip("v") != found_version:
+            notes.append(f"--version {version} given, but the log says {found_version}")
+        return found_version, "log"
+    if version is not None:
+        return version.lstrip("v"), "option"
+    return None, "default"
+
+
+def _read(eng: Engine, name: str, attempt: list[str], notes: list[str]) -> LogParser:
+    """The engine's parser after the attempt's lines (told "serving" first when the head was cut mid-run)."""
     parser = eng.parser()
     for line in attempt:
         parser.feed(line)
@@ -434,7 +468,12 @@ def diagnose(text: str, *, engine: str | None = None, version: str | None = None
         for line in attempt:
             parser.feed(line)
         notes.append("the log starts mid-run (no start-up lines): read as a server that was already serving")
+    return parser
 
+
+def _verdict(eng: Engine, parser: LogParser, attempt: list[str],
+             exit_code: int | None) -> tuple[Failure | None, str, Phase | None, str]:
+    """(failure if the server died, outcome, phase, reason)."""
     tail = "\n".join(attempt[-400:])
     code = exit_code if exit_code is not None else _exit_code(attempt)
     # "exited with code 0" after a clean stop is no death; a death marker without a code still is one.
@@ -453,22 +492,7 @@ def diagnose(text: str, *, engine: str | None = None, version: str | None = None
         outcome, phase = OUTCOME_UNKNOWN, parser.phase
         reason = (f"the log ends in {phase.value} with no error and no readiness line "
                   "(cut short, still starting, or stopped from outside)")
-
-    memory = _memory(parser)
-    if memory["mem_fraction_static"] is None and failure is not None:
-        # SGLang's KV-pool error names the value ("Current value: mem_fraction_static=0.3").
-        match = _MFS_IN_REASON.search(failure.reason)
-        if match:
-            memory["mem_fraction_static"] = float(match.group(1))
-    bound, detail = _bound(name, failure, memory)
-    simulated = any(_SIMULATED in line for line in attempt[:20]) or parser.telemetry.simulated
-    return Diagnosis(
-        engine=name, engine_source=engine_source, version=the_version, version_source=version_source,
-        simulated=simulated, attempts=len(ranges), attempt_first_line=numbers[start],
-        outcome=outcome, phase=phase.value if phase is not None else None, reason=reason,
-        ready=parser.ready_line, bound=bound, bound_detail=detail, memory=memory, notes=tuple(notes),
-        telemetry=parser.telemetry.to_dict(),
-    )
+    return failure, outcome, phase, reason
 
 
 def diagnose_file(path: Path, **options: Any) -> Diagnosis:

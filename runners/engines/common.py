@@ -31,6 +31,14 @@ SERVING = frozenset({Phase.READY, Phase.PREFILL, Phase.DECODE, Phase.SERVING})
 PRIORITY = {FailureKind.CRASH: 1, FailureKind.BAD_FLAG: 2, FailureKind.NCCL_ERROR: 2, FailureKind.OOM: 3}
 """When several fatal lines appear, the more specific kind wins (an OOM over a generic crash)."""
 
+NCCL_ERROR = re.compile(
+    r"NCCL error|ncclInvalidArgument|ncclInvalidUsage|ncclUnhandledCudaError|ncclSystemError"
+    r"|ncclInternalError|ncclRemoteError|DistBackendError|unhandled cuda error"
+    # NCCL >= 2.24 with a forced algorithm or protocol that has no path for a collective (enqueue.cc).
+    r"|no algorithm/protocol available for function"
+)
+"""An NCCL failure in any engine's log (torch's ``NCCL error ...`` and NCCL's own result names)."""
+
 ARGPARSE_ERROR = re.compile(
     r"\berror: ((?:ambiguous option|unrecognized arguments|argument |the following arguments are required"
     r"|invalid choice|expected one argument).*)"

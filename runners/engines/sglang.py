@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from runners.engines.base import LaunchLike, LogParser
 from runners.engines.common import (
     ARGPARSE_ERROR,
+    NCCL_ERROR,
     PRIORITY,
     SERVING,
     SIZE,
@@ -164,12 +165,6 @@ _OOM_TEXTS: tuple[tuple[re.Pattern[str], Phase | None], ...] = (
                 r"|CUBLAS_STATUS_ALLOC_FAILED"), None),
 )
 
-_NCCL = re.compile(
-    r"NCCL error|ncclInvalidArgument|ncclInvalidUsage|ncclUnhandledCudaError|ncclSystemError"
-    r"|ncclInternalError|ncclRemoteError|DistBackendError|unhandled cuda error"
-    # NCCL >= 2.24 with a forced algorithm or protocol that has no path for a collective (enqueue.cc).
-    r"|no algorithm/protocol available for function"
-)
 _USAGE = re.compile(r"^usage: \S")
 
 # (pattern, phase the server must be in when it appears, or None for "where it is").
@@ -412,7 +407,7 @@ class SGLangLogParser(LogParserBase):
             self._on_oom(text, oom_phase or hint)
             return
         where = hint if hint is not None and self.phase not in SERVING else self.phase
-        if _NCCL.search(text):
+        if NCCL_ERROR.search(text):
             self.set_fatal(FailureKind.NCCL_ERROR, where, f"NCCL failure in {where.value}: {one_line(text)}")
         elif generic:
             if not self._refine(hint):

@@ -38,6 +38,7 @@ from runners.engines.base import LaunchLike, LogParser
 from runners.engines.common import (
     ANSI,
     ARGPARSE_ERROR,
+    NCCL_ERROR,
     PRIORITY,
     SERVING,
     TORCH_OOM,
@@ -278,7 +279,9 @@ class VLLMLogParser(LogParserBase):
         self.advance(Phase.CUDA_GRAPH)
 
     def _on_capture_begin(self, m: re.Match[str], line: Line) -> bool:
-        lower = line.text.lower()
+        # vLLM <= 0.8's begin line carries advice ("If out-of-memory error occurs during cudagraph capture,
+        # ..."): only what comes before it can say the capture failed.
+        lower = line.text.lower().split("if out-of-memory error occurs")[0]
         if "fail" in lower or "error" in lower:
             return False
         self.advance(Phase.CUDA_GRAPH)
@@ -323,6 +326,8 @@ class VLLMLogParser(LogParserBase):
                            f"log (a kernel OOM kill looks like this): {one_line(text)}")
         elif _SIGNALLED_SHUTDOWN.search(text):
             self._signalled = True
+        elif NCCL_ERROR.search(text) and not self._signalled:
+            self.set_fatal(FailureKind.NCCL_ERROR, self.phase, f"NCCL failure in {self.phase.value}: {one_line(text)}")
         elif _FATAL.search(text) and not self._signalled:
             self.set_fatal(FailureKind.CRASH, self.phase, f"server crashed in {self.phase.value}: {one_line(text)}")
         elif m := ARGPARSE_ERROR.search(text):
