@@ -177,7 +177,7 @@ def main() -> None:
         (t,) = _search(limited, host, wd, "bench-vllm-oom-kill", [OOM_KILL])
         print(f"kernel OOM kill, {OOM_KILL['kv_cache_space_gib']} GiB of KV in a {OOM_KILL_LIMIT} memory cgroup:")
         print(_trial_line(t))
-    version = str(trials[0].user_facts.engine_version)  # what the search's preflight read on the host
+    version = str(TrialFacts.from_trial(trials[0]).engine_version)  # what the search's preflight read on the host
     s = stop_during_startup(host, space, version)
     print(f"stop during start-up: {s['processes']} processes, stopped by {s['stop_method']} in {s['stop_s']} s "
           f"(grace {GRACE:g} s; SIGTERM re-sent: {s['resent_term']}), survivors {s['survivors']}")
