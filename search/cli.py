@@ -6,6 +6,7 @@ a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -44,8 +45,10 @@ def _settings(**cli: Any) -> Any:
 def _open(study: str, storage: str | None = None, *, settings: Any = None) -> Any:
     """Load an existing study (StudyError when the storage or the study is missing); ``settings``: already
     loaded ones (then ``storage`` is not looked at)."""
+    from search.settings import study_name
     from search.study import load, open_storage
 
+    study_name(study)
     if settings is None:
         settings = _settings(storage=storage)
     return load(open_storage(settings.storage, heartbeat=False, must_exist=True), study)
@@ -80,23 +83,32 @@ def run(
     from search.progress import Progress, summary_table
     from search.records import records
     from search.run import RunOptions, run_search
+    from search.settings import study_name
 
     space = load_space(space_file)
+    name = study_name(study or space.name)
     settings = _settings(storage=storage, mlflow_uri=mlflow_uri, artifacts_dir=artifacts_dir)
     seconds = _duration("--timeout", timeout) if timeout else space.budget.timeout
     trials_budget = n_trials if n_trials is not None else space.budget.n_trials
-    name = study or space.name
     hosts = build_hosts(space, host_args=host or [], inventory=inventory, runs_root=settings.runs_root,
                         sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key)
     callbacks: list[Any] = []
-    tracker = None
+    tracker = mlflow_callback = None
     if not no_mlflow:
         from search.study import artifact_store
         from search.tracking import MlflowTracker
 
         tracker = MlflowTracker(settings.mlflow_uri,
                                 optuna_artifact_store=artifact_store(settings.artifacts_dir))
-        callbacks.append(tracker.callback(background=True))
+        try:
+            tracker.check(name)  # once per run: a broken MLflow must not cost every trial its retries
+        except ServetuneError as exc:
+            err_console.print(f"mlflow: {exc}; this run does not log to MLflow "
+                              f"(back-fill later with `servetune sync-mlflow --study {name}`)")
+            tracker = None
+        else:
+            mlflow_callback = tracker.callback(background=True)
+            callbacks.append(mlflow_callback)
     from search.notes import notes_callback
 
     callbacks.append(notes_callback())
@@ -117,7 +129,9 @@ def run(
     finally:
         for h in hosts:
             h.close()
-    if tracker is not None:
+    if mlflow_callback is not None:
+        mlflow_callback.drain()
+    if tracker is not None and mlflow_callback is not None and not mlflow_callback.broken:
         try:
             tracker.finish_study(summary.study)  # waits for the background logger first
         except ServetuneError as exc:
@@ -143,11 +157,18 @@ def run(
     from search.report import report_markdown
 
     report_path = settings.artifacts_dir / name / "report.md"
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(report_markdown(summary.study))
-    console.print(f"morning summary: {report_path} (again any time: servetune report --study {name})")
+    try:
+        _write(report_path, report_markdown(summary.study), parents=True)
+        console.print(f"morning summary: {report_path} (again any time: servetune report --study {name})")
+    except ConfigError as exc:
+        err_console.print(f"servetune: {exc} (the study is stored: servetune report --study {name})")
     if summary.stopped_by in ("signal", "aborted"):
         raise typer.Exit(130)
+    from search.run import ARTIFACTS_STOP
+
+    if summary.stopped_by.startswith(ARTIFACTS_STOP):
+        err_console.print(f"servetune: error: stopped before the next trial: {summary.stopped_by}")
+        raise typer.Exit(1)
 
 
 app.command(name="worker", help="Join a (shared) study as one more controller; same options as run.")(run)
@@ -200,10 +221,7 @@ def export(
     if output is None:
         sys.stdout.write(script)
         return
-    tmp = output.with_name(output.name + ".tmp")
-    tmp.write_text(script)
-    tmp.chmod(0o755)
-    tmp.replace(output)
+    _write(output, script, mode=0o755)
     err_console.print(f"wrote {output}")
 
 
@@ -234,7 +252,7 @@ def report(
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text)
+        _write(output, text)
         err_console.print(f"wrote {output}")
 
 
@@ -317,6 +335,23 @@ def hosts_check(
     console.print(table)
     if bad:
         raise typer.Exit(1)
+
+
+def _write(path: Path, text: str, *, mode: int | None = None, parents: bool = False) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file renamed over it); a missing
+    directory, a full disk or a directory in the way is one ConfigError line."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        if parents:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        if mode is not None:
+            tmp.chmod(mode)
+        tmp.replace(path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _duration(flag: str, value: str) -> float:

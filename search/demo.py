@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from runners.errors import ServetuneError
 from search.cli import _open
 from search.cli import main as cli_main
+from search.settings import study_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,9 +47,16 @@ def _resume_budget(study: str) -> int | None:
     return done + 6
 
 
+def _study(value: str) -> str:
+    try:
+        return study_name(value)
+    except ServetuneError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--study", default="demo-sim-dsv4")
+    parser.add_argument("--study", default="demo-sim-dsv4", type=_study)
     parser.add_argument("--n-trials", default=None)
     args = parser.parse_args()
     space = ROOT / "spaces" / "demo-sim.yaml"

@@ -53,12 +53,13 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
-from runners.errors import RunnerError, ServetuneError
+from runners.errors import RunnerError, ServetuneError, StudyError
 from runners.host import Host
 from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
 from search.pool import HostPool, HostSlot, NoHostsLeft
-from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL
+from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL, study_name
 from search.study import artifact_store, create_or_load, fail_stale, open_storage
 from spaces.schema import Space
 
@@ -68,6 +69,8 @@ StudyCallback = Callable[[optuna.Study, FrozenTrial], None]
 
 #: Seconds between two looks at the study while the budget is reserved by running trials.
 BUDGET_POLL = 0.5
+#: ``RunSummary.stopped_by`` starts with this when a trial's files could not be written (a full disk).
+ARTIFACTS_STOP = "trial files not written"
 
 
 @dataclass
@@ -349,18 +352,26 @@ class _Run:
                     fatal = exc
         finally:
             self.pool.release(slot, infra_failure=infra, error=error)
-        frozen = self.study.tell(trial, value if state == TrialState.COMPLETE else None, state=state,
-                                 skip_if_finished=True)
+        try:
+            frozen = self.study.tell(trial, value if state == TrialState.COMPLETE else None, state=state,
+                                     skip_if_finished=True)
+        except (SQLAlchemyError, OSError) as exc:
+            # A full disk under SQLite, a lost database: nothing more can be recorded, so stop in one line.
+            raise StudyError(f"trial {trial.number} ({state.name}) could not be recorded in the study storage: "
+                             f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
         with self._lock:
             self.ran += 1
         for callback in self.options.callbacks:
             callback(self.study, copy.deepcopy(frozen))
         if fatal is not None:
             raise fatal
+        if self.objective.env.artifacts_error:
+            self.end(f"{ARTIFACTS_STOP}: {self.objective.env.artifacts_error}")
 
 
 def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunSummary:
     """Run (or resume) the study for ``space`` on ``hosts`` until the budget, timeout or a signal."""
+    study_name(options.study_name)  # it names directories on the hosts and here: refuse unsafe ones first
     storage = open_storage(options.storage_url, heartbeat_interval=options.heartbeat_interval,
                            grace_period=options.grace_period)
     sampler = optuna.samplers.TPESampler(seed=options.seed, n_startup_trials=min(8, options.n_trials or 8))

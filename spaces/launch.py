@@ -10,13 +10,15 @@ cannot drift.
 from __future__ import annotations
 
 import shlex
+import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runners.engines import get_engine
 from runners.engines.base import Engine
+from spaces.names import check_identifier
 from spaces.schema import UNSET, Space
 
 
@@ -34,6 +36,14 @@ class LaunchConfig(BaseModel):
     fixed_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     engine_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        # Keys are written unquoted after `export`: a stored config must not smuggle shell text in either.
+        for key in v:
+            check_identifier(key)
+        return v
 
     @classmethod
     def from_params(cls, space: Space, params: Mapping[str, Any], *, port: int | None = None) -> LaunchConfig:
@@ -74,10 +84,21 @@ class LaunchConfig(BaseModel):
         return self.engine_impl().environment(self, version)
 
 
+def comment_text(text: str) -> str:
+    """``text`` made safe for one ``#`` comment line: every control character (newline, carriage return,
+    NUL, escape...) and every Unicode line or paragraph separator becomes a space, so nothing after it can
+    start a new shell line."""
+    return "".join(" " if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text)
+
+
 def render_script(launch: LaunchConfig, version: str, *, header: Sequence[str] = ()) -> str:
-    """A runnable bash launch script: header comments, exports, then ``exec`` of the server."""
+    """A runnable bash launch script: header comments, exports, then ``exec`` of the server.
+
+    Header entries come from names and remote output (study, host, GPU): each is one comment line
+    whatever it holds (:func:`comment_text`).
+    """
     lines = ["#!/usr/bin/env bash"]
-    lines += [f"# {h}" if h else "#" for h in header]
+    lines += [f"# {comment_text(h)}" if h else "#" for h in header]
     lines.append("set -euo pipefail")
     env = launch.environment(version)
     for key in sorted(env):

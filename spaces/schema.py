@@ -42,6 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from runners.engines import sglang, vllm
 from runners.errors import ConfigError
+from spaces.guards import fixed_args_problem
+from spaces.names import check_identifier, check_name
 
 UNSET = "unset"
 CONTROLLER_PYTHON = "servetune"
@@ -346,7 +348,7 @@ class Budget(_Strict):
 
 
 class Space(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str
     engine: EngineSpec
     model_path: str
     port: int = Field(default=30000, ge=1024, le=65535)
@@ -358,6 +360,29 @@ class Space(_Strict):
     budget: Budget = Field(default_factory=Budget)
     memory_limit: str | None = None
     """Run every server in a memory cgroup of this size (e.g. ``48GiB``); None: no limit."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_name(v, "name")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        # Keys are written unquoted after `export` in launch.sh: only shell identifiers may reach it.
+        for key, value in v.items():
+            check_identifier(key)
+            if "\0" in value:
+                raise ValueError(f"{key}: a value cannot contain a NUL byte")
+        return v
+
+    @field_validator("fixed_args")
+    @classmethod
+    def _fixed_arg_words(cls, v: list[str]) -> list[str]:
+        problem = fixed_args_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
     @field_validator("memory_limit", mode="before")
     @classmethod
@@ -386,14 +411,31 @@ class Space(_Strict):
                 f"objective.level {self.objective.level} is not one of workload.concurrency "
                 f"{self.workload.concurrency}"
             )
-        for flag in ("--host", "--port", "--model-path", "--model"):
-            if flag in self.fixed_args:
-                raise ValueError(f"fixed_args must not set {flag}: it comes from the space's own field")
+        return self
+
+    @model_validator(mode="after")
+    def _fixed_args(self) -> Space:
+        problem = fixed_args_problem(self.fixed_args, _knob_flags(self))
+        if problem is not None:
+            raise ValueError(problem)
+        for var in (*self.knobs.nccl, *(v for k, v in vllm.ENV_KNOBS.items() if getattr(self.knobs, k))):
+            if var in self.env:
+                raise ValueError(f"env sets {var}, which a knob searches; remove it from env")
         return self
 
     @property
     def target_level(self) -> int:
         return self.objective.level or self.workload.concurrency[-1]
+
+
+def _knob_flags(space: Space) -> dict[str, set[str]]:
+    """Each searched flag knob's flag, in every spelling any engine version uses."""
+    engine = vllm if space.engine.kind == "vllm" else sglang
+    out: dict[str, set[str]] = {}
+    for knob in space.knobs.searched():
+        if knob in engine.KNOB_FLAGS:
+            out[knob] = {engine.knob_flag(knob, (0, 0, 0)), engine.knob_flag(knob, (999, 0, 0))}
+    return out
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -407,6 +449,10 @@ def load_space(path: str | Path) -> Space:
         raw = yaml.safe_load(p.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such space file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not a text file (byte {exc.start} is not UTF-8)") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the space file: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
