@@ -86,7 +86,7 @@ def run(
     from search.settings import study_name
 
     space = load_space(space_file)
-    name = study_name(study or space.name)
+    name = study_name(space.name if study is None else study)
     settings = _settings(storage=storage, mlflow_uri=mlflow_uri, artifacts_dir=artifacts_dir)
     seconds = _duration("--timeout", timeout) if timeout else space.budget.timeout
     trials_budget = n_trials if n_trials is not None else space.budget.n_trials
@@ -103,8 +103,8 @@ def run(
         try:
             tracker.check(name)  # once per run: a broken MLflow must not cost every trial its retries
         except ServetuneError as exc:
-            err_console.print(f"mlflow: {exc}; this run does not log to MLflow "
-                              f"(back-fill later with `servetune sync-mlflow --study {name}`)")
+            _line(f"mlflow: {exc}; this run does not log to MLflow "
+                  f"(back-fill later with `servetune sync-mlflow --study {name}`)")
             tracker = None
         else:
             mlflow_callback = tracker.callback(background=True)
@@ -155,20 +155,21 @@ def run(
     else:
         console.print("[yellow]no COMPLETE trial yet[/]")
     from search.report import report_markdown
+    from search.run import ARTIFACTS_STOP
 
+    if summary.stopped_by.startswith(ARTIFACTS_STOP):
+        # The disk that refused the trial's files would refuse the report too; the study has everything.
+        _line(f"servetune: error: stopped before the next trial: {summary.stopped_by} (every result is in the "
+              f"study: servetune report --study {name})")
+        raise typer.Exit(1)
     report_path = settings.artifacts_dir / name / "report.md"
     try:
         _write(report_path, report_markdown(summary.study), parents=True)
         console.print(f"morning summary: {report_path} (again any time: servetune report --study {name})")
     except ConfigError as exc:
-        err_console.print(f"servetune: {exc} (the study is stored: servetune report --study {name})")
+        _line(f"servetune: {exc} (the study is stored: servetune report --study {name})")
     if summary.stopped_by in ("signal", "aborted"):
         raise typer.Exit(130)
-    from search.run import ARTIFACTS_STOP
-
-    if summary.stopped_by.startswith(ARTIFACTS_STOP):
-        err_console.print(f"servetune: error: stopped before the next trial: {summary.stopped_by}")
-        raise typer.Exit(1)
 
 
 app.command(name="worker", help="Join a (shared) study as one more controller; same options as run.")(run)
@@ -335,6 +336,11 @@ def hosts_check(
     console.print(table)
     if bad:
         raise typer.Exit(1)
+
+
+def _line(text: str) -> None:
+    """One plain line on stderr (no markup, no wrapping: paths and errors may hold ``[`` or be long)."""
+    sys.stderr.write(" ".join(text.split()) + "\n")
 
 
 def _write(path: Path, text: str, *, mode: int | None = None, parents: bool = False) -> None:
