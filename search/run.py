@@ -50,7 +50,7 @@ from types import FrameType
 from typing import Any
 
 import optuna
-from optuna.exceptions import UpdateFinishedTrialError
+from optuna.exceptions import StorageInternalError, UpdateFinishedTrialError
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
@@ -60,7 +60,7 @@ from runners.host import Host
 from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
 from search.pool import HostPool, HostSlot, NoHostsLeft
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL, study_name
-from search.study import artifact_store, create_or_load, fail_stale, open_storage
+from search.study import _redact, artifact_store, create_or_load, fail_stale, open_storage
 from spaces.schema import Space
 
 log = logging.getLogger("servetune")
@@ -71,6 +71,15 @@ StudyCallback = Callable[[optuna.Study, FrozenTrial], None]
 BUDGET_POLL = 0.5
 #: ``RunSummary.stopped_by`` starts with this when a trial's files could not be written (a full disk).
 ARTIFACTS_STOP = "trial files not written"
+#: What a study storage raises when it stops taking writes (Optuna wraps a failed commit in its own error).
+STORAGE_ERRORS = (SQLAlchemyError, StorageInternalError)
+
+
+def _storage_error(exc: BaseException) -> str:
+    """The first line of what the database said (Optuna's wrapper names no cause)."""
+    cause = exc.__cause__ if isinstance(exc, StorageInternalError) and exc.__cause__ is not None else exc
+    text = str(getattr(cause, "orig", None) or cause).strip()
+    return text.splitlines()[0] if text else type(cause).__name__
 
 
 @dataclass
@@ -355,10 +364,10 @@ class _Run:
         try:
             frozen = self.study.tell(trial, value if state == TrialState.COMPLETE else None, state=state,
                                      skip_if_finished=True)
-        except (SQLAlchemyError, OSError) as exc:
+        except (*STORAGE_ERRORS, OSError) as exc:
             # A full disk under SQLite, a lost database: nothing more can be recorded, so stop in one line.
             raise StudyError(f"trial {trial.number} ({state.name}) could not be recorded in the study storage: "
-                             f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
+                             f"{_storage_error(exc)}") from None
         with self._lock:
             self.ran += 1
         for callback in self.options.callbacks:
@@ -370,8 +379,20 @@ class _Run:
 
 
 def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunSummary:
-    """Run (or resume) the study for ``space`` on ``hosts`` until the budget, timeout or a signal."""
+    """Run (or resume) the study for ``space`` on ``hosts`` until the budget, timeout or a signal.
+
+    Raises ConfigError for an unsafe study name (before anything is touched) and StudyError, one line, when
+    the study storage stops taking writes (a full disk under SQLite): every trial told before is kept.
+    """
     study_name(options.study_name)  # it names directories on the hosts and here: refuse unsafe ones first
+    try:
+        return _run_search(space, hosts, options)
+    except STORAGE_ERRORS as exc:
+        raise StudyError(f"study storage {_redact(options.storage_url)}: {_storage_error(exc)}; the run stopped"
+                         ) from None
+
+
+def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunSummary:
     storage = open_storage(options.storage_url, heartbeat_interval=options.heartbeat_interval,
                            grace_period=options.grace_period)
     sampler = optuna.samplers.TPESampler(seed=options.seed, n_startup_trials=min(8, options.n_trials or 8))

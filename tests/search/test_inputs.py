@@ -30,7 +30,7 @@ from optuna.trial import TrialState
 from runners.errors import ConfigError, HostKeyError, StudyError
 from runners.inventory import open_host, parse_inventory
 from search.cli import main
-from search.hosts import build_hosts
+from search.hosts import build_hosts, local_host
 from search.run import ARTIFACTS_STOP, RunOptions, run_search
 from search.settings import study_name
 from search.tracking import MlflowTracker
@@ -285,6 +285,32 @@ def test_a_full_artifacts_disk_keeps_the_result_and_stops_in_one_line(tmp_path: 
     assert trial.user_attrs["outcome"] in ("ok", "oom") and trial.user_attrs["levels"]
     assert "No space left on device" in trial.user_attrs["artifacts_error"]
     assert gpu_pids(wd / "sim") == ""  # its server was stopped all the same
+
+
+@pytest.mark.slow
+def test_a_storage_disk_that_fills_up_keeps_the_told_trials_and_stops_in_one_line(tmp_path: Path) -> None:
+    space = load_space(make_space(tmp_path / "space.yaml"))
+    with tiny_fs(tmp_path / "db", size="4m", fill=False) as fs:
+        url = f"sqlite:///{fs / 'servetune.db'}"
+
+        def fill_the_disk(study: object, trial: object) -> None:  # after the first trial is told
+            with open(fs / "filler", "ab", buffering=0) as fh, contextlib.suppress(OSError):
+                while True:
+                    fh.write(b"\0" * 4096)
+
+        host = local_host(space, runs_root=str(tmp_path / "runs"), sim_dir=tmp_path / "sim")
+        options = RunOptions(study_name="dbfull", storage_url=url, artifacts_dir=tmp_path / "artifacts",
+                             n_trials=3, timeout=None, callbacks=[fill_the_disk], smi_interval=0.2)
+        try:
+            with pytest.raises(StudyError) as info:
+                run_search(space, [host], options)
+        finally:
+            host.close()
+        message = str(info.value)
+        assert "\n" not in message and "disk is full" in message and "the run stopped" in message, message
+        told = [t for t in trials(url, "dbfull") if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(told) == 1 and told[0].user_attrs["levels"]  # the trial before the disk filled is kept
+    assert gpu_pids(tmp_path / "sim") == ""
 
 
 # ---- MLflow that cannot write ---------------------------------------------------------------------
