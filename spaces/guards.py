@@ -3,12 +3,13 @@
 servetune passes the server its own ``--host``/``--port`` and model flag; a fixed arg that sets them again
 would make the server bind elsewhere (``--host=127.0.0.2``) or load another model. Both engines parse with
 ``argparse`` and ``allow_abbrev`` on (sglang-facts §1.0; vLLM's ``FlexibleArgumentParser`` also reads ``_``
-as ``-`` in flag names), so a flag can be spelt ``--port 1``, ``--port=1``, ``--por 1``, ``--po=1`` or
-``--po_rt``... :func:`bind_flag` therefore refuses *every* prefix of those flags (three characters or more),
-alone or with ``=value``. That is a superset of the prefixes argparse accepts: the ones that are ambiguous
-(``--p``, ``--h``, and vLLM's ``--po``, shared with ``--pooler-config``) end every trial in an argparse
-error, so refusing them costs nothing. No flag of either engine is itself a proper prefix of ``--host``,
-``--port`` or ``--model-path``.
+as ``-`` in flag names), so a flag can be spelt ``--port 1``, ``--port=1``, ``--por 1``, ``--po=1``,
+``--model_path=...``. :func:`bind_flag` therefore refuses *every* prefix of those flags (three characters
+or more), alone or with ``=value``. That is a superset of the prefixes argparse accepts, so no spelling
+slips through without checking either engine's full flag list (the reference has none): the prefixes that
+are ambiguous (``--p``, ``--h``) end every trial in an argparse error anyway, so refusing them costs
+nothing. The one cost would be a real engine flag that is itself a proper prefix of ``--host``,
+``--port`` or ``--model-path``; none is known.
 
 :func:`fixed_args_problem` adds what else every trial would die of: an empty argument, a NUL byte (no
 argv can carry one), and a searched knob's own flag (the engine takes whichever comes last, so either the
