@@ -19,6 +19,7 @@ Nothing here ever kills by name. Every host-side script is plain bash + coreutil
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from collections.abc import Mapping
@@ -551,8 +552,19 @@ def _safe(part: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in part) or "_"
 
 
+_ENV_REF = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")
+
+
 def _envquote(value: str) -> str:
-    # Allow $PATH-style references in host env values while quoting everything else.
-    if "$" in value:
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
-    return shlex.quote(value)
+    """A host env value as shell text: ``$NAME`` and ``${NAME}`` expand (``PATH=/x:$PATH``); everything else,
+    ``$(...)``, backquotes, ``$1`` and ``${X:-...}`` included, is quoted literally, so nothing runs."""
+    parts: list[str] = []
+    pos = 0
+    for ref in _ENV_REF.finditer(value):
+        if ref.start() > pos:
+            parts.append(shlex.quote(value[pos:ref.start()]))
+        parts.append('"${' + (ref.group(1) or ref.group(2)) + '}"')
+        pos = ref.end()
+    if pos < len(value) or not parts:
+        parts.append(shlex.quote(value[pos:]))
+    return "".join(parts)

@@ -20,6 +20,7 @@ transport when ``address`` is the literal ``local``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +36,7 @@ from runners.transport import LocalTransport, Transport
 __all__ = ["LOCAL", "HostSpec", "load_inventory", "open_host", "parse_inventory"]
 
 LOCAL = "local"
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class HostSpec(BaseModel):
@@ -79,6 +81,19 @@ class HostSpec(BaseModel):
     def _no_blanks(cls, value: str) -> str:
         if not value.strip() or any(c.isspace() for c in value):
             raise ValueError(f"must be a non-empty word, got {value!r}")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        # Keys are written unquoted after `export`; values are quoted but for $NAME/${NAME} references
+        # (runners.host.env_value), so only a NUL byte, which no environment can hold, is refused here.
+        for key, text in value.items():
+            if not _IDENTIFIER.fullmatch(key):
+                raise ValueError(f"environment variable name {key!r} is not a shell identifier (letters, "
+                                 "digits and '_', not starting with a digit)")
+            if "\0" in text:
+                raise ValueError(f"{key}: a value cannot contain a NUL byte")
         return value
 
     @property
@@ -153,7 +168,9 @@ def load_inventory(path: str | Path) -> list[HostSpec]:
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise ConfigError(f"cannot read inventory {path}: {exc.strerror or exc}") from exc
+        raise ConfigError(f"cannot read inventory {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from exc
     return parse_inventory(data, source=str(path))

@@ -12,17 +12,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runners.errors import ServetuneError
+from runners.errors import ConfigError, ServetuneError
+from search.files import write_file
 from search.hosts import build_hosts
 from search.notes import notes_callback
 from search.report import report_markdown
-from search.run import RunOptions, RunSummary, StudyCallback, run_search
+from search.run import RunOptions, RunSummary, StopReason, StudyCallback, run_search
 from search.settings import Settings
+from search.settings import study_name as check_study_name
 from search.study import artifact_store
 from spaces.schema import Space
 
 if TYPE_CHECKING:
     from search.progress import Progress
+    from search.tracking import MlflowCallback, MlflowTracker
 
 __all__ = ["RunPlan", "run_study"]
 
@@ -36,6 +39,8 @@ class RunPlan:
     storage: str
     n_trials: int | None
     timeout: float | None
+    warnings: tuple[str, ...] = ()
+    """What the run goes on without (e.g. an unusable MLflow), one line each."""
 
 
 def run_study(space: Space, settings: Settings, *, study_name: str | None = None, n_trials: int | None = None,
@@ -52,18 +57,16 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
     reported in ``RunSummary.mlflow_error``, never raised. Raises ServetuneError for bad input or an
     unusable storage or host.
     """
-    name = study_name or space.name
+    name = check_study_name(space.name if study_name is None else study_name)
     budget = n_trials if n_trials is not None else space.budget.n_trials
     seconds = timeout if timeout is not None else space.budget.timeout
     opened = build_hosts(space, host_args=hosts, inventory=inventory, runs_root=settings.runs_root,
                          sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key)
     callbacks: list[StudyCallback] = []
-    tracker = None
-    if mlflow:
-        from search.tracking import MlflowTracker
-
-        tracker = MlflowTracker(settings.mlflow_uri, optuna_artifact_store=artifact_store(settings.artifacts_dir))
-        callbacks.append(tracker.callback(background=True))
+    warnings: list[str] = []
+    tracker, mlflow_callback = _tracking(settings, name, warnings) if mlflow else (None, None)
+    if mlflow_callback is not None:
+        callbacks.append(mlflow_callback)
     callbacks.append(notes_callback())
     if progress is not None:
         progress.n_trials = budget
@@ -75,7 +78,7 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
         callbacks=callbacks, hook=progress.hook if progress is not None else None,
     )
     if on_start is not None:
-        on_start(RunPlan(name, [h.name for h in opened], settings.storage, budget, seconds))
+        on_start(RunPlan(name, [h.name for h in opened], settings.storage, budget, seconds, tuple(warnings)))
     try:
         if progress is not None:
             with progress:
@@ -85,13 +88,35 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
     finally:
         for host in opened:
             host.close()
-    if tracker is not None:
-        try:
-            tracker.finish_study(summary.study)  # waits for the background logger first
-        except ServetuneError as exc:
-            summary.mlflow_error = str(exc)
+    if tracker is not None and mlflow_callback is not None:
+        mlflow_callback.drain()
+        if not mlflow_callback.broken:
+            try:
+                tracker.finish_study(summary.study)  # waits for the background logger first
+            except ServetuneError as exc:
+                summary.mlflow_error = str(exc)
+    if summary.stopped_by is StopReason.ARTIFACTS:
+        return summary  # the disk that refused the trial's files would refuse the report too
     report_path = settings.artifacts_dir / name / "report.md"
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(report_markdown(summary.study))
-    summary.report_path = report_path
+    try:
+        write_file(report_path, report_markdown(summary.study), parents=True)
+        summary.report_path = report_path
+    except ConfigError as exc:
+        summary.report_error = str(exc)
     return summary
+
+
+def _tracking(settings: Settings, name: str, warnings: list[str]) -> tuple[MlflowTracker | None,
+                                                                          MlflowCallback | None]:
+    """The MLflow tracker and its trial callback, checked once for the run: an MLflow that cannot be
+    written is left out (with one line in ``warnings``) instead of costing every trial its retries."""
+    from search.tracking import MlflowTracker
+
+    tracker = MlflowTracker(settings.mlflow_uri, optuna_artifact_store=artifact_store(settings.artifacts_dir))
+    try:
+        tracker.check(name)
+    except ServetuneError as exc:
+        warnings.append(f"mlflow: {exc}; this run does not log to MLflow "
+                        f"(back-fill later with `servetune sync-mlflow --study {name}`)")
+        return None, None
+    return tracker, tracker.callback(background=True)

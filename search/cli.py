@@ -15,7 +15,9 @@ import typer
 from rich.console import Console
 
 from runners.errors import ConfigError, ServetuneError
-from spaces.schema import load_space, parse_duration
+from search.files import write_file
+from search.spaces import load_checked_space as load_space
+from spaces.schema import parse_duration
 
 app = typer.Typer(
     name="servetune",
@@ -44,8 +46,10 @@ def _settings(**cli: Any) -> Any:
 def _open(study: str, storage: str | None = None, *, settings: Any = None) -> Any:
     """Load an existing study (StudyError when the storage or the study is missing); ``settings``: already
     loaded ones (then ``storage`` is not looked at)."""
+    from search.settings import study_name
     from search.study import open_study
 
+    study_name(study)
     if settings is None:
         settings = _settings(storage=storage)
     return open_study(settings.storage, study)
@@ -78,6 +82,7 @@ def run(
     """
     from search.api import run_study
     from search.progress import Progress, print_plan, print_run
+    from search.run import StopReason
 
     space = load_space(space_file)
     settings = _settings(storage=storage, mlflow_uri=mlflow_uri, artifacts_dir=artifacts_dir)
@@ -91,6 +96,13 @@ def run(
         on_start=lambda plan: print_plan(console, plan),
     )
     print_run(console, err_console, summary, space)
+    name = summary.study.study_name
+    if summary.stopped_by is StopReason.ARTIFACTS:
+        _line(f"servetune: error: stopped before the next trial: {summary.stopped_by}: {summary.artifacts_error} "
+              f"(every result is in the study: servetune report --study {name})")
+        raise typer.Exit(1)
+    if summary.report_error is not None:
+        _line(f"servetune: {summary.report_error} (the study is stored: servetune report --study {name})")
     if summary.stopped_by.interrupted:
         raise typer.Exit(130)
 
@@ -183,7 +195,7 @@ def report(
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text)
+        write_file(output, text)
         err_console.print(f"wrote {output}")
 
 
@@ -288,6 +300,11 @@ def hosts_check(
     console.print(table)
     if bad:
         raise typer.Exit(1)
+
+
+def _line(text: str) -> None:
+    """One plain line on stderr (no markup, no wrapping: paths and errors may hold ``[`` or be long)."""
+    sys.stderr.write(" ".join(text.split()) + "\n")
 
 
 def _duration(flag: str, value: str) -> float:

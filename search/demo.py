@@ -20,9 +20,9 @@ from runners.errors import ServetuneError
 from search.api import run_study
 from search.export import export_script, write_script
 from search.progress import Progress, print_plan, print_run
-from search.settings import Settings, load_settings
+from search.settings import Settings, load_settings, study_name
+from search.spaces import load_checked_space
 from search.study import open_study
-from spaces.schema import load_space
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The sampler's seed, so that a first demo samples the same configurations each time.
@@ -46,7 +46,7 @@ def _resume_budget(settings: Settings, study: str) -> int | None:
 def demo(study: str, n_trials: int | None, console: Console, err_console: Console) -> int:
     """The demo; returns the exit status."""
     settings = load_settings()
-    space = load_space(ROOT / "spaces" / "demo-sim.yaml")
+    space = load_checked_space(ROOT / "spaces" / "demo-sim.yaml")
     budget = n_trials or _resume_budget(settings, study)
     summary = run_study(space, settings, study_name=study, n_trials=budget, seed=SEED,
                         progress=Progress(console, n_trials=None, metric=space.objective.metric),
@@ -70,9 +70,16 @@ def demo(study: str, n_trials: int | None, console: Console, err_console: Consol
     return 0 if check.returncode == 0 else 1
 
 
+def _study(value: str) -> str:
+    try:
+        return study_name(value)
+    except ServetuneError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--study", default="demo-sim-dsv4")
+    parser.add_argument("--study", default="demo-sim-dsv4", type=_study)
     parser.add_argument("--n-trials", type=int, default=None)
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from runners.engines import engine_for
 from runners.engines.script import render_script
 from runners.errors import ConfigError, validation_line
+from search.files import write_file
 from search.records import LevelResult, TrialFacts, best_record, records
 from search.report import THIN_HEADROOM_GIB
 from spaces.launch import LaunchConfig
@@ -56,11 +57,9 @@ def export_script(study: optuna.Study, *, trial: int | None = None, min_free_gib
 
 
 def write_script(path: Path, script: str) -> None:
-    """Write an exported script, executable, replacing ``path`` at once (never half-written)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(script)
-    tmp.chmod(0o755)
-    tmp.replace(path)
+    """Write an exported script, executable, replacing ``path`` at once (never half-written); ConfigError
+    (one line) when it cannot be written."""
+    write_file(path, script, mode=0o755)
 
 
 def pick_record(study: optuna.Study, *, trial: int | None = None,

@@ -50,11 +50,9 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
     from runners.inventory import HostSpec, load_inventory, open_host
 
     specs = list(load_inventory(inventory)) if inventory is not None else []
-    for arg in host_args:
-        spec = HostSpec.parse(arg)
-        if accept_new_host_key:
-            spec = spec.model_copy(update={"accept_new_host_key": True})
-        specs.append(spec)
+    specs += [HostSpec.parse(arg) for arg in host_args]
+    if accept_new_host_key:  # the flag applies to every host, inventory ones included
+        specs = [spec.model_copy(update={"accept_new_host_key": True}) for spec in specs]
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ConfigError(f"the same host is listed twice: {sorted(n for n in names if names.count(n) > 1)[0]}")

@@ -66,6 +66,8 @@ class TrialEnv:
     abort: threading.Event = field(default_factory=threading.Event)
     smi_interval: float = 1.0
     preflight_cache: dict[str, HostInfo] = field(default_factory=dict)
+    artifacts_error: str = ""
+    """Set when a trial's files could not be written (a full disk): the run stops before the next trial."""
 
 
 class Objective:
@@ -260,23 +262,30 @@ class Objective:
         if session.exit_code is not None:
             facts.exit_code = session.exit_code
         out = env.artifacts_dir / env.study_name / str(trial.number)
-        out.mkdir(parents=True, exist_ok=True)
         files = {
             "server.log": session.log_text(),
             "launch.sh": script,
             "bench.json": json.dumps(levels, indent=2),
             "nvidia-smi.csv": session.smi_csv(),
         }
-        for name, text in files.items():
-            (out / name).write_text(text)
-        facts.artifacts_dir = str(out)
-        if env.artifact_store is not None:
-            ids = {}
-            for name in files:
-                mimetype = "text/plain" if not name.endswith(".json") else "application/json"
-                ids[name] = upload_artifact(artifact_store=env.artifact_store, file_path=str(out / name),
-                                            study_or_trial=trial, mimetype=mimetype, encoding="utf-8")
-            facts.artifact_ids = ids
+        # NOTE: the trial's figures are already in the study storage; a full (or read-only) artifacts disk
+        # must not turn its outcome into an error. It is noted on the trial and the run stops after it.
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for name, text in files.items():
+                (out / name).write_text(text)
+            facts.artifacts_dir = str(out)
+            if env.artifact_store is not None:
+                ids = {}
+                for name in files:
+                    mimetype = "text/plain" if not name.endswith(".json") else "application/json"
+                    ids[name] = upload_artifact(artifact_store=env.artifact_store, file_path=str(out / name),
+                                                study_or_trial=trial, mimetype=mimetype, encoding="utf-8")
+                facts.artifact_ids = ids
+        except OSError as exc:
+            where = exc.filename or out
+            env.artifacts_error = f"{where}: {exc.strerror or exc}"
+            facts.artifacts_error = env.artifacts_error
 
     def _complete(self, trial: optuna.Trial, facts: TrialFacts) -> float:
         space = self.env.space

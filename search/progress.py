@@ -3,6 +3,7 @@ OOMs so far; and the summary table at the end."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -141,6 +142,9 @@ def print_plan(console: Console, plan: RunPlan) -> None:
     """What ``servetune run`` prints once its hosts are open: the study, the hosts, storage and budget."""
     console.print(f"study [bold]{plan.study}[/] on {', '.join(plan.hosts)} "
                   f"(storage {plan.storage}; budget {plan.n_trials or 'unlimited'} trials)")
+    for line in plan.warnings:
+        # One plain line on stderr: what the run goes on without (paths and errors may hold "[").
+        sys.stderr.write(" ".join(line.split()) + "\n")
 
 
 def print_run(console: Console, err_console: Console, summary: RunSummary, space: Space) -> None:

@@ -197,6 +197,8 @@ class TrialFacts(BaseModel):
     stop_error: str | None = None
     artifacts_dir: str | None = None
     artifact_ids: dict[str, str] | None = None
+    artifacts_error: str | None = None
+    """Why the trial's files could not be written (its result is recorded all the same)."""
 
     # ---- reading ------------------------------------------------------------------------------------
 

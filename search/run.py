@@ -51,18 +51,19 @@ from types import FrameType
 from typing import Any
 
 import optuna
-from optuna.exceptions import UpdateFinishedTrialError
+from optuna.exceptions import StorageInternalError, UpdateFinishedTrialError
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
-from runners.errors import RunnerError, ServetuneError
+from runners.errors import RunnerError, ServetuneError, StudyError
 from runners.host import Host
 from search._optuna_compat import enter_optimize_loop, study_id, trial_id
 from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
 from search.pool import HostPool, HostSlot, HostStatus, NoHostsLeft
 from search.records import TrialFacts, mark_interrupted, note_host
-from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL
-from search.study import artifact_store, create_or_load, fail_stale, open_storage, sqlite_file
+from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL, study_name
+from search.study import artifact_store, create_or_load, fail_stale, open_storage, redact, sqlite_file
 from spaces.schema import Space
 
 log = logging.getLogger("servetune")
@@ -71,6 +72,15 @@ StudyCallback = Callable[[optuna.Study, FrozenTrial], None]
 
 #: Seconds between two looks at the study while the budget is reserved by running trials.
 BUDGET_POLL = 0.5
+#: What a study storage raises when it stops taking writes (Optuna wraps a failed commit in its own error).
+STORAGE_ERRORS = (SQLAlchemyError, StorageInternalError)
+
+
+def _storage_error(exc: BaseException) -> str:
+    """The first line of what the database said (Optuna's wrapper names no cause)."""
+    cause = exc.__cause__ if isinstance(exc, StorageInternalError) and exc.__cause__ is not None else exc
+    text = str(getattr(cause, "orig", None) or cause).strip()
+    return text.splitlines()[0] if text else type(cause).__name__
 
 
 @dataclass
@@ -103,6 +113,8 @@ class StopReason(StrEnum):
     ABORTED = "aborted"
     """A second signal: the running trials were aborted."""
     ERROR = "error"
+    ARTIFACTS = "trial files not written"
+    """A trial's files could not be written (a full disk): its result is recorded, the run stops."""
 
     @property
     def interrupted(self) -> bool:
@@ -121,6 +133,10 @@ class RunSummary:
     report_path: Path | None = None
     """Where :func:`search.session.run_study` wrote the morning summary."""
     mlflow_error: str | None = None
+    report_error: str | None = None
+    """Why the morning summary could not be written (the study has everything)."""
+    artifacts_error: str | None = None
+    """Why a trial's files could not be written, when the run stopped for it (``StopReason.ARTIFACTS``)."""
     """Why the study's MLflow parent run could not be finished (:func:`search.session.run_study`)."""
 
 
@@ -378,18 +394,38 @@ class _Run:
                     fatal = exc
         finally:
             self.pool.release(slot, infra_failure=infra, error=error)
-        frozen = self.study.tell(trial, value if state == TrialState.COMPLETE else None, state=state,
-                                 skip_if_finished=True)
+        try:
+            frozen = self.study.tell(trial, value if state == TrialState.COMPLETE else None, state=state,
+                                     skip_if_finished=True)
+        except (*STORAGE_ERRORS, OSError) as exc:
+            # A full disk under SQLite, a lost database: nothing more can be recorded, so stop in one line.
+            raise StudyError(f"trial {trial.number} ({state.name}) could not be recorded in the study storage: "
+                             f"{_storage_error(exc)}") from None
         with self._lock:
             self.ran += 1
         for callback in self.options.callbacks:
             callback(self.study, copy.deepcopy(frozen))
         if fatal is not None:
             raise fatal
+        if self.objective.env.artifacts_error:
+            self.end(StopReason.ARTIFACTS)
 
 
 def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunSummary:
-    """Run (or resume) the study for ``space`` on ``hosts`` until the budget, timeout or a signal."""
+    """Run (or resume) the study for ``space`` on ``hosts`` until the budget, timeout or a signal.
+
+    Raises ConfigError for an unsafe study name (before anything is touched) and StudyError, one line, when
+    the study storage stops taking writes (a full disk under SQLite): every trial told before is kept.
+    """
+    study_name(options.study_name)  # it names directories on the hosts and here: refuse unsafe ones first
+    try:
+        return _run_search(space, hosts, options)
+    except STORAGE_ERRORS as exc:
+        raise StudyError(f"study storage {redact(options.storage_url)}: {_storage_error(exc)}; the run stopped"
+                         ) from None
+
+
+def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunSummary:
     storage = open_storage(options.storage_url, heartbeat_interval=options.heartbeat_interval,
                            grace_period=options.grace_period)
     sampler = optuna.samplers.TPESampler(seed=options.seed, n_startup_trials=min(8, options.n_trials or 8))
@@ -444,7 +480,8 @@ def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunS
         stopped_by = StopReason.SIGNAL
     else:
         stopped_by = run.reasons[0] if run.reasons else StopReason.BUDGET
-    return RunSummary(study, run.ran, stopped_by, pool.states(), orphans)
+    return RunSummary(study, run.ran, stopped_by, pool.states(), orphans,
+                      artifacts_error=env.artifacts_error or None)
 
 
 # ---- recovery ------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from runners.errors import ConfigError, validation_line
+from spaces.names import check_name
 
 #: Defaults shared with the library entry points (:mod:`search.study`, :mod:`search.run`,
 #: :mod:`search.tracking`), which take them when no settings are given.
@@ -57,6 +58,21 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml_file = os.environ.get("SERVETUNE_CONFIG", "servetune.toml")
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+
+
+def study_name(value: str) -> str:
+    """``value`` if it is a safe study name (:func:`spaces.names.check_name`: one path component of
+    letters, digits, ``.``, ``_``, ``-``, no ``..``, at most 128 characters); else a one-line ConfigError.
+
+    A study name becomes a directory on every host and under the artifacts directory, an MLflow experiment
+    and a line of ``launch.sh``: every entry point that takes one (``run``, ``worker``, ``trials``,
+    ``status``, ``report``, ``export``, ``sync-mlflow``, ``make demo``, :func:`search.run.run_search`)
+    checks it here before anything is read, written or run.
+    """
+    try:
+        return check_name(value)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load_settings(**cli: Any) -> Settings:

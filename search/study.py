@@ -184,7 +184,11 @@ def open_study(url: str, name: str) -> optuna.Study:
 def artifact_store(artifacts_dir: str | os.PathLike[str]) -> FileSystemArtifactStore:
     """Optuna's artifact store of a trial-artifacts directory: its ``optuna-artifacts`` folder (created)."""
     path = Path(artifacts_dir) / "optuna-artifacts"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StudyError(f"artifacts directory {artifacts_dir}: cannot create {path}: {exc.strerror or exc}"
+                         ) from None
     return FileSystemArtifactStore(str(path))
 
 

@@ -201,6 +201,17 @@ class MlflowTracker:
             client.log_batch(parent, metrics=metrics, tags=tags)
             client.set_terminated(parent, "FINISHED", end_time=now)
 
+    def check(self, study_name: str) -> None:
+        """Make sure MLflow can record ``study_name`` now: its experiment and parent run exist (created if
+        needed) and take a write. Quick: a local SQLite store that cannot be written fails at once instead of
+        MLflow's own ~100 s of retries. Raises StudyError (one line); ``servetune run`` calls it once before
+        the first trial and skips MLflow for the run when it fails."""
+        from mlflow.entities import RunTag
+
+        with self._lock, self._boundary(f"opening study {study_name!r}"):
+            parent = self._parent_run_id(study_name, self._experiment_id(study_name))
+            self._client().log_batch(parent, tags=[RunTag("servetune.checked_at", str(_now_ms()))])
+
     def experiment_id(self, study_name: str) -> str:
         """The study's experiment id (created on first use). Raises StudyError."""
         with self._lock, self._boundary(f"opening the experiment of study {study_name!r}"):
@@ -226,6 +237,7 @@ class MlflowTracker:
             db = sqlite_file(self.tracking_uri)
             if db is not None:
                 db.parent.mkdir(parents=True, exist_ok=True)
+                _check_sqlite(db, self.tracking_uri)
             from mlflow import MlflowClient
 
             self._client_obj = MlflowClient(tracking_uri=self.tracking_uri)
@@ -383,13 +395,16 @@ class MlflowTracker:
 class MlflowCallback:
     """Optuna study callback ``(study, frozen_trial) -> None`` that logs the trial and never raises.
 
-    When MLflow is unreachable or broken it logs one warning (python ``logging``) and carries on; nothing is
-    lost, ``MlflowTracker.sync`` back-fills later. After MLflow recovers, a later outage warns again.
+    When logging a trial fails (MLflow unreachable or broken) it logs one warning (python ``logging``) and
+    skips MLflow for every later trial of the run instead of trying again per trial (each try may cost
+    seconds, or MLflow's own retries); nothing is lost, ``servetune sync-mlflow`` (``MlflowTracker.sync``)
+    back-fills later. ``failures``: trials whose logging failed (at most one); ``skipped``: trials not tried.
     """
 
     def __init__(self, tracker: MlflowTracker, *, background: bool = False) -> None:
         self.tracker = tracker
         self.failures = 0
+        self.skipped = 0
         self._broken = False
         self._queue: queue.Queue[tuple[str, FrozenTrial] | None] | None = None
         self._worker: threading.Thread | None = None
@@ -420,21 +435,23 @@ class MlflowCallback:
         if self._queue is not None:
             self._queue.join()
 
+    @property
+    def broken(self) -> bool:
+        """True once logging has failed: later trials are skipped (and the study's summary is not logged)."""
+        return self._broken
+
     def _log(self, study_name: str, trial: FrozenTrial) -> None:
+        if self._broken:
+            self.skipped += 1
+            return
         try:
             self.tracker.log_trial(study_name, trial)
         except Exception as exc:  # a tracking outage must never stop the study
             self.failures += 1
-            if not self._broken:
-                self._broken = True
-                logger.warning("MLflow logging failed at trial %d, the study goes on (back-fill later with "
-                               "`servetune sync-mlflow`): %s", trial.number, _one_line(exc))
-            else:
-                logger.debug("MLflow logging of trial %d failed: %s", trial.number, _one_line(exc))
-        else:
-            if self._broken:
-                self._broken = False
-                logger.info("MLflow logging works again (trial %d)", trial.number)
+            self._broken = True
+            logger.warning("MLflow logging failed at trial %d: %s; the study goes on without MLflow for this "
+                           "run (back-fill later with `servetune sync-mlflow --study %s`)",
+                           trial.number, _one_line(exc), study_name)
 
 
 # ---- what a run holds ------------------------------------------------------------------------------
@@ -508,6 +525,26 @@ def _artifact_location(root: str | None, *, remote: bool) -> str | None:
     if "://" in root or root.startswith("mlflow-artifacts:"):
         return root
     return Path(root).expanduser().resolve().as_uri()
+
+
+def _check_sqlite(db: Path, uri: str) -> None:
+    """Open ``db`` and take its write lock, or raise StudyError at once.
+
+    NOTE: MLflow retries creating its SQLAlchemy engine ten times with exponential back-off (about 100 s in
+    all, ``mlflow.store.db.utils.create_sqlalchemy_engine_with_retry``) when the database cannot be opened: a
+    read-only directory, a file that is not a database. Checking with sqlite3 first costs a millisecond.
+    """
+    import sqlite3
+
+    try:
+        conn = sqlite3.connect(db, timeout=5)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise StudyError(f"MLflow at {uri}: {db} cannot be written: {exc}") from None
 
 
 def _is_mlflow_error(exc: BaseException) -> bool:

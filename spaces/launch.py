@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from spaces.names import check_identifier
 from spaces.schema import UNSET, Space
 
 
@@ -44,6 +45,14 @@ class LaunchConfig(BaseModel):
     fixed_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     engine_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        # Keys are written unquoted after `export`: a stored config must not smuggle shell text in either.
+        for key in v:
+            check_identifier(key)
+        return v
 
     @classmethod
     def from_params(cls, space: Space, params: Mapping[str, Any], *, port: int | None = None) -> LaunchConfig:

@@ -41,6 +41,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from runners.errors import ConfigError
+from spaces.guards import fixed_args_problem
+from spaces.names import check_identifier, check_name
 
 UNSET = "unset"
 CONTROLLER_PYTHON = "servetune"
@@ -440,7 +442,7 @@ class Budget(_Strict):
 
 
 class Space(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str
     engine: EngineSpec
     model_path: str
     port: int = Field(default=30000, ge=1024, le=65535)
@@ -452,6 +454,29 @@ class Space(_Strict):
     budget: Budget = Field(default_factory=Budget)
     memory_limit: str | None = None
     """Run every server in a memory cgroup of this size (e.g. ``48GiB``); None: no limit."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_name(v, "name")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        # Keys are written unquoted after `export` in launch.sh: only shell identifiers may reach it.
+        for key, value in v.items():
+            check_identifier(key)
+            if "\0" in value:
+                raise ValueError(f"{key}: a value cannot contain a NUL byte")
+        return v
+
+    @field_validator("fixed_args")
+    @classmethod
+    def _fixed_arg_words(cls, v: list[str]) -> list[str]:
+        problem = fixed_args_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
     @field_validator("memory_limit", mode="before")
     @classmethod
@@ -480,11 +505,17 @@ class Space(_Strict):
                 f"objective.level {self.objective.level} is not one of workload.concurrency "
                 f"{self.workload.concurrency}"
             )
-        for flag in ("--host", "--port", "--model-path", "--model"):
-            if flag in self.fixed_args:
-                raise ValueError(f"fixed_args must not set {flag}: it comes from the space's own field")
         self._check_env()
         check_nccl_combinations(self.env, self.knobs.nccl, engine=self.engine.kind, fixed_args=self.fixed_args)
+        return self
+
+    @model_validator(mode="after")
+    def _fixed_args(self) -> Space:
+        # Engine-independent here; a knob's own flag in fixed_args needs the engine's flag table, which
+        # search.spaces.check_space adds (spaces/ does not import the engines).
+        problem = fixed_args_problem(self.fixed_args)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     def _check_env(self) -> None:
@@ -515,6 +546,10 @@ def load_space(path: str | Path) -> Space:
         raw = yaml.safe_load(p.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such space file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not a text file (byte {exc.start} is not UTF-8)") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the space file: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

@@ -9,12 +9,13 @@ LaunchLike` (``spaces.launch.LaunchConfig`` does); the engine is resolved once b
 from __future__ import annotations
 
 import shlex
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runners.engines.base import Engine, LaunchLike
 
-__all__ = ["RenderedLaunch", "render", "render_script"]
+__all__ = ["RenderedLaunch", "comment_text", "render", "render_script"]
 
 
 @dataclass(frozen=True)
@@ -26,9 +27,17 @@ class RenderedLaunch:
     script: str
 
 
+def comment_text(text: str) -> str:
+    """``text`` made safe for one ``#`` comment line: every control character (newline, carriage return,
+    NUL, escape...) and every Unicode line or paragraph separator becomes a space, so nothing after it can
+    start a new shell line."""
+    return "".join(" " if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text)
+
+
 def _script(argv: Sequence[str], env: dict[str, str], header: Sequence[str]) -> str:
+    # Header entries come from names and remote output (study, host, GPU): each stays one comment line.
     lines = ["#!/usr/bin/env bash"]
-    lines += [f"# {h}" if h else "#" for h in header]
+    lines += [f"# {comment_text(h)}" if h else "#" for h in header]
     lines.append("set -euo pipefail")
     lines += [f"export {key}={shlex.quote(env[key])}" for key in sorted(env)]
     lines.append("exec " + " ".join(shlex.quote(a) for a in argv))

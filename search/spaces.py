@@ -1,0 +1,44 @@
+"""A space as a search loads it: the schema's checks, plus those that need the engines' knowledge.
+
+``spaces/`` does not import the engines, so what only an engine knows is checked here, at the one place every
+entry point (``validate``, ``run``, ``worker``, the demo) loads a space: a searched knob's own flag in
+``fixed_args`` (the engine takes whichever comes last, so the fixed value or the search is silently lost), in
+every spelling any release of the engine uses, and an ``env`` entry that a knob sets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runners.engines import get_engine
+from runners.errors import ConfigError
+from spaces.guards import fixed_args_problem
+from spaces.launch import engine_options
+from spaces.schema import Space, load_space
+
+#: Versions that bracket every flag spelling the engines' tables know (renames happen in between).
+_SPELLING_VERSIONS = ("0.0.0", "999.0.0")
+
+
+def engine_problem(space: Space) -> str | None:
+    """One line naming what the engine's flag table says every trial of ``space`` would lose, or None."""
+    engine = get_engine(space.engine.kind, engine_options(space))
+    searched = [k for k in space.knobs.searched() if not k.startswith("nccl")]
+    flags = {k: {engine.knob_flag(k, v) for v in _SPELLING_VERSIONS} for k in searched if k in engine.knob_flags}
+    problem = fixed_args_problem(space.fixed_args, flags)
+    if problem is not None:
+        return f"fixed_args: {problem}"
+    for knob in searched:
+        var = engine.env_knobs.get(knob)
+        if var is not None and var in space.env:
+            return f"env: env sets {var}, which knob {knob} searches; remove it from env"
+    return None
+
+
+def load_checked_space(path: str | Path) -> Space:
+    """:func:`spaces.schema.load_space` plus :func:`engine_problem`; any problem is one ConfigError line."""
+    space = load_space(path)
+    problem = engine_problem(space)
+    if problem is not None:
+        raise ConfigError(f"{path}: {problem}")
+    return space
