@@ -516,6 +516,9 @@ class Space(_Strict):
         problem = fixed_args_problem(self.fixed_args)
         if problem is not None:
             raise ValueError(problem)
+        for var in self.knobs.nccl:
+            if var in self.env:
+                raise ValueError(f"env sets {var}, which a knob searches; remove it from env")
         return self
 
     def _check_env(self) -> None:

@@ -31,7 +31,7 @@ from runners.errors import ConfigError, HostKeyError, StudyError
 from runners.inventory import open_host, parse_inventory
 from search.cli import main
 from search.hosts import build_hosts, local_host
-from search.run import ARTIFACTS_STOP, RunOptions, run_search
+from search.run import RunOptions, StopReason, run_search
 from search.settings import study_name
 from search.tracking import MlflowTracker
 from spaces.schema import load_space
@@ -276,7 +276,7 @@ def test_a_full_artifacts_disk_keeps_the_result_and_stops_in_one_line(tmp_path: 
         assert res.returncode == 1, res.stdout + res.stderr
         assert "Traceback" not in res.stderr
         last = res.stderr.strip().splitlines()[-1]
-        assert last.startswith(f"servetune: error: stopped before the next trial: {ARTIFACTS_STOP}: "), res.stderr
+        assert last.startswith(f"servetune: error: stopped before the next trial: {StopReason.ARTIFACTS}: "), res.stderr
         assert "No space left on device" in last
     done = trials(f"sqlite:///{wd / 'servetune.db'}", "full")
     assert len(done) == 1  # the run stopped before the next trial

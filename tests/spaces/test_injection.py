@@ -73,7 +73,7 @@ def test_env_value_with_nul_is_refused(tmp_path: Path) -> None:
 
 
 def test_env_setting_a_searched_nccl_variable_is_refused(tmp_path: Path) -> None:
-    message = refused(tmp_path, space_data(env={"NCCL_ALGO": "Tree"}))
+    message = refused(tmp_path, space_data(env={"NCCL_ALGO": "allreduce:tree"}))
     assert "NCCL_ALGO" in message and "knob" in message
 
 
