@@ -26,6 +26,8 @@ KV = (
     r"KV Cache (?:is allocated|VA upper bound)\.(?: dtype: [^,]+,)? #tokens: (\d+), "
     r"(?:K size: ([0-9.]+) GB, V size: ([0-9.]+) GB|KV size: ([0-9.]+) GB)"
 )
+# DeepSeek-V4 never logs "KV Cache is allocated" (engine-audit item 9)
+DSV4_POOL = r"Initialize DeepSeekV4TokenToKVPool with max_num_reqs=256 swa_size=\d+ c4_size=\d+ "
 POOL_END = r"Memory pool end\. avail mem=([0-9.]+) GB"
 CAPTURE_END = r"Capture .*?graph end\b.*?mem usage=([0-9.]+) GB[,.] avail mem=([0-9.]+) GB"
 SUMMARY = (
@@ -83,7 +85,7 @@ def test_seed_000_002_capture_oom_kills_the_server(simhost) -> None:  # type: ig
         r"server_args=ServerArgs\(model_path='/models/DeepSeek-V4-Flash'.*mem_fraction_static=0\.85",
         r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP0\] Load weight begin\. avail mem=",
         LOAD_END,
-        KV,
+        DSV4_POOL,
         POOL_END,
         r"TP0\] Capture cuda graph begin\. This can take up to several minutes\. avail mem=",
         r"TP0\] Scheduler hit an exception: Traceback \(most recent call last\):",
@@ -94,6 +96,7 @@ def test_seed_000_002_capture_oom_kills_the_server(simhost) -> None:  # type: ig
         r"\] Received sigquit from a child process\. It usually means the child failed\.",
     )
     assert "The server is fired up" not in log and "Uvicorn running" not in log
+    assert "KV Cache is allocated" not in log
     weights = float(re.search(LOAD_END, log).group(2))  # type: ignore[union-attr]
     assert abs(weights - 36.0) < 3.6
     tried = gib(re.search(OOM, log).group(1))  # type: ignore[union-attr]
@@ -288,8 +291,10 @@ def test_new_version_wording(simhost) -> None:  # type: ignore[no-untyped-def]
     lines_in_order(
         sp.log(),
         r"Load weight end\. elapsed=[0-9.]+ s, type=DeepseekV4ForCausalLM, avail mem=",
-        r"KV Cache is allocated\. dtype: torch\.float8_e4m3fn, #tokens: \d+, KV size: ",
-        r"Capture target decode CUDA graph begin\. backend=full, num_tokens_per_req=1, avail mem=",
+        DSV4_POOL,
+        # 0.5.16-0.5.21 put bs=[...] on the begin line (engine-audit item 12)
+        r"Capture target decode CUDA graph begin\. backend=full, num_tokens_per_req=1, "
+        r"bs=\[1, 2, 4, 8, 12, 16, 24, 32\], avail mem=",
         r"2\. set --cuda-graph-max-bs-decode to a smaller value \(e\.g\., 16\)",
         r"Received sigquit from a child process",
         r"kill_process_tree called: parent_pid=\d+, include_parent=True, pid=\d+",
