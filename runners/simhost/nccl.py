@@ -24,6 +24,7 @@ On NVLink, and on PCIe with TP <= 2, SGLang's custom all-reduce carries messages
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Literal
 
@@ -101,7 +102,7 @@ class NcclCost(BaseModel):
         auto = _auto_time(nbytes, self.ranks, self.interconnect, bw, lat, e.nvls_enabled)
         forced = auto
         if e.algo != "auto" or e.proto != "auto":
-            forced = _best_time(nbytes, self.ranks, self.interconnect, bw, lat, e.allowed_algos, e.allowed_protos)
+            forced = _forced_time(nbytes, self.ranks, self.interconnect, bw, lat, e)
         return forced * e.transport_factor - auto
 
     def decode_delta_ms(self, bs: int) -> float:
@@ -128,10 +129,9 @@ def allreduce_us(
     if algo == "Ring":
         hops = 2 * (ranks - 1)
         data = 2 * (ranks - 1) / ranks * nbytes
-    elif algo == "Tree":  # one node: a chain up and down, each link carrying the whole message at half rate
+    elif algo == "Tree":  # one node: a chain, up and down, each link carrying the whole message
         hops = 2 * (ranks - 1)
         data = 2 * nbytes
-        return hops * hop * 0.8 + data / bytes_per_us
     elif algo == "NVLS":  # NVSwitch multicast: reduction in the switch
         hops = 2
         data = nbytes / 1.5
@@ -151,18 +151,42 @@ def _pairs(algos: set[str] | tuple[str, ...], protos: set[str] | tuple[str, ...]
     return out
 
 
-def _best_time(
+def _threshold_proto(nbytes: float, interconnect: Interconnect) -> str:
+    """NCCL's own protocol pick by size (LL small, LL128 medium on NVLink, Simple large)."""
+    if nbytes <= _AUTO_LL_MAX:
+        return "LL"
+    if nbytes <= _AUTO_LL128_MAX and interconnect == "nvlink":
+        return "LL128"
+    return "Simple"
+
+
+def _forced_time(
     nbytes: float,
     ranks: int,
     interconnect: Interconnect,
     link_gb_s: float,
     latency_scale: float,
-    algos: tuple[str, ...] | set[str],
-    protos: tuple[str, ...] | set[str],
+    effect: NcclEffect,
 ) -> float:
-    """Fastest allowed pair, as NCCL picks among what the variables leave it (its tuner ranks them well)."""
-    pairs = _pairs(set(algos) & _ALLREDUCE_ALGOS[interconnect], protos)
-    return min(allreduce_us(nbytes, ranks, a, p, link_gb_s, latency_scale) for a, p in pairs)
+    """What NCCL does with the variables set: a forced algorithm still gets the protocol its size
+    thresholds pick (if allowed), a forced protocol still runs on Ring (or NVLS); with both forced it
+    takes the fastest allowed pair."""
+    algos = set(effect.allowed_algos) if effect.algo != "auto" else {"Ring"}
+    if effect.algo == "auto" and effect.nvls_enabled and interconnect == "nvlink" and nbytes > _AUTO_LL128_MAX:
+        algos.add("NVLS")
+    algos &= _ALLREDUCE_ALGOS[interconnect]
+    best = math.inf
+    for algo in algos:
+        if effect.proto != "auto":
+            protos = set(effect.allowed_protos)
+        else:
+            pick = _threshold_proto(nbytes, interconnect)
+            protos = {pick} if pick in effect.allowed_protos else set(effect.allowed_protos)
+        for a, p in _pairs({algo}, protos):
+            best = min(best, allreduce_us(nbytes, ranks, a, p, link_gb_s, latency_scale))
+    if best == math.inf:  # e.g. NVLS forced with a protocol chosen by size: NVLS runs Simple
+        best = min(allreduce_us(nbytes, ranks, a, p, link_gb_s, latency_scale) for a, p in _pairs(algos, {"Simple"}))
+    return best
 
 
 def _auto_time(
@@ -171,13 +195,7 @@ def _auto_time(
     """NCCL left alone: Ring (or NVLS where enabled) with the protocol its size thresholds pick."""
     if nvls and interconnect == "nvlink" and nbytes > _AUTO_LL128_MAX:
         return allreduce_us(nbytes, ranks, "NVLS", "Simple", link_gb_s, latency_scale)
-    if nbytes <= _AUTO_LL_MAX:
-        proto = "LL"
-    elif nbytes <= _AUTO_LL128_MAX and interconnect == "nvlink":
-        proto = "LL128"
-    else:
-        proto = "Simple"
-    return allreduce_us(nbytes, ranks, "Ring", proto, link_gb_s, latency_scale)
+    return allreduce_us(nbytes, ranks, "Ring", _threshold_proto(nbytes, interconnect), link_gb_s, latency_scale)
 
 
 def _parse(value: str, known: Mapping[str, str], func: str) -> tuple[set[str] | None, str | None]:

@@ -200,7 +200,9 @@ def test_seed_001_kimi_capacity_and_prefill_burst(simhost, tmp_path: Path) -> No
     assert len(results) == 150 and all(r.ok and r.completion_tokens == 16 for r in results)
     assert safe.proc.poll() is None
     prefills = re.findall(r"Prefill batch, #new-seq: \d+, #new-token: (\d+),", safe.log())
-    assert max(int(n) for n in prefills) >= int(last_prefill)  # it survived a batch as large as the one that killed 0.93
+    assert max(int(n) for n in prefills) >= int(
+        last_prefill
+    )  # it survived a batch as large as the one that killed 0.93
 
 
 # -- seed 003 -------------------------------------------------------------------------------------------------
@@ -421,3 +423,81 @@ def test_health_is_503_until_warm_and_endpoints(simhost) -> None:  # type: ignor
     status, body = sp.get("/metrics")
     assert status == 200 and b"sglang:num_running_reqs" in body
     assert sp.get("/nope")[0] == 404
+
+
+# -- issue 10: physics and engine knowledge, end to end ---------------------------------------------------------
+
+LLAMA = "llama31-8b-h100"
+RETRACT = (
+    r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+), "
+    r"#new_tokens_gained: (\d+), #new_token_ratio: ([0-9.]+) -> ([0-9.]+)"
+)
+
+
+@pytest.mark.slow
+def test_retraction_is_logged_at_a_tight_mem_fraction_with_long_outputs(simhost) -> None:  # type: ignore[no-untyped-def]
+    sp = simhost.start(
+        LLAMA, "--model-path", "/models/Llama-3.1-8B-Instruct", "--mem-fraction-static", "0.25", speed=2000
+    )
+    assert sp.wait_ready()
+    results = sp.load(concurrency=16, requests=16, input_len=1000, output_len=3000)
+    assert all(r.ok and r.completion_tokens == 3000 for r in results)  # retracted requests still finish
+    log = sp.log()
+    found = re.findall(RETRACT, log)
+    assert found, log[-3000:]
+    retracted, gained, old, new = found[0]
+    assert int(retracted) >= 1 and int(gained) > 0 and float(new) > float(old)
+    assert sp.proc.poll() is None
+
+
+def test_bare_nccl_algo_tree_kills_the_server_with_nccls_allgather_error(simhost) -> None:  # type: ignore[no-untyped-def]
+    sp = simhost.start(
+        NVFP4,
+        *NVFP4_FLAGS,
+        "--mem-fraction-static",
+        "0.70",
+        "--cuda-graph-max-bs",
+        "32",
+        env={"NCCL_ALGO": "Tree", "NCCL_DEBUG": "WARN"},
+    )
+    assert not sp.wait_ready()
+    assert sp.wait_exit() == -signal.SIGKILL
+    lines_in_order(
+        sp.log(),
+        r"Capture cuda graph begin\.",
+        r"\[0\] NCCL WARN Error : no algorithm/protocol available for function AllGather with datatype "
+        r"ncclBfloat16\. NCCL_ALGO was set to Tree\.",
+        r"TP0\] Scheduler hit an exception: Traceback",
+        r"Exception: Capture cuda graph failed: NCCL error in: .*invalid usage",
+        r"ncclInvalidUsage: This usually reflects invalid usage of NCCL library\.\nLast error:\n"
+        r"Error : no algorithm/protocol available for function AllGather with datatype ncclBfloat16\. "
+        r"NCCL_ALGO was set to Tree\.",
+        r"Received sigquit from a child process",
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "begin", "end"),
+    [
+        (
+            "0.5.10",
+            r"Capture piecewise CUDA graph begin\. avail mem=",
+            r"Capture piecewise CUDA graph end\. Time elapsed:",
+        ),
+        (
+            "0.5.15",
+            r"Capture target prefill CUDA graph begin\. backend=breakable, num_tokens=\[4, 8, .*, 8192\], avail mem=",
+            r"Capture target prefill CUDA graph end\. elapsed=[0-9.]+ s, mem usage=[0-9.]+ GB, avail mem=",
+        ),
+    ],
+)
+def test_prefill_cuda_graphs_are_captured_by_default(simhost, version: str, begin: str, end: str) -> None:  # type: ignore[no-untyped-def]
+    sp = simhost.start(
+        LLAMA, "--model-path", "m", "--mem-fraction-static", "0.85", env={"SERVETUNE_SIM_VERSION": version}
+    )
+    assert sp.wait_ready()
+    lines_in_order(sp.log(), KV_ANY, POOL_END, CAPTURE_END, begin, end, SUMMARY, READY_LINE)
+
+
+KV_ANY = r"KV Cache is allocated\."
+READY_LINE = r"The server is fired up and ready to roll!"
