@@ -72,6 +72,9 @@ class NcclEffect(BaseModel):
     allowed_protos: tuple[str, ...] = ()
     nccl_carries_decode: bool = False  # False: SGLang's custom all-reduce carries decode steps
     nvls_enabled: bool = False  # NCCL may use NVLS by itself
+    # NCCL_PROTO forces LL128 where NCCL would not enable it (PCIe): env.rst warns that this "can lead to
+    # data corruption". The simulator cannot corrupt anything, so it only reports it; its speed is modelled.
+    ll128_unsupported: bool = False
     transport_factor: float = 1.0  # P2P/SHM disabled: data through host memory or sockets
 
 
@@ -310,5 +313,6 @@ def nccl_effect_for(
         allowed_protos=tuple(sorted({p for _, p in ar_pairs})),
         nccl_carries_decode=not custom_ar,
         nvls_enabled=nvls_on,
+        ll128_unsupported=interconnect == "pcie" and proto_env is not None and "LL128" in ar_protos,
         transport_factor=transport,
     )

@@ -7,6 +7,8 @@ interconnect, prefill CUDA graphs, and the version boundaries engine-audit.md co
 
 from __future__ import annotations
 
+import itertools
+import json
 from typing import Any
 
 import pytest
@@ -153,7 +155,7 @@ def test_decode_throughput_at_fixed_batch_falls_as_context_grows() -> None:
     spec = _spec(LLAMA, "--mem-fraction-static", "0.85")
     bs = 32
     rates = [bs / spec.decode_step_s(bs, bs * spec.attended_tokens(ctx))[0] for ctx in (1000, 4000, 16000, 64000)]
-    assert all(a > b for a, b in zip(rates, rates[1:], strict=False))
+    assert all(a > b for a, b in itertools.pairwise(rates))
     assert rates[-1] < rates[0] / 5  # at 64K the KV read dominates the step
     # end to end, same batch, longer prompts: slower per token
     tpot = [
@@ -234,7 +236,7 @@ def test_throughput_against_mem_fraction_is_a_curve_not_a_backwards_staircase() 
     fractions = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
     tput = [predict(LLAMA, "--mem-fraction-static", str(m), **wl).levels[0].output_throughput or 0.0 for m in fractions]
     assert tput[-1] > 1.25 * tput[0]  # KV capacity matters for long prompts
-    assert all(b >= 0.97 * a for a, b in zip(tput, tput[1:], strict=False))  # never a real step backwards
+    assert all(b >= 0.97 * a for a, b in itertools.pairwise(tput))  # never a real step backwards
     cliff = predict(LLAMA, "--mem-fraction-static", "0.97", **wl)
     assert (cliff.outcome, cliff.phase) == ("oom", "cuda_graph")
 
@@ -349,3 +351,65 @@ def test_evaluate_matches_between_launch_objects() -> None:
     launch = SimLaunch.from_argv(["--model-path", "m", "--mem-fraction-static", "0.8"], {})
     a = evaluate(prof(QWEN), launch, Workload(concurrency=(4,), input_len=16000, output_len=64))
     assert a.outcome == "ok" and a.levels[0].ok
+
+
+def test_ll128_forced_on_pcie_is_reported_as_unsupported() -> None:
+    flags = ("--tp", "4", "--mem-fraction-static", "0.7", "--cuda-graph-max-bs", "32")
+    forced = predict(NVFP4, *flags, env={"NCCL_PROTO": "LL128"})
+    assert forced.nccl is not None and forced.nccl["ll128_unsupported"] is True
+    unset = predict(NVFP4, *flags)
+    assert unset.nccl is not None and unset.nccl["ll128_unsupported"] is False
+
+
+def test_predict_cli_same_result_for_continuous_decode_steps_1_and_4(capsys: pytest.CaptureFixture[str]) -> None:
+    from runners.simhost.__main__ import main
+
+    outs = []
+    for k in ("1", "4"):
+        argv = ["predict", "--sim-profile", str(shipped_profile(NVFP4)), "--sim-version", "0.5.10", "--compact"]
+        argv += ["--concurrency", "1,16", "--model-path", "m", "--tp", "4", "--mem-fraction-static", "0.7"]
+        assert main([*argv, "--cuda-graph-max-bs", "32", "--num-continuous-decode-steps", k]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0]["levels"] == outs[1]["levels"] and outs[0]["outcome"] == "ok"
+    assert (
+        main(
+            [
+                "predict",
+                "--sim-profile",
+                str(shipped_profile(NVFP4)),
+                "--sim-version",
+                "0.5.14",
+                "--compact",
+                "--model-path",
+                "m",
+                "--tp",
+                "4",
+                "--mem-fraction-static",
+                "0.7",
+                "--cuda-graph-max-bs-decode",
+                "16",
+            ]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["outcome"] == "ok"
+    assert (
+        main(
+            [
+                "predict",
+                "--sim-profile",
+                str(shipped_profile(KIMI)),
+                "--compact",
+                "--model-path",
+                "m",
+                "--tp",
+                "8",
+                "--mem-fraction-static",
+                "0.88",
+                "NCCL_ALGO=Tree",
+            ]
+        )
+        == 0
+    )
+    tree = json.loads(capsys.readouterr().out)
+    assert tree["outcome"] == "nccl_error" and "function AllGather" in tree["nccl"]["allgather_error"]
