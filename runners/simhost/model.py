@@ -15,14 +15,17 @@ Memory per GPU, in the order SGLang allocates it (GiB; sglang-facts §1.3, §2):
    ``Memory pool end. avail mem`` is what is left;
 4. CUDA-graph capture (batch sizes per SGLang's list for the version, cut at max_running_requests):
    a contiguous workspace, then the largest graph's pool in one piece, then a little per further
-   graph; each allocation must fit in ``free - fragmentation``; the workspace is released after;
+   graph; each allocation must fit in ``free - fragmentation``; the workspace is released after; then,
+   from 0.5.10 where the model allows them, the prefill CUDA graphs (one pool for the largest token
+   count), which can die of OOM in capture too;
 5. warm-up: the first forward keeps ``warmup_transient_gib``; the warm-up request itself is a
    prefill + decode through the scheduler;
 6. serving: prefill batches and eager decode steps allocate transient memory (engine.py).
 
 Failure kinds in :class:`Outcome`: ``oom`` (phase tells which: ``load_weights``, ``kv_pool``,
-``cuda_graph``, ``warmup``, ``prefill``, ``decode``), ``nccl_error`` (an illegal NCCL algorithm/protocol
-for the interconnect, at start-up), ``bad_flag`` (argparse refused the command line, exit 2) and
+``cuda_graph``, ``warmup``, ``prefill``, ``decode``), ``nccl_error`` (an NCCL setting with no path for one
+of SGLang's collectives: at communicator init for AllReduce, at the first forward for the logits
+AllGather; :mod:`runners.simhost.nccl`), ``bad_flag`` (argparse refused the command line, exit 2) and
 ``error`` (anything else, e.g. more TP ranks than GPUs).
 """
 

@@ -880,7 +880,7 @@ class SimServer:
 
     def _die_startup(self, failure: Failure) -> None:
         ranks = range(self.launch.tp_size)
-        if failure.oom is not None:
+        if failure.oom is not None and failure.stage != "prefill_graph":
             messages = [self._oom_message(failure.phase, failure.oom, r) for r in ranks]
         else:
             messages = [_traceback(failure.phase, self.profile.model.architecture, failure.message) for _ in ranks]
@@ -1018,7 +1018,7 @@ class SimServer:
                 self._nccl_warn(plan)
                 self._die_startup(fail)
             self.sleep_sim(plan.durations.get("cuda_graph", 0.0))
-            assert mem.graph_gib is not None and mem.free_after_capture_gib is not None
+            assert mem.graph_gib is not None
             decode_gib = mem.graph_gib - (mem.prefill_graph_gib or 0.0)
             log.ranks(
                 texts.capture_end(

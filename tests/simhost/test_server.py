@@ -501,3 +501,21 @@ def test_prefill_cuda_graphs_are_captured_by_default(simhost, version: str, begi
 
 KV_ANY = r"KV Cache is allocated\."
 READY_LINE = r"The server is fired up and ready to roll!"
+
+
+def test_prefill_graph_capture_oom_kills_the_server(simhost) -> None:  # type: ignore[no-untyped-def]
+    sp = simhost.start(
+        LLAMA, "--model-path", "m", "--mem-fraction-static", "0.955", env={"SERVETUNE_SIM_VERSION": "0.5.15"}
+    )
+    assert not sp.wait_ready()
+    assert sp.wait_exit() == -signal.SIGKILL
+    lines_in_order(
+        sp.log(),
+        CAPTURE_END,
+        r"Capture target prefill CUDA graph begin\. backend=breakable, ",
+        r"Scheduler hit an exception: Traceback",
+        r"Exception: Capture prefill CUDA graph failed: CUDA out of memory\. Tried to allocate",
+        r"Fail when using backend: breakable for prefill runner\.\nPossible suggestions:\n"
+        r"1\. disable the prefill CUDA graph by --cuda-graph-backend-prefill=disabled",
+        r"SIGQUIT|sigquit",
+    )
