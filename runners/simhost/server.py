@@ -458,8 +458,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if path in ("/health", "/health_generate"):
                 self._send(200 if sim.ready.is_set() else 503, b"")
             elif path in ("/get_server_info", "/server_info"):
+                self._deprecated(path, "/get_server_info", "/server_info")
                 self._json(200, sim.server_info())
             elif path in ("/get_model_info", "/model_info"):
+                self._deprecated(path, "/get_model_info", "/model_info")
                 self._json(200, sim.model_info())
             elif path == "/v1/models":
                 self._json(200, sim.models())
@@ -491,6 +493,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._json(exc.status, {"error": {"message": exc.message}})
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _deprecated(self, path: str, old: str, new: str) -> None:
+        """From 0.5.9 each call of an old ``/get_*`` path logs a deprecation warning (engine-audit item 15)."""
+        if path == old and self.sim.v >= (0, 5, 9):
+            self.sim.log.line(
+                f"Endpoint '{old}' is deprecated and will be removed in a future version. Please use '{new}' instead.",
+                level="warning",
+            )
 
     def _generate(self, kind: str) -> None:
         sim = self.sim

@@ -519,3 +519,25 @@ def test_prefill_graph_capture_oom_kills_the_server(simhost) -> None:  # type: i
         r"1\. disable the prefill CUDA graph by --cuda-graph-backend-prefill=disabled",
         r"SIGQUIT|sigquit",
     )
+
+
+def test_old_info_paths_log_a_deprecation_warning_from_0_5_9(simhost) -> None:  # type: ignore[no-untyped-def]
+    sp = simhost.start(LLAMA, "--model-path", "m", "--mem-fraction-static", "0.85")
+    assert sp.wait_ready()
+    assert sp.get("/server_info")[0] == 200 and "deprecated" not in sp.log()
+    assert sp.get("/get_server_info")[0] == 200
+    assert sp.get("/get_model_info")[0] == 200
+    lines_in_order(
+        sp.log(),
+        r"Endpoint '/get_server_info' is deprecated and will be removed in a future version\. "
+        r"Please use '/server_info' instead\.",
+        r"Endpoint '/get_model_info' is deprecated and will be removed in a future version\. "
+        r"Please use '/model_info' instead\.",
+    )
+    sp.proc.send_signal(signal.SIGTERM)  # the simulated GPU is needed again
+    assert sp.wait_exit() == 0
+    old = simhost.start(
+        LLAMA, "--model-path", "m", "--mem-fraction-static", "0.85", env={"SERVETUNE_SIM_VERSION": "0.5.5"}
+    )
+    assert old.wait_ready()
+    assert old.get("/get_server_info")[0] == 200 and "deprecated" not in old.log()
