@@ -4,19 +4,27 @@ One copy of the batching logic serves both :func:`runners.simhost.model.evaluate
 on a virtual clock) and the HTTP server (which sleeps ``duration / sim_speed`` between batches), so a
 prediction and a served run cannot drift apart.
 
-The policy follows SGLang's default scheduler closely enough for memory and latency figures:
+The policy is SGLang's default scheduler (``srt/managers/scheduler.py``, ``schedule_policy.py``,
+``schedule_batch.py`` @ 0.5.10):
 
-* new requests are prefilled first; a prefill batch holds at most
-  ``min(chunked_prefill_size, max_prefill_tokens)`` new tokens (one request may be chunked across
-  batches), at most ``max_running_requests`` requests run, and a request is admitted only if its
-  prompt plus ``max_new_tokens`` fits in the KV pool (no retraction is simulated);
-* the prefill emits each fully prefilled request's first token; otherwise a decode *round* of
-  ``num_continuous_decode_steps`` steps runs, one token per running request per step, and its tokens
-  are delivered when the round ends; new requests are only admitted between rounds;
-* a decode step takes ``base + per_request * bs`` where ``bs`` is the captured graph size the batch is
-  padded to, or, above the largest captured graph (or with graphs disabled), the eager time for the
-  real batch size; eager steps and prefill batches allocate transient memory, and an allocation that
-  does not fit makes the batch an OOM (the caller decides what dying means).
+* new requests are prefilled first; a prefill batch holds at most ``max_prefill_tokens`` new tokens and
+  ``chunked_prefill_size`` of them (one request at a time is chunked across batches), at most
+  ``max_running_requests`` requests run, and a request is admitted when its prompt plus
+  ``min(max_new_tokens, 4096)`` fits in the free KV pool minus the running requests' *estimated*
+  remaining need, ``min(max_new - generated, 4096) x new_token_ratio`` (the ratio starts at
+  ``0.7 x --schedule-conservativeness`` and decays to 14% of that over 600 decode steps);
+* otherwise one decode step runs, one token per running request (``--num-continuous-decode-steps`` is
+  defined but never read in SGLang 0.5.2-0.5.23, so it changes nothing here); if the pool cannot hold
+  every running request's next token, requests are *retracted* first (fewest output tokens, longest
+  prompt first), their KV freed, and they go back to the queue to be prefilled again, prompt plus
+  output so far; the ratio jumps to ``(decoded + 20 x running) / sum(max_new_tokens)``;
+* a decode step costs ``base + per_request x bs`` (``bs`` padded to the captured graph size, or the
+  eager time above the largest graph) plus the attention's read of every running request's KV
+  (``kv_read_ms_per_ktoken`` per 1000 context tokens; sliding-window layers read at most the window),
+  plus the NCCL variables' effect on its all-reduces; a prefill batch costs ``base + per_token x
+  tokens`` plus causal attention's quadratic term (``n x (prefix + n/2)`` pairs per request chunk);
+* eager steps and prefill batches allocate transient memory, and an allocation that does not fit makes
+  the batch an OOM (the caller decides what dying means).
 """
 
 from __future__ import annotations
@@ -28,7 +36,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Batch", "BatchEngine", "Emission", "OomDetail", "RuntimeSpec", "SimRequest", "oom_detail"]
+from runners.simhost.nccl import NcclCost
+
+__all__ = [
+    "Batch",
+    "BatchEngine",
+    "Emission",
+    "OomDetail",
+    "Retraction",
+    "RuntimeSpec",
+    "SimRequest",
+    "oom_detail",
+]
 
 
 class OomDetail(BaseModel):
@@ -83,7 +102,7 @@ class RuntimeSpec(BaseModel):
     chunked_prefill_size: int
     max_prefill_tokens: int
     captured_bs: tuple[int, ...]
-    continuous_steps: int = 1
+    schedule_conservativeness: float = 1.0
     # memory (GiB): free device memory when serving starts, and the contiguity allowance
     free_gib: float
     fragmentation_gib: float
@@ -97,18 +116,24 @@ class RuntimeSpec(BaseModel):
     non_torch_gib: float  # CUDA context + NCCL
     torch_static_gib: float  # weights + KV + pools + graphs held by PyTorch
     private_pool_gib: float
-    # timing (ms) and the run's multiplicative factor (noise x NCCL all-reduce effect)
+    # timing (ms) and the run's multiplicative noise factor
     decode_base_ms: float
     decode_per_request_ms: float
-    scheduler_overhead_ms: float
     eager_multiplier: float
     eager_extra_ms: float
+    kv_read_ms_per_ktoken: float = 0.0  # attention reading the KV cache: ms per 1000 context tokens
+    attention_window: int | None = None  # sliding-window layers read at most this many tokens ...
+    window_layer_fraction: float = 0.0  # ... and are this share of the layers
     prefill_base_ms: float
     prefill_per_token_ms: float
+    prefill_attn_ms_per_mpair: float = 0.0  # causal attention: ms per million (query, key) pairs
+    prefill_graph_max_tokens: int = 0  # prefill batches up to this many tokens replay a CUDA graph
+    prefill_graph_base_factor: float = 1.0  # ... and pay this share of prefill_base_ms
     torch_compile: bool = False
     torch_compile_max_bs: int = 32
     torch_compile_factor: float = 1.0
     time_factor: float = 1.0
+    nccl: NcclCost = NcclCost()
 
     # -- timing ---------------------------------------------------------------------------------------------
     def graph_bs(self, n: int) -> int | None:
@@ -117,20 +142,36 @@ class RuntimeSpec(BaseModel):
             return None
         return self.captured_bs[bisect.bisect_left(self.captured_bs, n)]
 
-    def decode_step_s(self, n: int) -> tuple[float, bool]:
-        """Duration of one decode step with ``n`` running requests, and whether it used a CUDA graph."""
-        base = self.decode_base_ms - self.scheduler_overhead_ms * (1.0 - 1.0 / self.continuous_steps)
+    def attended_tokens(self, context: int) -> float:
+        """KV tokens one request's decode step reads, averaged over layers (sliding windows cap some)."""
+        if self.attention_window is None or self.window_layer_fraction <= 0:
+            return float(context)
+        f = self.window_layer_fraction
+        return (1.0 - f) * context + f * min(context, self.attention_window)
+
+    def decode_step_s(self, n: int, kv_tokens: float = 0.0) -> tuple[float, bool]:
+        """One decode step with ``n`` running requests whose attention reads ``kv_tokens`` KV entries in
+        all (see :meth:`attended_tokens`); returns (seconds, whether a CUDA graph ran it)."""
         bs = self.graph_bs(n)
+        kv_ms = self.kv_read_ms_per_ktoken * kv_tokens / 1000.0
         if bs is not None:
-            ms = base + self.decode_per_request_ms * bs
+            ms = self.decode_base_ms + self.decode_per_request_ms * bs + kv_ms
             if self.torch_compile and bs <= self.torch_compile_max_bs:
                 ms *= self.torch_compile_factor
+            ms += self.nccl.decode_delta_ms(bs)
             return ms * self.time_factor / 1000.0, True
-        ms = (base + self.decode_per_request_ms * n) * self.eager_multiplier + self.eager_extra_ms
+        ms = (self.decode_base_ms + self.decode_per_request_ms * n) * self.eager_multiplier + self.eager_extra_ms
+        ms += kv_ms + self.nccl.decode_delta_ms(n)
         return ms * self.time_factor / 1000.0, False
 
-    def prefill_s(self, tokens: int) -> float:
-        return (self.prefill_base_ms + self.prefill_per_token_ms * tokens) * self.time_factor / 1000.0
+    def prefill_s(self, tokens: int, attn_pairs: float = 0.0) -> float:
+        """A prefill batch of ``tokens`` new tokens with ``attn_pairs`` causal (query, key) pairs in all."""
+        base = self.prefill_base_ms
+        if 0 < tokens <= self.prefill_graph_max_tokens:
+            base *= self.prefill_graph_base_factor
+        ms = base + self.prefill_per_token_ms * tokens + self.prefill_attn_ms_per_mpair * attn_pairs / 1e6
+        ms += self.nccl.prefill_delta_ms(tokens)
+        return ms * self.time_factor / 1000.0
 
     # -- memory ---------------------------------------------------------------------------------------------
     def prefill_gib(self, tokens: int) -> float:
@@ -186,10 +227,17 @@ class SimRequest:
     arrival_s: float = 0.0
     is_warmup: bool = False
     sink: Any = None  # the server's per-request channel
-    prefilled: int = 0
+    prefilled: int = 0  # progress of the current prefill (of ``fill_len`` tokens)
+    fill_len: int = 0  # tokens the current prefill computes: the prompt, or prompt + output after a retraction
+    kv: int = 0  # KV-cache tokens the request holds now
     generated: int = 0
+    retracted: int = 0  # times SGLang retracted it
     first_token_s: float | None = None
     finish_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.fill_len == 0:
+            self.fill_len = self.input_len
 
     @property
     def finished(self) -> bool:
@@ -199,6 +247,10 @@ class SimRequest:
     def kv_need(self) -> int:
         return self.input_len + self.max_new_tokens
 
+    @property
+    def context(self) -> int:
+        return self.input_len + self.generated
+
 
 @dataclass
 class Emission:
@@ -207,6 +259,16 @@ class Emission:
     request: SimRequest
     new_tokens: int
     finished: bool
+
+
+@dataclass
+class Retraction:
+    """SGLang's ``KV cache pool is full. Retract requests.`` event before a decode step."""
+
+    requests: list[SimRequest]
+    tokens_gained: int
+    old_ratio: float
+    new_ratio: float
 
 
 @dataclass
@@ -220,6 +282,7 @@ class Batch:
     running: list[SimRequest] = field(default_factory=list)
     oom: OomDetail | None = None
     phase: str = ""
+    retraction: Retraction | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -230,18 +293,30 @@ class Batch:
         return all(g for _, _, g in self.decode_steps)
 
 
+# SGLang's scheduler constants (srt/environ.py, srt/managers/schedule_policy.py @ 0.5.10).
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+RETRACT_DECODE_STEPS = 20
+CLIP_MAX_NEW_TOKENS = 4096
+
+
 class BatchEngine:
-    """Continuous batching over :class:`SimRequest` values, in simulated seconds."""
+    """Continuous batching over :class:`SimRequest` values, in simulated seconds (module docstring)."""
 
     def __init__(self, spec: RuntimeSpec, *, first_forward_done: bool = True) -> None:
         self.spec = spec
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.chunked: SimRequest | None = None
-        self.reserved_tokens = 0
         self.first_forward_done = first_forward_done
         self.decode_steps_total = 0
         self.tokens_generated = 0
+        self.retracted_total = 0
+        self.init_ratio = min(INIT_NEW_TOKEN_RATIO * spec.schedule_conservativeness, 1.0)
+        self.min_ratio = min(self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        self.ratio_decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = self.init_ratio
 
     # -- queue ----------------------------------------------------------------------------------------------
     def add(self, req: SimRequest) -> None:
@@ -253,7 +328,11 @@ class BatchEngine:
     @property
     def used_tokens(self) -> int:
         live = self.running + ([self.chunked] if self.chunked else [])
-        return sum(r.prefilled + r.generated for r in live)
+        return sum(r.kv for r in live)
+
+    @property
+    def available_tokens(self) -> int:
+        return self.spec.max_total_num_tokens - self.used_tokens
 
     @property
     def token_usage(self) -> float:
@@ -261,7 +340,11 @@ class BatchEngine:
 
     # -- planning -------------------------------------------------------------------------------------------
     def next_batch(self) -> Batch | None:
-        """The batch to run next (without changing state), or None when idle."""
+        """The batch to run next, or None when idle.
+
+        Planning a prefill changes nothing; planning a decode step may retract requests first, as
+        SGLang's ``update_running_batch`` does when it forms the step (``Batch.retraction``).
+        """
         prefill = self._plan_prefill()
         if prefill is not None:
             return prefill
@@ -270,44 +353,55 @@ class BatchEngine:
         return None
 
     def _plan_prefill(self) -> Batch | None:
+        """SGLang's ``PrefillAdder``: a request joins if its remaining prompt plus its (clipped)
+        ``max_new_tokens`` fits in the free pool minus what the running requests are expected to still
+        need, ``min(max_new - generated, 4096) x new_token_ratio`` each, and minus what joined before it."""
         s = self.spec
-        budget = s.max_prefill_tokens
-        chunking = s.chunked_prefill_size > 0
-        if chunking:
-            budget = min(budget, s.chunked_prefill_size)
+        rem_input = s.max_prefill_tokens
+        rem_chunk: int | None = s.chunked_prefill_size if s.chunked_prefill_size > 0 else None
+        offset = sum(
+            min(r.max_new_tokens - r.generated, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio for r in self.running
+        )
+        available = self.available_tokens
         items: list[tuple[SimRequest, int]] = []
         slots = s.max_running_requests - len(self.running)
-        reserved = self.reserved_tokens
         if self.chunked is not None:
             req = self.chunked
-            left = req.input_len - req.prefilled
-            take = min(left, budget) if chunking else left
+            left = req.fill_len - req.prefilled
+            take = min(left, rem_chunk) if rem_chunk is not None else left
             items.append((req, take))
-            budget -= take
+            offset += take + min(req.max_new_tokens - req.generated, CLIP_MAX_NEW_TOKENS)
+            rem_input -= take
+            if rem_chunk is not None:
+                rem_chunk -= take
             slots -= 1
         for req in self.waiting:
-            if budget <= 0 or slots <= 0:
+            if slots <= 0 or rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
                 break
-            if reserved + req.kv_need > s.max_total_num_tokens:
+            left = req.fill_len - req.prefilled
+            total = left + min(max(req.max_new_tokens - req.generated, 0), CLIP_MAX_NEW_TOKENS)
+            if total >= available - offset:
                 break
-            left = req.input_len - req.prefilled
-            if left <= budget:
+            if left >= rem_input and items:
+                break
+            if rem_chunk is None or left <= rem_chunk:
                 items.append((req, left))
-                budget -= left
-            elif chunking and self.chunked is None:
-                items.append((req, budget))  # SGLang keeps one chunked request at a time
-                budget = 0
-            elif not items:
-                items.append((req, left))
-                budget = 0
+                offset += left + min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS) + 1
+                rem_input -= left
+                if rem_chunk is not None:
+                    rem_chunk -= left
+            elif self.chunked is None:
+                items.append((req, rem_chunk))  # SGLang keeps one chunked request at a time
+                rem_chunk = 0
+                break
             else:
                 break
-            reserved += req.kv_need
             slots -= 1
         if not items:
             return None
         tokens = sum(n for _, n in items)
-        batch = Batch(kind="prefill", duration_s=s.prefill_s(tokens), prefill=items)
+        pairs = sum(n * (r.prefilled + n / 2.0) for r, n in items)
+        batch = Batch(kind="prefill", duration_s=s.prefill_s(tokens, pairs), prefill=items)
         oom = s.transient_oom(s.prefill_gib(tokens), s.prefill_largest_fraction, not self.first_forward_done)
         if oom is not None:
             batch.oom = oom
@@ -315,25 +409,53 @@ class BatchEngine:
             batch.duration_s = 0.0
         return batch
 
+    def _retract(self) -> Retraction | None:
+        """``ScheduleBatch.retract_decode`` (0.5.10): when the pool cannot give every running request its
+        next token, retract (free the KV of) the requests with the fewest output tokens, longest prompt
+        first, at least one, until it can; keep at least one. The new ratio is ``(decoded + 20 x
+        remaining) / (sum of max_new_tokens + 1)``, at most 1."""
+        if self.available_tokens >= len(self.running):
+            return None
+        order = sorted(self.running, key=lambda r: (r.generated, -r.input_len), reverse=True)
+        before = self.available_tokens
+        out: list[SimRequest] = []
+        first = True
+        while first or self.available_tokens < len(order):
+            if len(order) == 1:
+                break
+            first = False
+            req = order.pop()
+            self.running.remove(req)
+            req.kv = 0
+            req.prefilled = 0
+            req.fill_len = req.input_len + req.generated
+            req.retracted += 1
+            out.append(req)
+            self.waiting.append(req)
+        old = self.new_token_ratio
+        decoded = sum(r.generated for r in self.running)
+        total_max = sum(r.max_new_tokens for r in self.running)
+        self.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(self.running)) / (total_max + 1))
+        self.retracted_total += len(out)
+        return Retraction(out, self.available_tokens - before, old, self.new_token_ratio)
+
     def _plan_decode(self) -> Batch:
         s = self.spec
-        remaining = {id(r): r.max_new_tokens - r.generated for r in self.running}
-        batch = Batch(kind="decode", duration_s=0.0, running=list(self.running))
-        for step in range(s.continuous_steps):
-            alive = [r for r in self.running if remaining[id(r)] > step]
-            n = len(alive)
-            if n == 0:
-                break
-            secs, graph = s.decode_step_s(n)
-            if not graph:
-                oom = s.transient_oom(s.eager_gib(n), s.eager_largest_fraction, not self.first_forward_done)
-                if oom is not None:
-                    batch.oom = oom
-                    batch.phase = "decode"
-                    batch.decode_steps.append((n, 0.0, graph))
-                    return batch
-            batch.decode_steps.append((n, secs, graph))
-            batch.duration_s += secs
+        retraction = self._retract()
+        alive = list(self.running)
+        n = len(alive)
+        kv = sum(s.attended_tokens(r.kv) for r in alive)
+        batch = Batch(kind="decode", duration_s=0.0, running=alive, retraction=retraction)
+        secs, graph = s.decode_step_s(n, kv)
+        if not graph:
+            oom = s.transient_oom(s.eager_gib(n), s.eager_largest_fraction, not self.first_forward_done)
+            if oom is not None:
+                batch.oom = oom
+                batch.phase = "decode"
+                batch.decode_steps.append((n, 0.0, graph))
+                return batch
+        batch.decode_steps.append((n, secs, graph))
+        batch.duration_s = secs
         return batch
 
     # -- committing -----------------------------------------------------------------------------------------
@@ -345,13 +467,14 @@ class BatchEngine:
             for req, n in batch.prefill:
                 if req is not self.chunked:
                     self.waiting.remove(req)
-                    self.reserved_tokens += req.kv_need
                 req.prefilled += n
-                if req.prefilled >= req.input_len:
+                req.kv += n
+                if req.prefilled >= req.fill_len:
                     if req is self.chunked:
                         self.chunked = None
-                    req.generated = 1
-                    req.first_token_s = end_s
+                    req.generated += 1
+                    if req.first_token_s is None:
+                        req.first_token_s = end_s
                     self.tokens_generated += 1
                     if req.finished:
                         self._finish(req, end_s)
@@ -362,19 +485,23 @@ class BatchEngine:
                     self.chunked = req
             return out
         for req in batch.running:
-            steps = min(len(batch.decode_steps), req.max_new_tokens - req.generated)
-            req.generated += steps
-            self.tokens_generated += steps
+            if req not in self.running:
+                continue
+            req.kv += 1  # the token sampled last step is written to the cache
+            req.generated += 1
+            self.tokens_generated += 1
             if req.finished:
                 self._finish(req, end_s)
                 self.running.remove(req)
-            out.append(Emission(req, steps, req.finished))
-        self.decode_steps_total += len(batch.decode_steps)
+            out.append(Emission(req, 1, req.finished))
+        self.decode_steps_total += 1
+        if batch.retraction is None:
+            self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
         return out
 
     def _finish(self, req: SimRequest, end_s: float) -> None:
         req.finish_s = end_s
-        self.reserved_tokens -= req.kv_need
+        req.kv = 0  # SGLang moves it into the radix cache: evictable, so free for admission
 
     def abort(self, req: SimRequest) -> None:
         """Drop a request (client went away); frees its slot at the next batch boundary."""
@@ -382,7 +509,7 @@ class BatchEngine:
             self.waiting.remove(req)
         elif req in self.running:
             self.running.remove(req)
-            self.reserved_tokens -= req.kv_need
+            req.kv = 0
         elif req is self.chunked:
             self.chunked = None
-            self.reserved_tokens -= req.kv_need
+            req.kv = 0

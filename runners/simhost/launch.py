@@ -4,8 +4,10 @@ The parser is a real ``argparse.ArgumentParser`` with ``allow_abbrev`` on, like 
 prefixes work and ambiguous ones fail with argparse's own text and exit code 2. Which flags exist
 depends on the emulated SGLang version (sglang-facts §1.1-1.2):
 
-* up to 0.5.14: ``--cuda-graph-max-bs``, ``--cuda-graph-bs``, ``--disable-cuda-graph``;
-* 0.5.15 - 0.5.19: the ``-decode``/``-prefill`` flags, with the old ones kept as deprecated aliases;
+* up to 0.5.13: ``--cuda-graph-max-bs``, ``--cuda-graph-bs``, ``--disable-cuda-graph`` (and from 0.5.10
+  ``--disable-piecewise-cuda-graph``, ``--piecewise-cuda-graph-max-tokens``);
+* 0.5.14 - 0.5.19: the ``-decode``/``-prefill`` flags, with the old ones kept as deprecated aliases
+  (engine-audit item 6: the new flags appear in 0.5.14, not 0.5.15);
 * 0.5.20 and later: the old ``--cuda-graph-max-bs``/``--cuda-graph-bs`` are gone, so
   ``--cuda-graph-max-bs 16`` is an *ambiguous option* (it prefixes ``--cuda-graph-max-bs-decode`` and
   ``--cuda-graph-max-bs-prefill``).
@@ -40,7 +42,7 @@ DEFAULT_VERSION = "0.5.10"
 ENV_VERSION = "SERVETUNE_SIM_VERSION"
 
 # First release (as checked in sglang-facts) with each behaviour.
-V_NEW_CG_FLAGS: Version = (0, 5, 15)  # --cuda-graph-max-bs-decode & co.
+V_NEW_CG_FLAGS: Version = (0, 5, 14)  # --cuda-graph-max-bs-decode & co. (engine-audit item 6)
 V_OLD_CG_GONE: Version = (0, 5, 20)  # --cuda-graph-max-bs / --cuda-graph-bs removed
 V_HUMAN_INT: Version = (0, 5, 10)
 V_PROG_SERVE: Version = (0, 5, 20)
@@ -327,6 +329,7 @@ def build_parser(
         a("--disable-cuda-graph", action="store_true")
         if v >= (0, 5, 10):
             a("--disable-piecewise-cuda-graph", action="store_true")
+            a("--piecewise-cuda-graph-max-tokens", type=int, default=None)
         elif v >= (0, 5, 5):
             a("--enable-piecewise-cuda-graph", action="store_true")
     else:
@@ -402,6 +405,8 @@ class SimLaunch(BaseModel):
     cuda_graph_bs: tuple[int, ...] | None = None
     disable_cuda_graph: bool = False
     disable_piecewise_cuda_graph: bool = False
+    cuda_graph_max_bs_prefill: int | None = None  # prefill graphs' largest token count
+    schedule_conservativeness: float = Field(default=1.0, gt=0)
     num_continuous_decode_steps: int = Field(default=1, ge=1)
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
@@ -437,6 +442,7 @@ class SimLaunch(BaseModel):
         if v < V_NEW_CG_FLAGS:
             max_bs = raw.get("cuda_graph_max_bs")
             bs = raw.get("cuda_graph_bs")
+            prefill_max = raw.get("piecewise_cuda_graph_max_tokens")
             disabled = bool(raw.get("disable_cuda_graph"))
             no_piecewise = bool(raw.get("disable_piecewise_cuda_graph", False)) or (
                 (0, 5, 5) <= v < (0, 5, 10) and not raw.get("enable_piecewise_cuda_graph", False)
@@ -444,6 +450,7 @@ class SimLaunch(BaseModel):
         else:
             max_bs = raw.get("cuda_graph_max_bs_decode")
             bs = raw.get("cuda_graph_bs_decode")
+            prefill_max = raw.get("cuda_graph_max_bs_prefill")
             deprecated = bool(raw.pop("deprecated_disable_cuda_graph", False))
             if deprecated:
                 raw["cuda_graph_backend_decode"] = "disabled"
@@ -483,6 +490,8 @@ class SimLaunch(BaseModel):
                 cuda_graph_bs=tuple(bs) if bs else None,
                 disable_cuda_graph=disabled,
                 disable_piecewise_cuda_graph=no_piecewise,
+                cuda_graph_max_bs_prefill=prefill_max,
+                schedule_conservativeness=raw["schedule_conservativeness"],
                 num_continuous_decode_steps=max(1, raw["num_continuous_decode_steps"]),
                 enable_torch_compile=raw["enable_torch_compile"],
                 torch_compile_max_bs=raw["torch_compile_max_bs"],

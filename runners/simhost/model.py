@@ -15,14 +15,17 @@ Memory per GPU, in the order SGLang allocates it (GiB; sglang-facts §1.3, §2):
    ``Memory pool end. avail mem`` is what is left;
 4. CUDA-graph capture (batch sizes per SGLang's list for the version, cut at max_running_requests):
    a contiguous workspace, then the largest graph's pool in one piece, then a little per further
-   graph; each allocation must fit in ``free - fragmentation``; the workspace is released after;
+   graph; each allocation must fit in ``free - fragmentation``; the workspace is released after; then,
+   from 0.5.10 where the model allows them, the prefill CUDA graphs (one pool for the largest token
+   count), which can die of OOM in capture too;
 5. warm-up: the first forward keeps ``warmup_transient_gib``; the warm-up request itself is a
    prefill + decode through the scheduler;
 6. serving: prefill batches and eager decode steps allocate transient memory (engine.py).
 
 Failure kinds in :class:`Outcome`: ``oom`` (phase tells which: ``load_weights``, ``kv_pool``,
-``cuda_graph``, ``warmup``, ``prefill``, ``decode``), ``nccl_error`` (an illegal NCCL algorithm/protocol
-for the interconnect, at start-up), ``bad_flag`` (argparse refused the command line, exit 2) and
+``cuda_graph``, ``warmup``, ``prefill``, ``decode``), ``nccl_error`` (an NCCL setting with no path for one
+of SGLang's collectives: at communicator init for AllReduce, at the first forward for the logits
+AllGather; :mod:`runners.simhost.nccl`), ``bad_flag`` (argparse refused the command line, exit 2) and
 ``error`` (anything else, e.g. more TP ranks than GPUs).
 """
 
@@ -38,7 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from runners.simhost import texts
 from runners.simhost.engine import BatchEngine, OomDetail, RuntimeSpec, SimRequest, oom_detail
-from runners.simhost.launch import DEFAULT_VERSION, BadFlag, SimLaunch, Version
+from runners.simhost.launch import DEFAULT_VERSION, V_NEW_CG_FLAGS, BadFlag, SimLaunch, Version
+from runners.simhost.nccl import NcclCost, NcclEffect, nccl_effect_for
 from runners.simhost.profile import SimProfile
 
 __all__ = [
@@ -145,21 +149,9 @@ class ResolvedArgs(_Frozen):
     kv_torch_dtype: str
     kv_bytes_per_token: float
     max_running_requests: int | None  # as given (or the model's override), before the pool is sized
-    num_continuous_decode_steps: int
+    num_continuous_decode_steps: int  # as given; SGLang 0.5.2-0.5.23 never reads it
+    prefill_graph_tokens: tuple[int, ...]  # prefill CUDA-graph token counts (empty: none captured)
     server_args: dict[str, Any]  # every field, named as the emulated version names them
-
-
-class NcclEffect(_Frozen):
-    """What the NCCL environment does on this host: a start-up error, or a step-time multiplier."""
-
-    error: str | None = None  # NCCL's "Last error" text
-    warn: str | None = None  # the NCCL WARN line body
-    allreduce_factor: float = 1.0  # all-reduce time relative to NCCL's own choice
-    allreduce_share: float = 0.0  # share of a step spent in NCCL all-reduce
-    step_factor: float = 1.0  # 1 + share * (factor - 1)
-    custom_allreduce_disabled_warning: bool = False
-    algo: str = "auto"
-    proto: str = "auto"
 
 
 class Failure(_Frozen):
@@ -168,6 +160,7 @@ class Failure(_Frozen):
     message: str  # the exception line(s) as the log prints them (class: text)
     elapsed_s: float = 0.0  # simulated seconds into the phase
     oom: OomDetail | None = None
+    stage: str = ""  # "prefill_graph": the prefill CUDA-graph capture (phase cuda_graph)
 
 
 class MemoryFigures(_Frozen):
@@ -182,7 +175,9 @@ class MemoryFigures(_Frozen):
     req_to_token_gib: float | None = None
     free_after_pool_gib: float | None = None
     capture_bs: list[int] | None = None
-    graph_gib: float | None = None
+    graph_gib: float | None = None  # decode and prefill CUDA graphs together
+    prefill_graph_tokens: list[int] | None = None
+    prefill_graph_gib: float | None = None
     free_after_capture_gib: float | None = None
     max_running_requests: int | None = None
     max_total_num_tokens: int | None = None
@@ -221,6 +216,7 @@ class LevelResult(_Frozen):
     median_tpot_ms: float | None = None
     mean_e2e_latency_ms: float | None = None
     decode_mode: str | None = None  # graph | eager | mixed
+    retracted: int = 0  # requests SGLang retracted (KV pool full during decode)
     died_phase: str | None = None
     tried_to_allocate_gib: float | None = None
     free_at_oom_gib: float | None = None
@@ -351,8 +347,9 @@ def resolve_args(profile: SimProfile, launch: SimLaunch) -> ResolvedArgs:
             reserved = 512 + max(tokens, 2048) * 1.5 + max_bs * 2 + tp / 8 * 1024
             if launch.enable_dp_attention:
                 reserved += max_bs * launch.dp_size * 3 + (max_bs * launch.dp_size * 1.5 if max_bs > 300 else 0)
-            if mdl.piecewise_cuda_graph and not launch.disable_piecewise_cuda_graph:
-                reserved += 1.5 * 1024 if mdl.attention == "mla" else 58 * 8
+            if _prefill_graph_on(profile, launch):
+                n_tokens = len(_prefill_graph_tokens(_prefill_graph_max_tokens(profile, launch, chunked)))
+                reserved += 1.5 * 1024 if mdl.attention == "mla" else n_tokens * 8
             if gpu_mem > 60 * 1024:
                 reserved = max(reserved, 10 * 1024)
             if launch.speculative_algorithm and launch.speculative_algorithm.upper() != "NGRAM":
@@ -383,10 +380,17 @@ def resolve_args(profile: SimProfile, launch: SimLaunch) -> ResolvedArgs:
             "attention_backend": attention_backend,
         }
     )
-    if v < (0, 5, 15):
+    if v < V_NEW_CG_FLAGS:
         sa["cuda_graph_max_bs"] = max_bs
     else:
         sa["cuda_graph_max_bs_decode"] = max_bs
+    prefill_tokens: tuple[int, ...] = ()
+    if _prefill_graph_on(profile, launch):
+        prefill_tokens = _prefill_graph_tokens(_prefill_graph_max_tokens(profile, launch, int(chunked)))
+        if v >= V_NEW_CG_FLAGS:
+            sa["cuda_graph_max_bs_prefill"] = prefill_tokens[-1] if prefill_tokens else None
+        else:
+            sa["piecewise_cuda_graph_max_tokens"] = prefill_tokens[-1] if prefill_tokens else None
     return ResolvedArgs(
         tp_size=tp,
         mem_fraction_static=float(mfs),
@@ -402,116 +406,83 @@ def resolve_args(profile: SimProfile, launch: SimLaunch) -> ResolvedArgs:
         kv_bytes_per_token=mdl.kv_bytes(tp, ratio),
         max_running_requests=max_running_arg,
         num_continuous_decode_steps=launch.num_continuous_decode_steps,
+        prefill_graph_tokens=prefill_tokens,
         server_args=sa,
     )
+
+
+def _prefill_graph_on(profile: SimProfile, launch: SimLaunch) -> bool:
+    """Prefill CUDA graphs are on by default from 0.5.10 (piecewise 0.5.10-0.5.13, tc_piecewise 0.5.14,
+    breakable 0.5.15+), unless the model's architecture or another option turns them off
+    (0.5.10 ``server_args._handle_piecewise_cuda_graph``)."""
+    return (
+        launch.version_tuple >= (0, 5, 10)
+        and profile.model.piecewise_cuda_graph
+        and not launch.disable_piecewise_cuda_graph
+        and not launch.disable_cuda_graph
+        and not launch.enable_torch_compile
+        and not launch.enable_dp_attention
+        and not launch.speculative_algorithm
+    )
+
+
+def _prefill_graph_max_tokens(profile: SimProfile, launch: SimLaunch, chunked: int) -> int:
+    """``piecewise_cuda_graph_max_tokens`` / ``cuda_graph_max_bs_prefill``: chunked prefill size (2048 for
+    MLA), capped by ``--max-total-tokens``."""
+    if launch.cuda_graph_max_bs_prefill is not None:
+        return launch.cuda_graph_max_bs_prefill
+    top = 2048 if profile.model.attention == "mla" else (chunked if chunked > 0 else 8192)
+    if launch.max_total_tokens is not None:
+        top = min(top, launch.max_total_tokens)
+    return top
+
+
+def _prefill_graph_tokens(max_tokens: int) -> tuple[int, ...]:
+    """0.5.10 ``_generate_piecewise_cuda_graph_tokens``."""
+    sizes = [
+        *range(4, 33, 4),
+        *range(48, 257, 16),
+        *range(288, 513, 32),
+        *range(576, 1025, 64),
+        *range(1280, 4097, 256),
+        *range(4608, max_tokens + 1, 512),
+    ]
+    return tuple(t for t in sizes if t <= max_tokens)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # NCCL
 # ---------------------------------------------------------------------------------------------------------
 
-_ALGOS = {
-    "ring": "Ring",
-    "tree": "Tree",
-    "collnetdirect": "CollnetDirect",
-    "collnetchain": "CollnetChain",
-    "nvls": "NVLS",
-    "nvlstree": "NVLSTree",
-    "pat": "PAT",
-}
-_PROTOS = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
-_ALLREDUCE_AVAILABLE = {"pcie": {"Ring", "Tree"}, "nvlink": {"Ring", "Tree", "NVLS", "NVLSTree"}}
-
-
-def _parse_nccl_list(value: str, known: Mapping[str, str]) -> tuple[set[str] | None, str | None]:
-    """Allowed set for AllReduce from an NCCL_ALGO/NCCL_PROTO value (``^`` = exclude, 2.24 per-function
-    syntax), or ``(None, bad_token)`` if a token is not recognised."""
-    default: str | None = None
-    for_allreduce: str | None = None
-    for part in value.split(";"):
-        if ":" in part:
-            func, lst = part.split(":", 1)
-            if func.strip().lower() == "allreduce":
-                for_allreduce = lst
-        else:
-            default = part
-    picked = for_allreduce if for_allreduce is not None else default
-    if picked is None:
-        return set(known.values()), None
-    lst = picked.strip()
-    negate = lst.startswith("^")
-    tokens = [t.strip().lower() for t in lst.lstrip("^").split(",") if t.strip()]
-    for tok in tokens:
-        if tok not in known:
-            return None, tok
-    chosen = {known[t] for t in tokens}
-    return (set(known.values()) - chosen if negate else chosen), None
-
 
 def nccl_effect(profile: SimProfile, launch: SimLaunch) -> NcclEffect:
-    """Whether the NCCL variables are legal on this interconnect, and how they change a step."""
-    if launch.tp_size <= 1:
-        return NcclEffect()
-    env = launch.env
+    """Whether the NCCL variables are legal for SGLang on this interconnect, and what they force
+    (:mod:`runners.simhost.nccl`)."""
     nt = profile.timing.nccl
-    interconnect = profile.host.interconnect
-    algo_env, proto_env = env.get("NCCL_ALGO"), env.get("NCCL_PROTO")
-    algos: set[str] | None = set(_ALGOS.values())
-    protos: set[str] | None = set(_PROTOS.values())
-    for name, value, known in (("NCCL_ALGO", algo_env, _ALGOS), ("NCCL_PROTO", proto_env, _PROTOS)):
-        if value is None:
-            continue
-        allowed, bad = _parse_nccl_list(value, known)
-        if allowed is None:
-            reason = f'Unrecognized element token "{bad}" when parsing {name}={value}'
-            return NcclEffect(error=reason, warn=reason)
-        if name == "NCCL_ALGO":
-            algos = allowed
-        else:
-            protos = allowed
-    assert algos is not None and protos is not None
-    usable_algos = algos & _ALLREDUCE_AVAILABLE[interconnect]
-    if not usable_algos or not protos:
-        reason = "Error : no algorithm/protocol available for function AllReduce with datatype ncclFloat32."
-        if algo_env is not None:
-            reason += f" NCCL_ALGO was set to {algo_env}."
-        if proto_env is not None:
-            reason += f" NCCL_PROTO was set to {proto_env}."
-        return NcclEffect(error=reason, warn=reason)
-
-    def pick(allowed: set[str], table: Mapping[str, float], auto: str) -> tuple[str, float]:
-        if auto in allowed:
-            return auto, table.get(auto, 1.0)
-        best = min(sorted(allowed), key=lambda x: table.get(x, 1.0))
-        return best, table.get(best, 1.0)
-
-    algo, algo_f = pick(usable_algos, nt.algo_factor, nt.auto_algo)
-    proto, proto_f = pick(protos, nt.proto_factor, nt.auto_proto)
-    algo_f /= nt.algo_factor.get(nt.auto_algo, 1.0)
-    proto_f /= nt.proto_factor.get(nt.auto_proto, 1.0)
-    p2p_level = env.get("NCCL_P2P_LEVEL", "").upper()
-    p2p_off = (
-        env.get("NCCL_P2P_DISABLE") == "1"
-        or p2p_level in ("LOC", "0")
-        or (p2p_level == "NVL" and interconnect == "pcie")
+    return nccl_effect_for(
+        launch.env,
+        tp_size=launch.tp_size,
+        interconnect=profile.host.interconnect,
+        version=launch.version_tuple,
+        enable_nccl_nvls=bool(launch.args.get("enable_nccl_nvls")),
+        disable_custom_all_reduce=launch.disable_custom_all_reduce,
+        p2p_disable_factor=nt.p2p_disable_factor,
+        shm_disable_factor=nt.shm_disable_factor,
     )
-    transport = 1.0
-    if p2p_off:
-        transport = nt.shm_disable_factor if env.get("NCCL_SHM_DISABLE") == "1" else nt.p2p_disable_factor
-    factor = algo_f * proto_f * transport
-    custom_ar_off_warning = interconnect == "pcie" and launch.tp_size > 2 and not launch.disable_custom_all_reduce
-    if interconnect == "pcie":
-        uses_nccl = launch.tp_size > 2 or launch.disable_custom_all_reduce or p2p_off
-        share = nt.allreduce_share_pcie if uses_nccl else 0.0
-    else:
-        share = nt.allreduce_share_nvlink if (launch.disable_custom_all_reduce or p2p_off) else 0.0
-    return NcclEffect(
-        allreduce_factor=factor,
-        allreduce_share=share,
-        step_factor=1.0 + share * (factor - 1.0),
-        custom_allreduce_disabled_warning=custom_ar_off_warning,
-        algo=algo if algo_env else "auto",
-        proto=proto if proto_env else "auto",
+
+
+def nccl_cost(profile: SimProfile, launch: SimLaunch, effect: NcclEffect) -> NcclCost:
+    """The per-step all-reduce cost model for this host, model and NCCL environment."""
+    nt, ic = profile.timing.nccl, profile.host.interconnect
+    return NcclCost(
+        ranks=launch.tp_size,
+        interconnect=ic,
+        link_gb_s=nt.link_gb_s or (20.0 if ic == "pcie" else 350.0),
+        hop_latency_scale=nt.hop_latency_scale or (3.0 if ic == "pcie" else 1.0),
+        num_layers=profile.model.num_layers,
+        hidden_size=profile.model.hidden_size,
+        custom_ar_max_bytes=int(nt.custom_ar_max_mib * 1024 * 1024),
+        effect=effect,
     )
 
 
@@ -724,19 +695,62 @@ def plan_startup(
                 )
             free -= size
             graph += size
+    decode_graph = graph
+
+    # prefill CUDA graphs (default from 0.5.10): one pool for the largest token count, a little per graph
+    ptokens = resolved.prefill_graph_tokens
+    figs["prefill_graph_tokens"] = list(ptokens)
+    pgraph = 0.0
+    if ptokens and nccl.allgather_error is None:
+        free = free_pool - decode_graph
+        pdur = (tim.capture_base_s * 0.5 + tim.capture_per_graph_s * 0.2 * len(ptokens)) * nf
+        durations["prefill_graph"] = pdur
+        pool = mem.prefill_graph_base_gib + mem.prefill_graph_mib_per_token * ptokens[-1] / 1024.0
+        allocs = [pool] + [mem.graph_pool_per_graph_gib] * (len(ptokens) - 1)
+        for i, size in enumerate(allocs):
+            if size > free - frag:
+                detail = oom(size, free, static_torch + decode_graph + pgraph, private=decode_graph + pgraph)
+                figs["graph_gib"] = decode_graph + pgraph
+                figs["prefill_graph_gib"] = pgraph
+                return plan(
+                    Failure(
+                        kind="oom",
+                        phase="cuda_graph",
+                        stage="prefill_graph",
+                        message=texts.prefill_capture_failed_exception(v, oom_text(detail)),
+                        elapsed_s=pdur * i / len(allocs),
+                        oom=detail,
+                    )
+                )
+            free -= size
+            pgraph += size
+    figs["prefill_graph_gib"] = pgraph
+    graph = decode_graph + pgraph
     figs["graph_gib"] = graph
     free_cap = free_pool - graph
     figs["free_after_capture_gib"] = free_cap
+
+    # Bare NCCL_ALGO without Ring: the first forward's logits AllGather has no algorithm (NCCL >= 2.24).
+    if nccl.allgather_error is not None:
+        text = texts.nccl_exception(nccl.allgather_error)
+        if capture:
+            message = texts.capture_failed_exception(v, text.split(": ", 1)[1])
+            return plan(
+                Failure(kind="nccl_error", phase="cuda_graph", message=message, elapsed_s=tim.capture_base_s * nf)
+            )
+        return plan(Failure(kind="nccl_error", phase="warmup", message=text))
     durations["server_start"] = tim.server_start_s * nf
     durations["warmup"] = 0.0 if launch.skip_server_warmup else tim.warmup_s * nf
 
+    eff = tim.attention_efficiency
+    kv_read = resolved.kv_bytes_per_token * 1000 / (tim.hbm_gb_s * 1e9 * eff) * 1000 if tim.hbm_gb_s > 0 else 0.0
     runtime = RuntimeSpec(
         max_running_requests=max_running,
         max_total_num_tokens=tokens,
         chunked_prefill_size=resolved.chunked_prefill_size,
         max_prefill_tokens=resolved.max_prefill_tokens,
         captured_bs=capture,
-        continuous_steps=launch.num_continuous_decode_steps,
+        schedule_conservativeness=launch.schedule_conservativeness,
         free_gib=free_cap,
         fragmentation_gib=frag,
         first_forward_gib=mem.warmup_transient_gib,
@@ -750,15 +764,21 @@ def plan_startup(
         private_pool_gib=graph,
         decode_base_ms=tim.decode_base_ms,
         decode_per_request_ms=tim.decode_per_request_ms,
-        scheduler_overhead_ms=tim.scheduler_overhead_ms,
         eager_multiplier=tim.eager_multiplier,
         eager_extra_ms=tim.eager_extra_ms,
+        kv_read_ms_per_ktoken=kv_read,
+        attention_window=mdl.sliding_window,
+        window_layer_fraction=mdl.window_layer_fraction,
         prefill_base_ms=tim.prefill_base_ms,
         prefill_per_token_ms=tim.prefill_per_token_ms,
+        prefill_attn_ms_per_mpair=tim.prefill_attn_ms_per_mpair,
+        prefill_graph_max_tokens=ptokens[-1] if ptokens else 0,
+        prefill_graph_base_factor=tim.prefill_graph_base_factor,
         torch_compile=launch.enable_torch_compile,
         torch_compile_max_bs=launch.torch_compile_max_bs,
         torch_compile_factor=tim.torch_compile_factor,
-        time_factor=nf * nccl.step_factor,
+        time_factor=nf,
+        nccl=nccl_cost(profile, launch, nccl),
     )
     return plan(runtime=runtime)
 
@@ -826,7 +846,7 @@ def run_level(
     sent = 0
     in_flight = 0
     finished: list[SimRequest] = []
-    graph_steps = eager_steps = 0
+    graph_steps = eager_steps = retracted = 0
     rate = workload.request_rate
 
     def due(i: int) -> float:
@@ -867,6 +887,8 @@ def run_level(
             )
         end = t + batch.duration_s
         send(end, t)  # arrivals during the batch that found a free slot
+        if batch.retraction is not None:
+            retracted += len(batch.retraction.requests)
         for _, _, graph in batch.decode_steps:
             if graph:
                 graph_steps += 1
@@ -902,6 +924,7 @@ def run_level(
         median_tpot_ms=statistics.median(tpots) * 1000 if tpots else None,
         mean_e2e_latency_ms=statistics.fmean(e2e) * 1000 if e2e else None,
         decode_mode=mode if (graph_steps or eager_steps) else None,
+        retracted=retracted,
     )
 
 
@@ -925,6 +948,7 @@ def _resolved_summary(plan: StartupPlan) -> dict[str, Any] | None:
         "kv_bytes_per_token": r.kv_bytes_per_token,
         "page_size": r.page_size,
         "num_continuous_decode_steps": r.num_continuous_decode_steps,
+        "prefill_graph_max_tokens": r.prefill_graph_tokens[-1] if r.prefill_graph_tokens else None,
         "tp_size": r.tp_size,
     }
 

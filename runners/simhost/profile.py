@@ -2,7 +2,8 @@
 
 A profile is the only input of the simulator besides the launch flags. Every figure it holds is a
 calibration constant, not a measurement; the shipped profiles in ``profiles/`` are calibrated on the
-incidents in ``shared/seeds`` (see each file's ``calibration`` notes).
+incidents in ``shared/seeds`` or on public figures (model configs, GPU data sheets, published
+throughput), as each file's ``calibration`` note says.
 
 Schema (all sizes in GiB unless the name says MiB or bytes, all durations in simulated seconds or ms)::
 
@@ -33,8 +34,15 @@ Schema (all sizes in GiB unless the name says MiB or bytes, all durations in sim
       kv_cache_dtype_default: str = bfloat16   # what --kv-cache-dtype auto means for this model
       default_max_running_requests: int | None  # model-specific override SGLang applies when the
                                                 # flag is absent (e.g. 256 for DeepSeek-V4)
-      piecewise_cuda_graph: bool = false        # whether 0.5.10-style piecewise graphs are on
-                                                # (only changes the mem-fraction heuristic)
+      piecewise_cuda_graph: bool = false        # whether SGLang's default-on prefill CUDA graphs
+                                                # (0.5.10+) apply to this model (SGLang turns them
+                                                # off for some architectures)
+      kv_pool: standard | deepseek_v4 = standard   # deepseek_v4 logs "Initialize DeepSeekV4TokenToKVPool"
+                                                   # instead of "KV Cache is allocated"
+      num_layers: int = 0              # transformer layers (all-reduces per token: 2 per layer)
+      hidden_size: int = 0             # all-reduce message = tokens x hidden_size x 2 bytes
+      sliding_window: int | None       # sliding-window layers attend to at most this many tokens
+      window_layer_fraction: float = 0 # share of layers that are sliding-window
 
     memory:
       cuda_context_gib: float          # per process and GPU, before anything else
@@ -53,6 +61,8 @@ Schema (all sizes in GiB unless the name says MiB or bytes, all durations in sim
       eager_largest_alloc_fraction: float
       warmup_transient_gib: float      # kept after the first forward (sampler/logits buffers)
       fragmentation_gib: float         # allowance: the largest contiguous block is free - this
+      prefill_graph_base_gib: float = 0      # prefill CUDA graphs (0.5.10+ default): private pool
+      prefill_graph_mib_per_token: float = 0 #   base + per_token x largest captured token count
 
     timing:
       dist_init_s: float               # torch.distributed + NCCL init
@@ -64,23 +74,24 @@ Schema (all sizes in GiB unless the name says MiB or bytes, all durations in sim
       server_start_s: float = 2.0      # tokenizer manager, detokenizer, HTTP server
       warmup_s: float = 3.0            # first-forward overheads of the warm-up request (JIT, ...)
       decode_base_ms: float            # graph-mode decode step: base + per_request * padded batch size
-      decode_per_request_ms: float
-      scheduler_overhead_ms: float     # share of decode_base_ms paid once per scheduler round trip
-                                       # (saved by --num-continuous-decode-steps k: base - o*(1-1/k))
+      decode_per_request_ms: float     #   (+ KV read + NCCL effect, below)
+      hbm_gb_s: float = 0              # GPU memory bandwidth; a decode step reads every running
+      attention_efficiency: float = 0.6  # request's KV at hbm_gb_s x this (MLA kernels are
+                                       # compute-heavier: lower); 0 bandwidth = no context term
       eager_multiplier: float          # eager step = graph step(N) * multiplier + extra
       eager_extra_ms: float
       prefill_base_ms: float           # prefill batch: base + per_token * tokens
-      prefill_per_token_ms: float
+      prefill_per_token_ms: float      #   + attn x n(prefix + n/2) / 1e6 per request chunk
+      prefill_attn_ms_per_mpair: float = 0
+      prefill_graph_base_factor: float = 0.7   # prefill batches a prefill graph covers pay this share
+                                               # of prefill_base_ms (launch overhead saved)
       torch_compile_factor: float = 0.95   # step-time factor for batches <= --torch-compile-max-bs
       noise_pct: float = 2.0           # run-to-run noise (one factor per run, seedable), percent
-      nccl:
-        allreduce_share_pcie: float    # share of a step spent in NCCL all-reduce (PCIe, TP>=4 or
-                                       # custom all-reduce disabled), at default NCCL settings
-        allreduce_share_nvlink: float
-        auto_algo: Ring                # what NCCL picks by itself (factor 1 by definition) ...
-        auto_proto: Simple             # ... when the variables are unset or still allow it
-        proto_factor: {LL: .., LL128: .., Simple: ..}    # all-reduce time when NCCL is forced to one
-        algo_factor: {Ring: .., Tree: .., NVLS: .., NVLSTree: ..}
+      nccl:                            # all-reduce cost by message size (runners/simhost/nccl.py); the
+                                       # decode/prefill figures above are at NCCL's own choice
+        link_gb_s: float | None        # ring bus bandwidth; default 20 (PCIe) / 350 (NVLink)
+        hop_latency_scale: float | None  # x NCCL's hop latencies; default 3 (PCIe) / 1 (NVLink)
+        custom_ar_max_mib: float = 8   # SGLang's custom all-reduce carries messages up to this
         p2p_disable_factor: float      # NCCL_P2P_DISABLE=1 / NCCL_P2P_LEVEL=LOC (through host memory)
         shm_disable_factor: float      # ... and NCCL_SHM_DISABLE=1 too (sockets)
 
@@ -147,6 +158,11 @@ class ModelSpec(_Frozen):
     kv_cache_dtype_default: str = "bfloat16"
     default_max_running_requests: int | None = Field(default=None, gt=0)
     piecewise_cuda_graph: bool = False
+    kv_pool: Literal["standard", "deepseek_v4"] = "standard"
+    num_layers: int = Field(default=0, ge=0)
+    hidden_size: int = Field(default=0, ge=0)
+    sliding_window: int | None = Field(default=None, gt=0)
+    window_layer_fraction: float = Field(default=0.0, ge=0, le=1)
 
     @model_validator(mode="after")
     def _one_weight_figure(self) -> ModelSpec:
@@ -192,15 +208,14 @@ class MemorySpec(_Frozen):
     eager_largest_alloc_fraction: float = Field(default=0.5, gt=0, le=1)
     warmup_transient_gib: float = Field(default=0.0, ge=0)
     fragmentation_gib: float = Field(default=0.0, ge=0)
+    prefill_graph_base_gib: float = Field(default=0.0, ge=0)
+    prefill_graph_mib_per_token: float = Field(default=0.0, ge=0)
 
 
 class NcclTiming(_Frozen):
-    allreduce_share_pcie: float = Field(ge=0, lt=1)
-    allreduce_share_nvlink: float = Field(default=0.03, ge=0, lt=1)
-    auto_algo: str = "Ring"
-    auto_proto: str = "Simple"
-    proto_factor: dict[str, float] = Field(default_factory=lambda: {"LL": 1.0, "LL128": 1.0, "Simple": 1.0})
-    algo_factor: dict[str, float] = Field(default_factory=lambda: {"Ring": 1.0, "Tree": 1.0})
+    link_gb_s: float | None = Field(default=None, gt=0)
+    hop_latency_scale: float | None = Field(default=None, gt=0)
+    custom_ar_max_mib: float = Field(default=8.0, ge=0)
     p2p_disable_factor: float = Field(default=1.5, gt=0)
     shm_disable_factor: float = Field(default=3.0, gt=0)
 
@@ -216,20 +231,17 @@ class TimingSpec(_Frozen):
     warmup_s: float = Field(default=3.0, ge=0)
     decode_base_ms: float = Field(gt=0)
     decode_per_request_ms: float = Field(ge=0)
-    scheduler_overhead_ms: float = Field(default=0.0, ge=0)
+    hbm_gb_s: float = Field(default=0.0, ge=0)
+    attention_efficiency: float = Field(default=0.6, gt=0, le=1)
     eager_multiplier: float = Field(default=1.0, ge=1)
     eager_extra_ms: float = Field(default=0.0, ge=0)
     prefill_base_ms: float = Field(ge=0)
     prefill_per_token_ms: float = Field(ge=0)
+    prefill_attn_ms_per_mpair: float = Field(default=0.0, ge=0)
+    prefill_graph_base_factor: float = Field(default=0.7, gt=0, le=1)
     torch_compile_factor: float = Field(default=0.95, gt=0)
     noise_pct: float = Field(default=2.0, ge=0, le=50)
     nccl: NcclTiming
-
-    @model_validator(mode="after")
-    def _overhead_within_base(self) -> TimingSpec:
-        if self.scheduler_overhead_ms > self.decode_base_ms:
-            raise ValueError("scheduler_overhead_ms must not exceed decode_base_ms")
-        return self
 
 
 class SimProfile(_Frozen):

@@ -298,6 +298,21 @@ class _Scheduler(threading.Thread):
             wall = batch.duration_s / self.speed
             if batch.kind == "prefill":  # SGLang logs a prefill batch when it forms it, before running it
                 self._log_prefill(batch, wall)
+            if self.server.first_forward_failure is not None:
+                self.server.die_first_forward(self.server.first_forward_failure)
+            if batch.retraction is not None:
+                rt = batch.retraction
+                self.server.log.line(
+                    texts.retract_line(
+                        self.server.v,
+                        retracted=len(rt.requests),
+                        gained=rt.tokens_gained,
+                        old_ratio=rt.old_ratio,
+                        new_ratio=rt.new_ratio,
+                    ),
+                    rank=0,
+                    level="warning" if self.server.v >= (0, 5, 10) else "info",
+                )
             if batch.oom is not None:
                 self.server.die_runtime(batch)
             self.server.note_transient(batch, self.spec)
@@ -443,8 +458,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if path in ("/health", "/health_generate"):
                 self._send(200 if sim.ready.is_set() else 503, b"")
             elif path in ("/get_server_info", "/server_info"):
+                self._deprecated(path, "/get_server_info", "/server_info")
                 self._json(200, sim.server_info())
             elif path in ("/get_model_info", "/model_info"):
+                self._deprecated(path, "/get_model_info", "/model_info")
                 self._json(200, sim.model_info())
             elif path == "/v1/models":
                 self._json(200, sim.models())
@@ -476,6 +493,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._json(exc.status, {"error": {"message": exc.message}})
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _deprecated(self, path: str, old: str, new: str) -> None:
+        """From 0.5.9 each call of an old ``/get_*`` path logs a deprecation warning (engine-audit item 15)."""
+        if path == old and self.sim.v >= (0, 5, 9):
+            self.sim.log.line(
+                f"Endpoint '{old}' is deprecated and will be removed in a future version. Please use '{new}' instead.",
+                level="warning",
+            )
 
     def _generate(self, kind: str) -> None:
         sim = self.sim
@@ -722,6 +747,7 @@ class SimServer:
         self.ready = threading.Event()
         self.http_up = False
         self.plan: StartupPlan | None = None
+        self.first_forward_failure: Failure | None = None
         self.runtime: RuntimeSpec | None = None
         self.scheduler: _Scheduler | None = None
         self.httpd: _HTTPServer | None = None
@@ -864,11 +890,25 @@ class SimServer:
 
     def _die_startup(self, failure: Failure) -> None:
         ranks = range(self.launch.tp_size)
-        if failure.oom is not None:
+        if failure.oom is not None and failure.stage != "prefill_graph":
             messages = [self._oom_message(failure.phase, failure.oom, r) for r in ranks]
         else:
             messages = [_traceback(failure.phase, self.profile.model.architecture, failure.message) for _ in ranks]
         self._die(messages, running=False)
+
+    def _nccl_warn(self, plan: StartupPlan) -> None:
+        """NCCL's own ``NCCL WARN`` line per rank, printed when ``NCCL_DEBUG`` asks for warnings."""
+        if plan.nccl.warn and self.launch.env.get("NCCL_DEBUG", "").upper() in ("WARN", "INFO", "TRACE"):
+            host = socket.gethostname()
+            for rank in range(self.launch.tp_size):
+                self.log.raw(f"{host}:{self.pid}:{self.pid} [{rank}] NCCL WARN {plan.nccl.warn}")
+
+    def die_first_forward(self, failure: Failure) -> None:
+        """The first forward (warm-up) dies of ``failure`` in the scheduler, e.g. NCCL's AllGather error."""
+        assert self.plan is not None
+        self._nccl_warn(self.plan)
+        arch = self.profile.model.architecture
+        self._die([_traceback("warmup", arch, failure.message) for _ in range(self.launch.tp_size)], running=True)
 
     def die_runtime(self, batch: Batch) -> None:
         assert batch.oom is not None
@@ -904,14 +944,8 @@ class SimServer:
         log.ranks("Init torch distributed begin.")
         self.sleep_sim(plan.durations.get("dist_init", 0.0))
         if fail is not None and fail.phase == "init":
-            if (
-                fail.kind == "nccl_error"
-                and plan.nccl.warn
-                and launch.env.get("NCCL_DEBUG", "").upper() in ("WARN", "INFO", "TRACE")
-            ):
-                host = socket.gethostname()
-                for rank in range(launch.tp_size):
-                    log.raw(f"{host}:{self.pid}:{self.pid} [{rank}] NCCL WARN {plan.nccl.warn}")
+            if fail.kind == "nccl_error":
+                self._nccl_warn(plan)
             self._die_startup(fail)
         if plan.nccl.custom_allreduce_disabled_warning:
             log.ranks(
@@ -965,39 +999,69 @@ class SimServer:
         assert mem.kv_tokens is not None and mem.kv_gib is not None and mem.free_after_pool_gib is not None
         for w in plan.warnings:
             log.line(w, rank=0, level="warning")
-        log.ranks(
-            texts.kv_allocated(
-                v,
-                tokens=mem.kv_tokens,
-                kv_gib=mem.kv_gib,
-                mla=p.model.attention == "mla",
-                dtype=r.kv_torch_dtype,
+        if p.model.kv_pool == "deepseek_v4":
+            assert mem.max_running_requests is not None
+            log.ranks(texts.dsv4_pool_line(max_num_reqs=mem.max_running_requests, tokens=mem.kv_tokens))
+        else:
+            log.ranks(
+                texts.kv_allocated(
+                    v,
+                    tokens=mem.kv_tokens,
+                    kv_gib=mem.kv_gib,
+                    mla=p.model.attention == "mla",
+                    dtype=r.kv_torch_dtype,
+                )
             )
-        )
         pool_used = plan.ctx_gib + mem.weights_gib + (mem.avail_after_weights_gib - mem.free_after_pool_gib)
         self.set_used(pool_used)
         log.ranks(f"Memory pool end. avail mem={mem.free_after_pool_gib:.2f} GB")
 
         # CUDA graphs
         capture = mem.capture_bs or []
-        if capture or (fail is not None and fail.phase == "cuda_graph"):
+        decode_fail = fail is not None and fail.phase == "cuda_graph" and fail.stage != "prefill_graph"
+        if capture or decode_fail:
             log.ranks(texts.capture_begin(v, avail_gib=mem.free_after_pool_gib, bs=capture))
-            if fail is not None and fail.phase == "cuda_graph":
+            if fail is not None and decode_fail:
                 self.sleep_sim(fail.elapsed_s)
-                assert fail.oom is not None
-                self.set_used(pool_used + fail.oom.private_pool_gib + p.memory.graph_workspace_gib)
+                if fail.oom is not None:
+                    self.set_used(pool_used + fail.oom.private_pool_gib + p.memory.graph_workspace_gib)
+                self._nccl_warn(plan)
                 self._die_startup(fail)
             self.sleep_sim(plan.durations.get("cuda_graph", 0.0))
-            assert mem.graph_gib is not None and mem.free_after_capture_gib is not None
+            assert mem.graph_gib is not None
+            decode_gib = mem.graph_gib - (mem.prefill_graph_gib or 0.0)
             log.ranks(
                 texts.capture_end(
                     v,
                     elapsed_s=plan.durations.get("cuda_graph", 0.0) / self.speed,
-                    usage_gib=mem.graph_gib,
-                    avail_gib=mem.free_after_capture_gib,
+                    usage_gib=decode_gib,
+                    avail_gib=mem.free_after_pool_gib - decode_gib,
                     bs=capture,
                 )
             )
+        ptokens = mem.prefill_graph_tokens or []
+        if ptokens:
+            assert mem.graph_gib is not None
+            decode_gib = mem.graph_gib - (mem.prefill_graph_gib or 0.0)
+            before = mem.free_after_pool_gib - decode_gib
+            log.ranks(texts.prefill_capture_begin(v, avail_gib=before, tokens=ptokens))
+            if fail is not None and fail.stage == "prefill_graph":
+                self.sleep_sim(fail.elapsed_s)
+                self.set_used(pool_used + mem.graph_gib)
+                if v < (0, 5, 14):
+                    log.ranks(f"Piecewise CUDA Graph failed with error: {fail.message.splitlines()[0]}", level="error")
+                self._die_startup(fail)
+            self.sleep_sim(plan.durations.get("prefill_graph", 0.0))
+            log.ranks(
+                texts.prefill_capture_end(
+                    v,
+                    elapsed_s=plan.durations.get("prefill_graph", 0.0) / self.speed,
+                    usage_gib=mem.prefill_graph_gib or 0.0,
+                    avail_gib=before - (mem.prefill_graph_gib or 0.0),
+                )
+            )
+        if fail is not None and fail.phase == "warmup":
+            self.first_forward_failure = fail  # the warm-up request's first forward dies (scheduler)
         assert mem.graph_gib is not None and mem.free_after_capture_gib is not None
         self.set_used(pool_used + mem.graph_gib)
         assert mem.max_total_num_tokens is not None and mem.max_running_requests is not None

@@ -143,11 +143,19 @@ def weights_leave_no_kv(mfs: float, minimum: float) -> str:
 
 
 def capture_begin(v: Version, *, avail_gib: float, bs: Sequence[int]) -> str:
-    if v >= (0, 5, 19):
+    """Decode capture begin line (engine-audit item 12: ``num_tokens_per_bs`` with ``bs`` on the begin line
+    in 0.5.14-0.5.15, ``num_tokens_per_req`` with ``bs`` on the begin line in 0.5.16-0.5.21, ``bs`` on the
+    end line from 0.5.22)."""
+    if v >= (0, 5, 22):
         return (
             f"Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem={avail_gib:.2f} GB"
         )
-    if v >= (0, 5, 15):
+    if v >= (0, 5, 16):
+        return (
+            f"Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, bs={list(bs)}, "
+            f"avail mem={avail_gib:.2f} GB"
+        )
+    if v >= (0, 5, 14):
         return (
             f"Capture target decode CUDA graph begin. backend=full, num_tokens_per_bs=1, bs={list(bs)}, "
             f"avail mem={avail_gib:.2f} GB"
@@ -156,12 +164,12 @@ def capture_begin(v: Version, *, avail_gib: float, bs: Sequence[int]) -> str:
 
 
 def capture_end(v: Version, *, elapsed_s: float, usage_gib: float, avail_gib: float, bs: Sequence[int]) -> str:
-    if v >= (0, 5, 19):
+    if v >= (0, 5, 22):
         return (
             f"Capture target decode CUDA graph end. bs={list(bs)}, elapsed={elapsed_s:.2f} s, "
             f"mem usage={usage_gib:.2f} GB, avail mem={avail_gib:.2f} GB."
         )
-    if v >= (0, 5, 15):
+    if v >= (0, 5, 14):
         return (
             f"Capture target decode CUDA graph end. elapsed={elapsed_s:.2f} s, mem usage={usage_gib:.2f} GB, "
             f"avail mem={avail_gib:.2f} GB."
@@ -172,10 +180,96 @@ def capture_end(v: Version, *, elapsed_s: float, usage_gib: float, avail_gib: fl
     )
 
 
+def prefill_backend(v: Version) -> str:
+    """The default prefill CUDA-graph backend (``cuda_graph_config.py:default_prefill_backend``)."""
+    if v >= (0, 5, 15):
+        return "breakable"
+    if v >= (0, 5, 14):
+        return "tc_piecewise"
+    return "piecewise"
+
+
+def prefill_capture_begin(v: Version, *, avail_gib: float, tokens: Sequence[int]) -> str:
+    """0.5.10-0.5.13 ``Capture piecewise CUDA graph begin``; 0.5.14+ ``Capture target prefill CUDA graph begin``."""
+    if v >= (0, 5, 14):
+        return (
+            f"Capture target prefill CUDA graph begin. backend={prefill_backend(v)}, num_tokens={list(tokens)}, "
+            f"avail mem={avail_gib:.2f} GB"
+        )
+    return f"Capture piecewise CUDA graph begin. avail mem={avail_gib:.2f} GB"
+
+
+def prefill_capture_end(v: Version, *, elapsed_s: float, usage_gib: float, avail_gib: float) -> str:
+    if v >= (0, 5, 14):
+        return (
+            f"Capture target prefill CUDA graph end. elapsed={elapsed_s:.2f} s, mem usage={usage_gib:.2f} GB, "
+            f"avail mem={avail_gib:.2f} GB."
+        )
+    return (
+        f"Capture piecewise CUDA graph end. Time elapsed: {elapsed_s:.2f} s. mem usage={usage_gib:.2f} GB. "
+        f"avail mem={avail_gib:.2f} GB."
+    )
+
+
 def capture_failed_exception(v: Version, oom_text: str) -> str:
-    """``Exception: Capture cuda graph failed: ...`` with the version's Possible-solutions block."""
-    block = _POSSIBLE_SOLUTIONS_NEW if v >= (0, 5, 15) else _POSSIBLE_SOLUTIONS_OLD
+    """``Exception: Capture cuda graph failed: ...`` with the version's Possible-solutions block (the
+    ``-decode`` wording from 0.5.14, engine-audit item 13)."""
+    block = _POSSIBLE_SOLUTIONS_NEW if v >= (0, 5, 14) else _POSSIBLE_SOLUTIONS_OLD
     return f"Exception: Capture cuda graph failed: {oom_text}\n{block}"
+
+
+def prefill_capture_failed_exception(v: Version, oom_text: str) -> str:
+    """A prefill-graph capture failure: 0.5.14+ ``Capture prefill CUDA graph failed`` with the backend's
+    suggestions (``prefill_cuda_graph_runner.py``); 0.5.10-0.5.13 the piecewise runner's advice."""
+    if v >= (0, 5, 14):
+        backend = prefill_backend(v)
+        first = (
+            "1. change to breakable by --cuda-graph-backend-prefill=breakable\n" if backend == "tc_piecewise" else ""
+        )
+        n = 2 if first else 1
+        hint = (
+            f"{first}{n}. disable the prefill CUDA graph by --cuda-graph-backend-prefill=disabled\n"
+            f"{n + 1}. if it is an OOM problem, set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7) "
+            "or set --cuda-graph-max-bs-prefill to a smaller value (e.g., 2048)\n"
+        )
+        return (
+            f"Exception: Capture prefill CUDA graph failed: {oom_text}\n"
+            f"Fail when using backend: {backend} for prefill runner.\nPossible suggestions:\n{hint}"
+            "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
+        )
+    return (
+        f"torch.OutOfMemoryError: {oom_text}\n"
+        "Piecewise CUDA Graph is enabled by default as an experimental feature.\n"
+        "To work around this error, add --disable-piecewise-cuda-graph to your launch command.\n"
+        "Please report this issue at https://github.com/sgl-project/sglang/issues/new/choose"
+    )
+
+
+def dsv4_pool_line(*, max_num_reqs: int, tokens: int) -> str:
+    """DeepSeek-V4's pool line (``srt/mem_cache/deepseek_v4_memory_pool.py:1018@v0.5.23``); DSv4 never logs
+    ``KV Cache is allocated`` (engine-audit item 9). Sizes: sliding-window slots per request, the c4
+    (1/4-compressed) pool and its logical size, the c128 pool, and per-request state pools."""
+    swa_size = (max_num_reqs + 1) * 128
+    return (
+        f"Initialize DeepSeekV4TokenToKVPool with max_num_reqs={max_num_reqs} swa_size={swa_size} "
+        f"c4_size={tokens // 4} c4_logical_size={tokens} c128_size={tokens // 128} "
+        f"c4_state_pool_size={max_num_reqs + 1} c128_state_pool_size={max_num_reqs + 1} "
+        "unified=False unified_fp8=False"
+    )
+
+
+def retract_line(v: Version, *, retracted: int, gained: int, old_ratio: float, new_ratio: float) -> str:
+    """``KV cache pool is full. Retract requests.`` (0.5.2 scheduler.py:1777 info; 0.5.10+ warning with
+    ``#new_tokens_gained``, scheduler.py:2595)."""
+    if v >= (0, 5, 10):
+        return (
+            f"KV cache pool is full. Retract requests. #retracted_reqs: {retracted}, #new_tokens_gained: {gained}, "
+            f"#new_token_ratio: {old_ratio:.4f} -> {new_ratio:.4f}"
+        )
+    return (
+        f"KV cache pool is full. Retract requests. #retracted_reqs: {retracted}, "
+        f"#new_token_ratio: {old_ratio:.4f} -> {new_ratio:.4f}"
+    )
 
 
 def pool_summary(
@@ -189,7 +283,7 @@ def pool_summary(
 
 def sigquit_line(v: Version, *, running: bool) -> str:
     """What the main process logs when a scheduler sends SIGQUIT (sglang-facts §3.5)."""
-    if running and v >= (0, 5, 10):
+    if running and v >= (0, 5, 5):  # engine-audit item 13
         return "SIGQUIT received. signum=None, frame=None. It usually means one child failed."
     return "Received sigquit from a child process. It usually means the child failed."
 
@@ -220,6 +314,7 @@ def decode_batch(
 
 
 def nccl_exception(reason: str, version: str = "2.27.3") -> str:
+    # torch 2.8 ships NCCL 2.27 (engine-audit item 2), so the >= 2.24 rules apply.
     """The torch.distributed error a rank raises when NCCL refuses the requested algorithm/protocol."""
     return (
         "torch.distributed.DistBackendError: NCCL error in: "

@@ -26,6 +26,8 @@ KV = (
     r"KV Cache (?:is allocated|VA upper bound)\.(?: dtype: [^,]+,)? #tokens: (\d+), "
     r"(?:K size: ([0-9.]+) GB, V size: ([0-9.]+) GB|KV size: ([0-9.]+) GB)"
 )
+# DeepSeek-V4 never logs "KV Cache is allocated" (engine-audit item 9)
+DSV4_POOL = r"Initialize DeepSeekV4TokenToKVPool with max_num_reqs=256 swa_size=\d+ c4_size=\d+ "
 POOL_END = r"Memory pool end\. avail mem=([0-9.]+) GB"
 CAPTURE_END = r"Capture .*?graph end\b.*?mem usage=([0-9.]+) GB[,.] avail mem=([0-9.]+) GB"
 SUMMARY = (
@@ -83,7 +85,7 @@ def test_seed_000_002_capture_oom_kills_the_server(simhost) -> None:  # type: ig
         r"server_args=ServerArgs\(model_path='/models/DeepSeek-V4-Flash'.*mem_fraction_static=0\.85",
         r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP0\] Load weight begin\. avail mem=",
         LOAD_END,
-        KV,
+        DSV4_POOL,
         POOL_END,
         r"TP0\] Capture cuda graph begin\. This can take up to several minutes\. avail mem=",
         r"TP0\] Scheduler hit an exception: Traceback \(most recent call last\):",
@@ -94,6 +96,7 @@ def test_seed_000_002_capture_oom_kills_the_server(simhost) -> None:  # type: ig
         r"\] Received sigquit from a child process\. It usually means the child failed\.",
     )
     assert "The server is fired up" not in log and "Uvicorn running" not in log
+    assert "KV Cache is allocated" not in log
     weights = float(re.search(LOAD_END, log).group(2))  # type: ignore[union-attr]
     assert abs(weights - 36.0) < 3.6
     tried = gib(re.search(OOM, log).group(1))  # type: ignore[union-attr]
@@ -197,7 +200,9 @@ def test_seed_001_kimi_capacity_and_prefill_burst(simhost, tmp_path: Path) -> No
     assert len(results) == 150 and all(r.ok and r.completion_tokens == 16 for r in results)
     assert safe.proc.poll() is None
     prefills = re.findall(r"Prefill batch, #new-seq: \d+, #new-token: (\d+),", safe.log())
-    assert max(int(n) for n in prefills) >= int(last_prefill)  # it survived a batch as large as the one that killed 0.93
+    assert max(int(n) for n in prefills) >= int(
+        last_prefill
+    )  # it survived a batch as large as the one that killed 0.93
 
 
 # -- seed 003 -------------------------------------------------------------------------------------------------
@@ -288,8 +293,10 @@ def test_new_version_wording(simhost) -> None:  # type: ignore[no-untyped-def]
     lines_in_order(
         sp.log(),
         r"Load weight end\. elapsed=[0-9.]+ s, type=DeepseekV4ForCausalLM, avail mem=",
-        r"KV Cache is allocated\. dtype: torch\.float8_e4m3fn, #tokens: \d+, KV size: ",
-        r"Capture target decode CUDA graph begin\. backend=full, num_tokens_per_req=1, avail mem=",
+        DSV4_POOL,
+        # 0.5.16-0.5.21 put bs=[...] on the begin line (engine-audit item 12)
+        r"Capture target decode CUDA graph begin\. backend=full, num_tokens_per_req=1, "
+        r"bs=\[1, 2, 4, 8, 12, 16, 24, 32\], avail mem=",
         r"2\. set --cuda-graph-max-bs-decode to a smaller value \(e\.g\., 16\)",
         r"Received sigquit from a child process",
         r"kill_process_tree called: parent_pid=\d+, include_parent=True, pid=\d+",
@@ -416,3 +423,121 @@ def test_health_is_503_until_warm_and_endpoints(simhost) -> None:  # type: ignor
     status, body = sp.get("/metrics")
     assert status == 200 and b"sglang:num_running_reqs" in body
     assert sp.get("/nope")[0] == 404
+
+
+# -- issue 10: physics and engine knowledge, end to end ---------------------------------------------------------
+
+LLAMA = "llama31-8b-h100"
+RETRACT = (
+    r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+), "
+    r"#new_tokens_gained: (\d+), #new_token_ratio: ([0-9.]+) -> ([0-9.]+)"
+)
+
+
+@pytest.mark.slow
+def test_retraction_is_logged_at_a_tight_mem_fraction_with_long_outputs(simhost) -> None:  # type: ignore[no-untyped-def]
+    sp = simhost.start(
+        LLAMA, "--model-path", "/models/Llama-3.1-8B-Instruct", "--mem-fraction-static", "0.25", speed=2000
+    )
+    assert sp.wait_ready()
+    results = sp.load(concurrency=16, requests=16, input_len=1000, output_len=3000)
+    assert all(r.ok and r.completion_tokens == 3000 for r in results)  # retracted requests still finish
+    log = sp.log()
+    found = re.findall(RETRACT, log)
+    assert found, log[-3000:]
+    retracted, gained, old, new = found[0]
+    assert int(retracted) >= 1 and int(gained) > 0 and float(new) > float(old)
+    assert sp.proc.poll() is None
+
+
+def test_bare_nccl_algo_tree_kills_the_server_with_nccls_allgather_error(simhost) -> None:  # type: ignore[no-untyped-def]
+    sp = simhost.start(
+        NVFP4,
+        *NVFP4_FLAGS,
+        "--mem-fraction-static",
+        "0.70",
+        "--cuda-graph-max-bs",
+        "32",
+        env={"NCCL_ALGO": "Tree", "NCCL_DEBUG": "WARN"},
+    )
+    assert not sp.wait_ready()
+    assert sp.wait_exit() == -signal.SIGKILL
+    lines_in_order(
+        sp.log(),
+        r"Capture cuda graph begin\.",
+        r"\[0\] NCCL WARN Error : no algorithm/protocol available for function AllGather with datatype "
+        r"ncclBfloat16\. NCCL_ALGO was set to Tree\.",
+        r"TP0\] Scheduler hit an exception: Traceback",
+        r"Exception: Capture cuda graph failed: NCCL error in: .*invalid usage",
+        r"ncclInvalidUsage: This usually reflects invalid usage of NCCL library\.\nLast error:\n"
+        r"Error : no algorithm/protocol available for function AllGather with datatype ncclBfloat16\. "
+        r"NCCL_ALGO was set to Tree\.",
+        r"Received sigquit from a child process",
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "begin", "end"),
+    [
+        (
+            "0.5.10",
+            r"Capture piecewise CUDA graph begin\. avail mem=",
+            r"Capture piecewise CUDA graph end\. Time elapsed:",
+        ),
+        (
+            "0.5.15",
+            r"Capture target prefill CUDA graph begin\. backend=breakable, num_tokens=\[4, 8, .*, 8192\], avail mem=",
+            r"Capture target prefill CUDA graph end\. elapsed=[0-9.]+ s, mem usage=[0-9.]+ GB, avail mem=",
+        ),
+    ],
+)
+def test_prefill_cuda_graphs_are_captured_by_default(simhost, version: str, begin: str, end: str) -> None:  # type: ignore[no-untyped-def]
+    sp = simhost.start(
+        LLAMA, "--model-path", "m", "--mem-fraction-static", "0.85", env={"SERVETUNE_SIM_VERSION": version}
+    )
+    assert sp.wait_ready()
+    lines_in_order(sp.log(), KV_ANY, POOL_END, CAPTURE_END, begin, end, SUMMARY, READY_LINE)
+
+
+KV_ANY = r"KV Cache is allocated\."
+READY_LINE = r"The server is fired up and ready to roll!"
+
+
+def test_prefill_graph_capture_oom_kills_the_server(simhost) -> None:  # type: ignore[no-untyped-def]
+    sp = simhost.start(
+        LLAMA, "--model-path", "m", "--mem-fraction-static", "0.955", env={"SERVETUNE_SIM_VERSION": "0.5.15"}
+    )
+    assert not sp.wait_ready()
+    assert sp.wait_exit() == -signal.SIGKILL
+    lines_in_order(
+        sp.log(),
+        CAPTURE_END,
+        r"Capture target prefill CUDA graph begin\. backend=breakable, ",
+        r"Scheduler hit an exception: Traceback",
+        r"Exception: Capture prefill CUDA graph failed: CUDA out of memory\. Tried to allocate",
+        r"Fail when using backend: breakable for prefill runner\.\nPossible suggestions:\n"
+        r"1\. disable the prefill CUDA graph by --cuda-graph-backend-prefill=disabled",
+        r"SIGQUIT|sigquit",
+    )
+
+
+def test_old_info_paths_log_a_deprecation_warning_from_0_5_9(simhost) -> None:  # type: ignore[no-untyped-def]
+    sp = simhost.start(LLAMA, "--model-path", "m", "--mem-fraction-static", "0.85")
+    assert sp.wait_ready()
+    assert sp.get("/server_info")[0] == 200 and "deprecated" not in sp.log()
+    assert sp.get("/get_server_info")[0] == 200
+    assert sp.get("/get_model_info")[0] == 200
+    lines_in_order(
+        sp.log(),
+        r"Endpoint '/get_server_info' is deprecated and will be removed in a future version\. "
+        r"Please use '/server_info' instead\.",
+        r"Endpoint '/get_model_info' is deprecated and will be removed in a future version\. "
+        r"Please use '/model_info' instead\.",
+    )
+    sp.proc.send_signal(signal.SIGTERM)  # the simulated GPU is needed again
+    assert sp.wait_exit() == 0
+    old = simhost.start(
+        LLAMA, "--model-path", "m", "--mem-fraction-static", "0.85", env={"SERVETUNE_SIM_VERSION": "0.5.5"}
+    )
+    assert old.wait_ready()
+    assert old.get("/get_server_info")[0] == 200 and "deprecated" not in old.log()
