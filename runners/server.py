@@ -2,7 +2,9 @@
 
 :class:`ServerSession` starts the launch script detached on a :class:`~runners.host.Host`, follows its log
 live through the engine's :class:`~runners.engines.base.LogParser`, samples nvidia-smi, waits until the
-server is really ready (the engine's readiness line where it has one, *and* ``/health`` 200), runs the
+server is really ready (the engine's readiness line where it has one, ``/health`` 200, *and* the port's
+listening socket held by this server's process group, so a foreign server on the port is never
+measured), runs the
 load generator on the host beside the server, and stops the whole process group. Death is noticed the
 moment the log shows a fatal line or the process group's leader exits, not on a slow poll.
 
@@ -36,6 +38,10 @@ EventHook = Callable[[str, Any], None]
 ``fatal`` (a Failure) and ``ready`` (server info dict)."""
 
 _FATAL_TO_EXIT = 15.0  # how long a server may keep running after a fatal log line before we call it dead
+_ADDRESS_IN_USE = "address already in use"
+#: Exit codes of a server stopped from outside (a shell reports a signal N as 128+N) or that left unasked.
+#: SIGKILL (137) is not here: the kernel's OOM killer sends it, and the engine's classifier judges that.
+_OUTSIDE_EXITS = {0: "none", 129: "SIGHUP", 130: "SIGINT", 131: "SIGQUIT", 143: "SIGTERM"}
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,8 @@ class ServerSession:
         self.stop()
 
     def start(self) -> None:
+        """Start the server; HostBusy (before anything is started) when another program holds the port."""
+        self.host.require_port_free(int(self.launch.port))
         self.ref = self.host.start(self.run_dir, self.script, self.run_id,
                                    files={"loadgen.py": loadgen_source().decode()},
                                    scratch_vars=self.engine.scratch_vars,
@@ -273,8 +281,27 @@ class ServerSession:
             tail = "\n".join(self.lines[-400:])
         evidence = self.oom_evidence()
         failure = self.engine.classify(self.parser, self.exit_code, tail, evidence=evidence or None)
+        failure = self._not_the_config(failure, tail)
         if failure.phase is None:
             failure = Failure(failure.kind, self.parser.phase, failure.reason, failure.exit_code)
+        return failure
+
+    def _not_the_config(self, failure: Failure, tail: str) -> Failure:
+        """Re-blame a death the engine calls a crash when the host caused it: the port was taken
+        (``address already in use``), or the server was stopped by a signal servetune did not send or
+        exited 0 unasked (:data:`_OUTSIDE_EXITS`)."""
+        if failure.kind is FailureKind.OOM:
+            return failure
+        if _ADDRESS_IN_USE in tail.lower():
+            return Failure(FailureKind.PORT_IN_USE, failure.phase,
+                           f"the server could not bind port {int(self.launch.port)} on {self.host.name}: "
+                           "address already in use (another program holds it)", failure.exit_code)
+        if (failure.kind is FailureKind.CRASH and not self._closing.is_set()
+                and self.exit_code in _OUTSIDE_EXITS):
+            how = "exited 0 without being asked" if self.exit_code == 0 else (
+                f"was stopped by {_OUTSIDE_EXITS[self.exit_code]} (exit {self.exit_code}) that servetune did not send")
+            return Failure(FailureKind.STOPPED_FROM_OUTSIDE, failure.phase,
+                           f"the server {how}", failure.exit_code)
         return failure
 
     def log_text(self) -> str:
@@ -358,11 +385,26 @@ class ServerSession:
                 return Failure(FailureKind.HOST_UNREACHABLE, self.parser.phase,
                                f"lost {self.host.name} while waiting for /health")
             if status == 200:
+                holder = self._port_holder()
+                if holder == "foreign":
+                    return Failure(FailureKind.PORT_IN_USE, self.parser.phase,
+                                   f"port {int(self.launch.port)} on {self.host.name} answers /health but is held "
+                                   "by a program that is not this trial's server; it is not measured")
+                if holder == "free":
+                    continue  # answered, but our group holds no listening socket yet: not ours
                 self._read_server_info()
                 if self.parser.phase in (Phase.STARTING, Phase.WARMUP, Phase.CUDA_GRAPH, Phase.KV_POOL):
                     self.parser.phase = Phase.READY
                 self.hook("ready", self.server_info)
                 return None
+
+    def _port_holder(self) -> str:
+        """``ours``/``foreign``/``free``/``unknown`` for the server's port; a lost host counts as unknown
+        (the follower reports the loss)."""
+        try:
+            return self.host.port_holder(int(self.launch.port), self.ref)
+        except RunnerError:
+            return "unknown"
 
     def _read_server_info(self) -> None:
         for path in ("/get_server_info", "/server_info"):
