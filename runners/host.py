@@ -365,6 +365,10 @@ class Host:
             return '"$HOME"/' + shlex.quote(path[2:])
         return shlex.quote(path)
 
+    def shell_path(self, path: str) -> str:
+        """A host path for shell use: ``~`` expanded by the shell, the rest quoted."""
+        return self._path(path)
+
     def resolve(self, path: str) -> str:
         """Absolute form of a host path (``~`` expanded on the host)."""
         if not path.startswith("~"):

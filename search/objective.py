@@ -28,7 +28,7 @@ from optuna.trial import TrialState
 from runners.errors import RunnerError, ServetuneError
 from runners.host import HostInfo
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
-from runners.telemetry import Failure, FailureKind, Phase
+from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
 from search.hosts import preflight
 from search.pool import HostSlot
 from search.records import MEM_PREFIX
@@ -128,8 +128,7 @@ class Objective:
         try:
             info = self._preflight(slot)
         except RunnerError as exc:
-            kind = FailureKind.HOST_BUSY if type(exc).__name__ == "HostBusy" else FailureKind.HOST_UNREACHABLE
-            self._fail(trial, Failure(kind, None, str(exc)))
+            self._fail(trial, Failure(kind_of_error(exc), None, str(exc)))
         version = space.engine.version or info.engine_version
         trial.set_user_attr("engine_version", version)
         trial.set_user_attr("gpu_name", info.gpu_name)
@@ -159,9 +158,9 @@ class Objective:
         levels: list[dict[str, Any]] = []
         started = time.monotonic()
         try:
-            session.start()
+            session.start()  # HostBusy when another program holds the port: nothing is started
         except RunnerError as exc:
-            self._fail(trial, Failure(FailureKind.HOST_UNREACHABLE, Phase.STARTING, str(exc)))
+            self._fail(trial, Failure(kind_of_error(exc), Phase.STARTING, str(exc)))
         try:
             failure = self._wait_ready(session)
             trial.set_user_attr("startup_s", round(time.monotonic() - started, 3))

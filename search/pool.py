@@ -7,6 +7,10 @@ seconds while the others carry on; after the cooldown it is tried again. A host 
 ``max_set_asides`` times in a row (no successful trial in between) is retired for the rest of the run.
 While every host is set aside, :meth:`acquire` waits for the first cooldown to end; once every host is
 retired it raises :class:`NoHostsLeft` and the search ends cleanly.
+
+A host another live controller holds (its claim, see :meth:`runners.host.Host.claim`) is *held off*
+(:meth:`hold_off`): handed out again after a short wait, with no failure counted, so two controllers on one
+host take turns. A host with a set-up fault waiting will not fix is retired at once (:meth:`retire`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ class HostSlot:
     trials: int = 0
     last_server_stop: float = -math.inf
     """``time.monotonic()`` when the last server of ours on it was stopped."""
+    held_off_until: float = 0.0
+    """``time.monotonic()`` until which another controller holds it (no failure counted)."""
+    held_by: str = ""
 
     @property
     def name(self) -> str:
@@ -71,19 +78,23 @@ class HostPool:
                         + "; ".join(f"{s.name}: {s.last_error}" for s in self.slots)
                     )
                 for slot in live:
-                    if slot.set_aside_until <= now and not slot.busy:
+                    if slot.set_aside_until <= now and slot.held_off_until <= now and not slot.busy:
                         slot.busy = True
                         return slot
                 if stop is not None and stop.is_set():
                     raise NoHostsLeft("stopping")
-                back = min((s.set_aside_until for s in live if s.set_aside_until > now), default=math.inf)
+                back = min((max(s.set_aside_until, s.held_off_until) for s in live
+                            if max(s.set_aside_until, s.held_off_until) > now), default=math.inf)
                 self._cond.wait(timeout=min(0.5, max(back - now, 0.01)))
 
-    def release(self, slot: HostSlot, *, infra_failure: bool, error: str = "") -> None:
-        """Give a host back after a trial; ``infra_failure``: the trial failed for the host's sake."""
+    def release(self, slot: HostSlot, *, infra_failure: bool, error: str = "", trial: bool = True) -> None:
+        """Give a host back after a trial; ``infra_failure``: the trial failed for the host's sake.
+        ``trial=False``: no trial ran (the host could not even be claimed), but the failure counts."""
         with self._cond:
             slot.busy = False
-            slot.trials += 1
+            slot.held_by = ""
+            if trial:
+                slot.trials += 1
             if infra_failure:
                 slot.consecutive_failures += 1
                 slot.last_error = error
@@ -107,6 +118,24 @@ class HostPool:
             slot.busy = False
             self._cond.notify_all()
 
+    def hold_off(self, slot: HostSlot, seconds: float, holder: str) -> None:
+        """Give a host back unused because another controller holds it: hand it out again after
+        ``seconds``; no failure is counted."""
+        with self._cond:
+            slot.busy = False
+            slot.held_off_until = time.monotonic() + seconds
+            slot.held_by = holder
+            self._cond.notify_all()
+
+    def retire(self, slot: HostSlot, error: str) -> None:
+        """Take a host out for the rest of the run (a set-up fault waiting will not fix)."""
+        with self._cond:
+            slot.busy = False
+            slot.retired = True
+            slot.set_aside_until = math.inf
+            slot.last_error = error
+            self._cond.notify_all()
+
     def states(self) -> list[dict[str, object]]:
         now = time.monotonic()
         with self._cond:
@@ -114,7 +143,9 @@ class HostPool:
                 {
                     "host": s.name,
                     "state": "retired" if s.retired else "set aside" if s.set_aside_until > now
-                    else "running" if s.busy else "idle",
+                    else "running" if s.busy else "held by another controller" if s.held_off_until > now
+                    else "idle",
+                    "held_by": s.held_by,
                     "trials": s.trials,
                     "consecutive_failures": s.consecutive_failures,
                     "set_aside_count": s.set_aside_count,

@@ -27,9 +27,23 @@ RUNNING forever.
 **Signals**: the first SIGINT/SIGTERM lets the running trials finish, then stops; a second aborts them
 (their servers are stopped and the trials become FAIL with reason "interrupted").
 
+**Hosts are shared**: a controller holds a *lease* on each of its hosts (a file in the host's runs root
+naming the controller, its pid and machine, the study and the storage without password, and the host's
+time of the last heartbeat), renewed every ``lease_ttl / 3`` seconds while the run lasts and removed at its
+end. Each trial first *claims* the host (:meth:`runners.host.Host.claim`); a host another live controller
+holds is handed back to the pool for a moment (no trial is created, no failure counted, nothing of the
+other touched), so controllers pointed at one host take turns.
+
+**Preflight before the first trial**: every host is checked once. Trouble waiting will not fix (no
+``nvidia-smi``, no SFTP, engine python missing, model path missing, too few GPUs) drops that host with one
+line naming the host, the fault and the fix; when no host is left the run ends before any trial with
+:class:`~runners.errors.HostMisconfigured`. Transient trouble (unreachable, timeout) keeps the host: its
+trials fail and it is set aside and retried as before.
+
 **Recovery**: before its first trial a controller stops every orphaned server on its hosts (run
-directories whose process group is alive; a controller owns its hosts, so none of them is a live trial's)
-and marks the RUNNING trials it finds on its hosts as interrupted. Their heartbeats stop, so within
+directories whose process group is alive and whose controller is gone: its lease expired, or its process
+on this machine ended; a server of a live controller is never touched) and marks the RUNNING trials it
+finds on its hosts, whose controller is gone, as interrupted. Their heartbeats stop, so within
 ``grace_period`` they become FAIL and their configurations are retried. After the last trial it checks its
 hosts for orphans once more: no server is left running.
 """
@@ -40,7 +54,9 @@ import contextlib
 import copy
 import fcntl
 import logging
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -54,12 +70,14 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from runners.errors import RunnerError, ServetuneError
-from runners.host import Host
+from runners.errors import HostMisconfigured, RunnerError, ServetuneError
+from runners.host import Host, HostInfo, Lease, new_controller_id
+from runners.telemetry import FailureKind
+from search.hosts import preflight
 from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
 from search.pool import HostPool, HostSlot, NoHostsLeft
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL
-from search.study import artifact_store, create_or_load, fail_stale, open_storage
+from search.study import _redact, artifact_store, create_or_load, fail_stale, open_storage
 from spaces.schema import Space
 
 log = logging.getLogger("servetune")
@@ -68,6 +86,10 @@ StudyCallback = Callable[[optuna.Study, FrozenTrial], None]
 
 #: Seconds between two looks at the study while the budget is reserved by running trials.
 BUDGET_POLL = 0.5
+#: Seconds a host held by another controller is left alone before it is tried again.
+HELD_POLL = 2.0
+#: How long a lease lasts without a heartbeat (a controller that dies leaves its servers this long).
+LEASE_TTL = 60.0
 
 
 @dataclass
@@ -85,6 +107,7 @@ class RunOptions:
     grace_period: int = GRACE_PERIOD
     callbacks: list[StudyCallback] = field(default_factory=list)
     hook: ProgressHook | None = None
+    lease_ttl: float = LEASE_TTL
 
 
 @dataclass
@@ -94,6 +117,46 @@ class RunSummary:
     stopped_by: str
     host_states: list[dict[str, object]]
     orphans_stopped: list[str] = field(default_factory=list)
+    hosts_dropped: list[str] = field(default_factory=list)
+    """One line per host dropped by the preflight (host, fault, fix)."""
+
+
+# ---- leases --------------------------------------------------------------------------------------
+
+
+class _Leases:
+    """This controller's leases on its hosts: written at the start, renewed every ``ttl / 3`` seconds, dropped
+    (with any claim) at the end. A renewal that fails is retried at the next beat."""
+
+    def __init__(self, hosts: Sequence[Host], lease: Lease) -> None:
+        self.hosts = list(hosts)
+        self.lease = lease
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{lease.controller}", daemon=True)
+
+    def renew(self, host: Host) -> None:
+        try:
+            host.renew_lease(self.lease)
+        except (RunnerError, ValueError) as exc:
+            log.warning("lease on %s not renewed: %s", host.name, exc)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.lease.ttl / 3):
+            for host in self.hosts:
+                self.renew(host)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        for host in self.hosts:
+            try:
+                host.drop_lease(self.lease.controller)
+            except RunnerError as exc:
+                log.warning("lease on %s not removed (it expires by itself): %s", host.name, exc)
 
 
 # ---- the budget ----------------------------------------------------------------------------------
@@ -306,30 +369,62 @@ class _Run:
                     log.warning("%s", exc)
                     self.end("no hosts left")
                 return
+            if self.stop.is_set():
+                self.pool.put_back(slot)
+                return
+            if not self._claim(slot):
+                continue
             try:
-                if self.stop.is_set():
-                    self.pool.put_back(slot)
-                    return
                 got = self.budget.reserve()
             except BaseException:
+                self._unclaim(slot)
                 self.pool.put_back(slot)
                 raise
             if got == _Budget.DONE:
+                self._unclaim(slot)
                 self.pool.put_back(slot)
                 self.end("budget")
                 return
             if got == _Budget.WAIT:
+                self._unclaim(slot)
                 self.pool.put_back(slot)
                 self.stop.wait(BUDGET_POLL)
                 continue
             assert isinstance(got, optuna.Trial)
-            self._trial(got, slot)
+            try:
+                self._trial(got, slot)
+            finally:
+                self._unclaim(slot)
+
+    def _claim(self, slot: HostSlot) -> bool:
+        """Claim the host for a trial. Held by another live controller: hand it back for a moment (no
+        failure); unreachable: count a failure without a trial (set aside as a failing trial would be)."""
+        try:
+            claim = slot.host.claim()
+        except RunnerError as exc:
+            log.warning("cannot claim %s: %s", slot.name, exc)
+            self.pool.release(slot, infra_failure=True, error=str(exc), trial=False)
+            self.stop.wait(BUDGET_POLL)
+            return False
+        if not claim.ok:
+            if slot.held_by != claim.reason:
+                log.warning("%s; waiting for it", claim.reason)
+            self.pool.hold_off(slot, HELD_POLL, claim.reason)
+            return False
+        return True
+
+    def _unclaim(self, slot: HostSlot) -> None:
+        try:
+            slot.host.release_claim()
+        except RunnerError as exc:  # the claim is broken by others once our lease has expired
+            log.warning("could not give back the claim on %s: %s", slot.name, exc)
 
     def _trial(self, trial: optuna.Trial, slot: HostSlot) -> None:
         state = TrialState.FAIL
         value: float | None = None
-        infra, error = False, ""
+        infra, error, permanent = False, "", False
         fatal: BaseException | None = None
+        note_trial_facts(trial, controller=slot.host.controller_id)
         try:
             with _Heartbeat(self.storage, trial._trial_id, self.options.heartbeat_interval):
                 try:
@@ -339,6 +434,7 @@ class _Run:
                     state = TrialState.PRUNED
                 except TrialFailed as exc:
                     infra, error = True, str(exc)
+                    permanent = exc.failure.kind is FailureKind.HOST_CONFIG
                 except RunnerError as exc:
                     log.warning("trial %d failed: %s", trial.number, exc)
                 except UpdateFinishedTrialError:
@@ -348,7 +444,11 @@ class _Run:
                 except Exception as exc:
                     fatal = exc
         finally:
-            self.pool.release(slot, infra_failure=infra, error=error)
+            if permanent:
+                log.warning("%s; no more trials on it", error)
+                self.pool.retire(slot, error)
+            else:
+                self.pool.release(slot, infra_failure=infra, error=error)
         frozen = self.study.tell(trial, value if state == TrialState.COMPLETE else None, state=state,
                                  skip_if_finished=True)
         with self._lock:
@@ -369,8 +469,6 @@ def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunS
     study.set_user_attr("engine", space.engine.kind)
     if options.n_trials is not None:
         study.set_user_attr("n_trials", options.n_trials)
-    pool = HostPool(list(hosts), max_consecutive_failures=space.budget.max_consecutive_failures,
-                    cooldown=options.cooldown, max_set_asides=options.max_set_asides)
     abort = threading.Event()
     stop = threading.Event()
     env = TrialEnv(
@@ -382,12 +480,37 @@ def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunS
         abort=abort,
         smi_interval=options.smi_interval,
     )
+    controller = new_controller_id()
+    for host in hosts:
+        host.controller_id = controller
+    leases = _Leases(hosts, Lease(controller, os.getpid(), socket.gethostname(), options.study_name,
+                                  _redact(options.storage_url), options.lease_ttl))
+    try:
+        return _run_with_leases(space, hosts, options, study, storage, env, leases, abort, stop)
+    finally:
+        leases.close()
+
+
+def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, study: optuna.Study,
+                     storage: RDBStorage, env: TrialEnv, leases: _Leases, abort: threading.Event,
+                     stop: threading.Event) -> RunSummary:
+    for host in hosts:
+        leases.renew(host)
+    leases.start()
+    kept, dropped = preflight_hosts(space, hosts, env.preflight_cache)
+    if not kept:
+        raise HostMisconfigured(dropped[0] if len(dropped) == 1 else "no usable host: " + "; ".join(dropped))
+    for line in dropped:
+        log.error("%s; the run goes on without it", line)
+    hosts = kept
+    pool = HostPool(list(hosts), max_consecutive_failures=space.budget.max_consecutive_failures,
+                    cooldown=options.cooldown, max_set_asides=options.max_set_asides)
     lock = _StudyLock(storage, study._study_id, options.storage_url)
     budget = _Budget(study, options.n_trials, lock, storage)
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():
         lock.close()
-        return RunSummary(study, 0, "budget already reached", pool.states(), orphans)
+        return RunSummary(study, 0, "budget already reached", pool.states(), orphans, dropped)
 
     run = _Run(study, storage, pool, Objective(env), budget, options, stop, abort)
     with _Signals(stop, abort) as signals:
@@ -415,7 +538,35 @@ def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunS
         stopped_by = "signal"
     else:
         stopped_by = run.reasons[0] if run.reasons else "budget"
-    return RunSummary(study, run.ran, stopped_by, pool.states(), orphans)
+    return RunSummary(study, run.ran, stopped_by, pool.states(), orphans, dropped)
+
+
+def preflight_hosts(space: Space, hosts: Sequence[Host],
+                    cache: dict[str, HostInfo]) -> tuple[list[Host], list[str]]:
+    """Check every host once before the first trial: (hosts kept, one line per host dropped).
+
+    A :class:`HostMisconfigured` fault drops the host (its line names host, fault and fix);
+    transient trouble keeps it (its trials fail and it is set aside, as any failing host). What a host
+    passed is cached for the objective.
+    """
+    kept: list[Host] = []
+    dropped: list[str] = []
+    for host in hosts:
+        try:
+            cache[host.name] = preflight(host, space)
+        except HostMisconfigured as exc:
+            dropped.append(str(exc))
+            continue
+        except RunnerError as exc:
+            log.warning("%s: %s (its trials are retried)", host.name, exc)
+        kept.append(host)
+    return kept, dropped
+
+
+def note_trial_facts(trial: optuna.Trial, **facts: Any) -> None:
+    """Record facts about a trial that the run loop knows (``controller``: who ran it)."""
+    for key, value in facts.items():
+        trial.set_user_attr(key, value)
 
 
 # ---- recovery ------------------------------------------------------------------------------------
@@ -427,8 +578,12 @@ def _recover(study: optuna.Study, hosts: Sequence[Host], *, grace: float) -> lis
     """Stop orphaned servers on our hosts; mark our hosts' RUNNING trials (their controller died)."""
     stopped = _cleanup(hosts, None, grace=grace)
     names = {h.name for h in hosts}
+    live: set[str] = set()
+    for host in hosts:
+        with contextlib.suppress(RunnerError):
+            live |= {lease.controller for lease in host.live_leases() if lease.controller != host.controller_id}
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if trial.user_attrs.get("host") not in names:
+        if trial.user_attrs.get("host") not in names or trial.user_attrs.get("controller") in live:
             continue
         log.warning("trial %d was left RUNNING on %s by a controller that stopped: it will be failed once "
                     "its heartbeat is stale, and retried", trial.number, trial.user_attrs.get("host"))
