@@ -39,9 +39,9 @@ def sim_env(space: Space, sim_dir: Path) -> dict[str, str]:
 
 
 def local_host(space: Space, *, runs_root: str, sim_dir: Path, name: str = "local",
-               server_port: int | None = None) -> Host:
+               server_port: int | None = None, python: str | None = None) -> Host:
     env = sim_env(space, sim_dir) if space.engine.kind == "sim" else {}
-    return Host(LocalTransport(name), runs_root=runs_root, env=env, server_port=server_port)
+    return Host(LocalTransport(name), runs_root=runs_root, env=env, server_port=server_port, python=python)
 
 
 def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path | None = None,
@@ -64,7 +64,7 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
     for spec in specs:
         if spec.address == "local" and space.engine.kind == "sim" and not spec.env:
             hosts.append(local_host(space, runs_root=spec.runs_root, sim_dir=sim_dir, name=spec.name,
-                                    server_port=spec.server_port))
+                                    server_port=spec.server_port, python=spec.python))
         else:
             hosts.append(open_host(spec))
     return hosts
