@@ -310,4 +310,4 @@ def test_the_simulated_host_over_ssh_needs_no_set_up(tmp_path: Path, sshd: SshSe
     summary = run_search(space, [host], opts)
     assert [t.state for t in summary.study.trials] == [TrialState.COMPLETE]
     assert list((tmp_path / "runs" / ".servetune" / "simhost").glob("*/bin/nvidia-smi"))
-    assert summary.study.trials[0].user_attrs["gpu_count"] == 4
+    assert summary.study.trials[0].user_attrs["gpu_count"] == 8  # the profile's simulated host
