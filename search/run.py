@@ -133,12 +133,21 @@ class _Leases:
         self.lease = lease
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"lease-{lease.controller}", daemon=True)
+        self.held: set[str] = set()
+        """Hosts whose last renewal went through."""
 
     def renew(self, host: Host) -> None:
         try:
             host.renew_lease(self.lease)
+            self.held.add(host.name)
         except (RunnerError, ValueError) as exc:
+            self.held.discard(host.name)
             log.warning("lease on %s not renewed: %s", host.name, exc)
+
+    def ensure(self, host: Host) -> None:
+        """Renew now if the last renewal failed: a claim without a live lease would be taken over."""
+        if host.name not in self.held:
+            self.renew(host)
 
     def start(self) -> None:
         self._thread.start()
@@ -339,6 +348,7 @@ class _Run:
         self.ran = 0
         self.reasons: list[str] = []
         self.errors: list[BaseException] = []
+        self.leases: _Leases | None = None
         self._lock = threading.Lock()
 
     def end(self, reason: str) -> None:
@@ -399,6 +409,8 @@ class _Run:
     def _claim(self, slot: HostSlot) -> bool:
         """Claim the host for a trial. Held by another live controller: hand it back for a moment (no
         failure); unreachable: count a failure without a trial (set aside as a failing trial would be)."""
+        if self.leases is not None:
+            self.leases.ensure(slot.host)
         try:
             claim = slot.host.claim()
         except RunnerError as exc:
@@ -513,6 +525,7 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
         return RunSummary(study, 0, "budget already reached", pool.states(), orphans, dropped)
 
     run = _Run(study, storage, pool, Objective(env), budget, options, stop, abort)
+    run.leases = leases
     with _Signals(stop, abort) as signals:
         threads = [threading.Thread(target=run.worker, name=f"servetune-worker-{i}", daemon=True)
                    for i in range(len(pool))]
