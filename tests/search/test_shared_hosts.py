@@ -32,7 +32,8 @@ import yaml
 from optuna.trial import TrialState
 
 from runners.errors import HostMisconfigured
-from runners.inventory import open_host
+from runners.host import Lease
+from runners.inventory import HostSpec, open_host
 from search.hosts import local_host
 from search.run import RunOptions, run_search
 from spaces.schema import load_space
@@ -42,6 +43,7 @@ from tests.fixtures.sshd import SshServer, start_sshd, write_known_hosts
 from tests.search.overnight_kit import (
     SEED003,
     cli,
+    cli_env,
     counted,
     live_servers,
     make_space,
@@ -311,3 +313,19 @@ def test_the_simulated_host_over_ssh_needs_no_set_up(tmp_path: Path, sshd: SshSe
     assert [t.state for t in summary.study.trials] == [TrialState.COMPLETE]
     assert list((tmp_path / "runs" / ".servetune" / "simhost").glob("*/bin/nvidia-smi"))
     assert summary.study.trials[0].user_attrs["gpu_count"] == 8  # the profile's simulated host
+
+
+# ---- who holds a host ---------------------------------------------------------------------------
+
+
+def test_hosts_check_shows_who_holds_the_host(tmp_path: Path) -> None:
+    space = make_space(tmp_path / "space.yaml")
+    other = open_host(HostSpec(address="local", runs_root=str(tmp_path / "runs")))
+    other.controller_id = "ctl-other"
+    other.renew_lease(Lease("ctl-other", os.getpid(), "another-machine", "their-study", "postgresql://u:***@pg/db",
+                            600))
+    assert other.claim().ok
+    res = cli("hosts", "check", "--space", str(space), cwd=tmp_path, env=cli_env(tmp_path, COLUMNS="400"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = "".join(res.stdout.split())
+    assert "runningatrial:controllerctl-other" in out and "their-study" in out
