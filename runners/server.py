@@ -351,8 +351,10 @@ class ServerSession:
     def wait_ready(self, timeout: float, *, poll: float = 0.25) -> Failure | None:
         """Block until ready (None) or return why it never got there.
 
-        Ready = the engine's readiness line (when it has one) and ``/health`` 200. A dead server, a fatal
-        line, a lost host or the timeout each return a Failure.
+        Ready = the engine's readiness line (when it has one), ``/health`` 200, and the port's listening
+        socket held by a member of our process group. A foreign listener answering ``/health`` returns
+        ``port_in_use`` (it is never measured); a dead server, a fatal line, a lost host or the timeout each
+        return a Failure.
         """
         deadline = time.monotonic() + timeout
         next_health = 0.0
