@@ -382,42 +382,44 @@ class _Run:
             if self.stop.is_set():
                 self.pool.put_back(slot)
                 return
-            if not self._claim(slot):
+            claimed = self._claim(slot)
+            if claimed is False:
                 continue
             try:
                 got = self.budget.reserve()
             except BaseException:
-                self._unclaim(slot)
+                self._unclaim(slot, claimed)
                 self.pool.put_back(slot)
                 raise
             if got == _Budget.DONE:
-                self._unclaim(slot)
+                self._unclaim(slot, claimed)
                 self.pool.put_back(slot)
                 self.end("budget")
                 return
             if got == _Budget.WAIT:
-                self._unclaim(slot)
+                self._unclaim(slot, claimed)
                 self.pool.put_back(slot)
                 self.stop.wait(BUDGET_POLL)
                 continue
             assert isinstance(got, optuna.Trial)
+            if isinstance(claimed, RunnerError):
+                self._unreachable(got, slot, claimed)
+                continue
             try:
                 self._trial(got, slot)
             finally:
-                self._unclaim(slot)
+                self._unclaim(slot, claimed)
 
-    def _claim(self, slot: HostSlot) -> bool:
-        """Claim the host for a trial. Held by another live controller: hand it back for a moment (no
-        failure); unreachable: count a failure without a trial (set aside as a failing trial would be)."""
+    def _claim(self, slot: HostSlot) -> bool | RunnerError:
+        """Claim the host for a trial: True. Held by another live controller: False, and the host is handed
+        back for a moment (no failure). The host cannot be reached: the error (the trial is then FAIL
+        ``host_unreachable`` without a launch, and counts towards setting the host aside, as before)."""
         if self.leases is not None:
             self.leases.ensure(slot.host)
         try:
             claim = slot.host.claim()
         except RunnerError as exc:
-            log.warning("cannot claim %s: %s", slot.name, exc)
-            self.pool.release(slot, infra_failure=True, error=str(exc), trial=False)
-            self.stop.wait(BUDGET_POLL)
-            return False
+            return exc
         if not claim.ok:
             if slot.held_by != claim.reason:
                 log.warning("%s; waiting for it", claim.reason)
@@ -425,7 +427,25 @@ class _Run:
             return False
         return True
 
-    def _unclaim(self, slot: HostSlot) -> None:
+    def _unreachable(self, trial: optuna.Trial, slot: HostSlot, exc: RunnerError) -> None:
+        """FAIL ``trial`` for a host that could not even be claimed; nothing was launched."""
+        kind = FailureKind.HOST_UNREACHABLE.value
+        note_trial_facts(trial, controller=slot.host.controller_id, host=slot.name, outcome=kind, phase=None,
+                         reason=str(exc))
+        if self.options.hook is not None:
+            self.options.hook(trial.number, "host", slot.name)
+            self.options.hook(trial.number, "outcome", kind)
+        log.warning("trial %d failed: %s", trial.number, exc)
+        self.pool.release(slot, infra_failure=True, error=f"{kind}: {exc}")
+        frozen = self.study.tell(trial, None, state=TrialState.FAIL, skip_if_finished=True)
+        with self._lock:
+            self.ran += 1
+        for callback in self.options.callbacks:
+            callback(self.study, copy.deepcopy(frozen))
+
+    def _unclaim(self, slot: HostSlot, claimed: bool | RunnerError = True) -> None:
+        if claimed is not True:
+            return
         try:
             slot.host.release_claim()
         except RunnerError as exc:  # the claim is broken by others once our lease has expired
