@@ -39,9 +39,9 @@ EventHook = Callable[[str, Any], None]
 
 _FATAL_TO_EXIT = 15.0  # how long a server may keep running after a fatal log line before we call it dead
 _ADDRESS_IN_USE = "address already in use"
-#: Exit codes of a server stopped from outside (a shell reports a signal N as 128+N) or that left unasked.
-#: SIGKILL (137) is not here: the kernel's OOM killer sends it, and the engine's classifier judges that.
-_OUTSIDE_EXITS = {0: "none", 129: "SIGHUP", 130: "SIGINT", 131: "SIGQUIT", 143: "SIGTERM"}
+#: Exit codes of a server stopped from outside by a signal (a shell reports signal N as 128+N). SIGKILL (137)
+#: is not here: the kernel's OOM killer sends it, and the engine's classifier judges that.
+_OUTSIDE_SIGNALS = {129: "SIGHUP", 130: "SIGINT", 131: "SIGQUIT", 143: "SIGTERM"}
 
 
 @dataclass(frozen=True)
@@ -288,18 +288,19 @@ class ServerSession:
 
     def _not_the_config(self, failure: Failure, tail: str) -> Failure:
         """Re-blame a death the engine calls a crash when the host caused it: the port was taken
-        (``address already in use``), or the server was stopped by a signal servetune did not send or
-        exited 0 unasked (:data:`_OUTSIDE_EXITS`)."""
+        (``address already in use``), or the server was stopped by a signal servetune did not send
+        (:data:`_OUTSIDE_SIGNALS`) or exited 0 unasked."""
         if failure.kind is FailureKind.OOM:
             return failure
         if _ADDRESS_IN_USE in tail.lower():
             return Failure(FailureKind.PORT_IN_USE, failure.phase,
                            f"the server could not bind port {int(self.launch.port)} on {self.host.name}: "
                            "address already in use (another program holds it)", failure.exit_code)
-        if (failure.kind is FailureKind.CRASH and not self._closing.is_set()
-                and self.exit_code in _OUTSIDE_EXITS):
-            how = "exited 0 without being asked" if self.exit_code == 0 else (
-                f"was stopped by {_OUTSIDE_EXITS[self.exit_code]} (exit {self.exit_code}) that servetune did not send")
+        code = self.exit_code
+        if failure.kind is FailureKind.CRASH and not self._closing.is_set() and (
+                code == 0 or code in _OUTSIDE_SIGNALS):
+            how = "exited 0 without being asked" if code == 0 else (
+                f"was stopped by {_OUTSIDE_SIGNALS[code]} (exit {code}), which servetune did not send")
             return Failure(FailureKind.STOPPED_FROM_OUTSIDE, failure.phase,
                            f"the server {how}", failure.exit_code)
         return failure
