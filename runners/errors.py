@@ -12,8 +12,11 @@ catch servetune's errors only::
         │   └── CommandTimeout   a command on the host did not finish in time
         ├── HostKeyError         unknown or changed host key (refused unless explicitly accepted)
         ├── AuthError            key rejected, no usable key
-        ├── HostBusy             a foreign process holds GPU memory on the host
-        ├── EngineMissing        the engine (or python) is not installed on the host
+        ├── HostBusy             a foreign process holds GPU memory or the port, or another live
+        │                        controller holds the host (its lease)
+        ├── HostMisconfigured    the host's set-up is wrong and waiting will not fix it (no nvidia-smi, no
+        │   │                    SFTP subsystem, model path missing, too few GPUs): the host is dropped
+        │   └── EngineMissing    the engine (or python) is not installed on the host
         └── NotOurProcess        refusing to signal a process group servetune did not start
 
 Outcomes of a *trial* (OOM, NCCL error, rejected flag) are values (:mod:`runners.telemetry`), not
@@ -60,11 +63,24 @@ class AuthError(RunnerError):
 
 
 class HostBusy(RunnerError):
-    """A process servetune did not start holds GPU memory on the host."""
+    """The host is taken: a process servetune did not start holds GPU memory or the server's port, or
+    another live controller holds the host."""
 
 
-class EngineMissing(RunnerError):
+class HostMisconfigured(RunnerError):
+    """The host's set-up is wrong in a way waiting will not fix. ``str(err)`` names the host, the fault
+    and the fix; ``fault`` is a short tag (``no_nvidia_smi``, ``no_sftp``, ...)."""
+
+    def __init__(self, message: str, *, host: str | None = None, fault: str = "host_config") -> None:
+        super().__init__(message, host=host)
+        self.fault = fault
+
+
+class EngineMissing(HostMisconfigured):
     """The serving engine or its python is missing on the host."""
+
+    def __init__(self, message: str, *, host: str | None = None, fault: str = "engine_missing") -> None:
+        super().__init__(message, host=host, fault=fault)
 
 
 class NotOurProcess(RunnerError):

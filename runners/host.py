@@ -11,21 +11,38 @@ A :class:`Host` knows how to:
 * optionally run it inside a memory cgroup of its own (``memory_limit_bytes``: cgroup v2 ``memory.max``,
   or the v1 memory hierarchy where v2 has no memory controller) and read the kernel's ``oom_kill`` count
   from it after a death (:meth:`Host.oom_evidence`), so an OOM kill is told from a crash;
-* find servers a crashed controller left behind (run directories with a live group) and stop them.
+* hold a **lease** on the host for a controller (:class:`Lease`, one file per controller under
+  ``<runs_root>/.servetune/leases``, renewed by the controller's heartbeat) and **claim** the host for one
+  trial at a time (:meth:`Host.claim`), so two controllers on one host take turns;
+* find servers a crashed controller left behind (run directories with a live group whose controller's
+  lease has expired, or whose controller process on this machine is gone) and stop them;
+* tell whether the server's port is free before a launch, and whether *our* process group holds its
+  listening socket (:meth:`Host.port_holder`), from ``/proc/net/tcp`` and ``/proc/<pid>/fd``.
 
 Nothing here ever kills by name. Every host-side script is plain bash + coreutils + procps.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
 import shlex
+import socket
 import time
+import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-from runners.errors import EngineMissing, HostBusy, HostUnreachable, NotOurProcess, RunnerError
+from runners.errors import (
+    EngineMissing,
+    HostBusy,
+    HostMisconfigured,
+    HostUnreachable,
+    NotOurProcess,
+    RunnerError,
+)
 from runners.smi import APPS_QUERY, GPU_QUERY, ComputeApp, GpuStatus, parse_apps, parse_gpus
 from runners.transport import CommandResult, LineStream, Transport
 
@@ -167,6 +184,94 @@ _CG_EVIDENCE = r"""cg_evidence() {
 """
 
 
+# Listening sockets: "inode" lines for port $1 (4 hex digits) from /proc/net/tcp{,6} (state 0A = LISTEN).
+_LISTEN = r"""listen_inodes() {
+  cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk -v p=":$1" \
+    '$4 == "0A" && toupper(substr($2, length($2) - 4)) == p { print $10 }'
+}
+"""
+
+# Prints "free", "ours" (a member of group $2 holds a listening socket on the port) or "foreign";
+# "unknown" where /proc/net/tcp cannot be read (not Linux).
+_PORT_HOLDER = (
+    _MEMBERS
+    + _LISTEN
+    + r"""[ -r /proc/net/tcp ] || { echo unknown; exit 0; }
+inodes=$(listen_inodes @PORT@)
+[ -n "$inodes" ] || { echo free; exit 0; }
+pg=@PGID@
+if [ "$pg" -gt 0 ]; then
+  for p in $(members $pg); do
+    fds=$(ls -l /proc/$p/fd 2>/dev/null)
+    for i in $inodes; do
+      case $fds in *"socket:[$i]"*) echo ours; exit 0;; esac
+    done
+  done
+fi
+echo foreign
+"""
+)
+
+LEASE_DIR = ".servetune/leases"
+CLAIM_DIR = ".servetune/claim"
+
+
+def new_controller_id() -> str:
+    """A fresh id for one controller (one ``run_search``): this machine's name, pid and a random part."""
+    return f"{_safe(socket.gethostname())}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@functools.cache
+def default_controller_id() -> str:
+    """The controller id of every Host of this process that no controller has named (a Host used alone)."""
+    return new_controller_id()
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A controller's lease on a host: who it is and where it runs, what it works on, its last heartbeat.
+
+    ``heartbeat`` is the host's clock (seconds since the epoch) at the last renewal and ``ttl`` how long the
+    lease lasts without one; ``storage`` is the study's storage URL with any password taken out.
+    """
+
+    controller: str
+    pid: int
+    hostname: str
+    study: str
+    storage: str
+    ttl: float
+    heartbeat: float = 0.0
+
+    def expired(self, host_now: float) -> bool:
+        return host_now > self.heartbeat + self.ttl
+
+    def live(self, host_now: float) -> bool:
+        """Not expired, and (when its controller runs on this machine) its controller process exists."""
+        if self.expired(host_now):
+            return False
+        if self.hostname == socket.gethostname():
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+        return True
+
+    def describe(self) -> str:
+        return f"controller {self.controller} (pid {self.pid} on {self.hostname}, study {self.study})"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The result of :meth:`Host.claim`: ``ok`` (the host is ours for a trial) or who holds it."""
+
+    ok: bool
+    holder: Lease | None = None
+    reason: str = ""
+
+
 @dataclass(frozen=True)
 class RunRef:
     """A server started by servetune: its run directory on the host, process group and run id."""
@@ -240,6 +345,8 @@ class Host:
         self.busy_mib = busy_mib
         self.server_port = server_port
         self.python = python  # the engine's python on this host, instead of the space's engine.python
+        #: The controller this host's servers belong to; :func:`search.run.run_search` sets a fresh one.
+        self.controller_id = default_controller_id()
 
     # ---- commands -------------------------------------------------------------------------------
 
@@ -258,6 +365,10 @@ class Host:
         if path.startswith("~/"):
             return '"$HOME"/' + shlex.quote(path[2:])
         return shlex.quote(path)
+
+    def shell_path(self, path: str) -> str:
+        """A host path for shell use: ``~`` expanded by the shell, the rest quoted."""
+        return self._path(path)
 
     def resolve(self, path: str) -> str:
         """Absolute form of a host path (``~`` expanded on the host)."""
@@ -299,29 +410,71 @@ class Host:
     # ---- preflight ------------------------------------------------------------------------------
 
     def preflight(self, engine: str, python: str, version_command: str, *, timeout: float = 60.0,
-                  gpus: bool = True) -> HostInfo:
-        """Check python, engine and version, nvidia-smi, and that the GPUs are free of foreign processes.
+                  gpus: bool = True, model_path: str | None = None, gpus_needed: int = 0) -> HostInfo:
+        """Check python, engine and version, file transfer, nvidia-smi, the model path, the GPU count, and
+        that the GPUs are free of foreign processes.
 
-        Raises EngineMissing or HostUnreachable; a busy GPU is reported in the result (``busy``) so a
-        ``hosts check`` can print it; :meth:`require_free` turns it into HostBusy. ``gpus=False`` (an engine
-        that runs on the CPU) skips nvidia-smi.
+        A fault waiting will not fix raises :class:`HostMisconfigured` (its message names the host, the fault
+        and the fix): python or engine missing (EngineMissing), python older than 3.8 (the load generator's
+        floor), no SFTP subsystem, no ``nvidia-smi`` on PATH, ``model_path`` (an absolute or ``~`` path)
+        missing, fewer GPUs than ``gpus_needed``. Trouble reaching the host raises HostUnreachable. A busy
+        GPU is reported in the result (``busy``) so a ``hosts check`` can print it; :meth:`require_free`
+        turns it into HostBusy. ``gpus=False`` (an engine that runs on the CPU) skips nvidia-smi.
         """
         res = self.run(f"{shlex.quote(python)} -c 'import sys; print(sys.version.split()[0])'",
                        timeout=timeout)
         if not res.ok:
-            raise EngineMissing(f"python {python!r} not usable on {self.name}: {res.stderr.strip()[:200]}",
-                                host=self.name)
+            raise EngineMissing(f"{self.name}: python {python!r} is not usable "
+                                f"({(res.stderr.strip().splitlines() or ['no output'])[-1][:160]}); fix: install "
+                                "it there or set the host's python in the inventory",
+                                host=self.name, fault="python_missing")
+        found_py = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+        if _version_tuple(found_py) < (3, 8):
+            raise EngineMissing(f"{self.name}: python {python!r} is {found_py or 'unknown'}, servetune needs 3.8 "
+                                "or newer on the host; fix: point the host's python at a newer one",
+                                host=self.name, fault="python_version")
         ver = self.run(version_command, timeout=timeout)
         if not ver.ok or not ver.stdout.strip():
             raise EngineMissing(
-                f"engine {engine!r} not found on {self.name} with {python}: "
-                f"{(ver.stderr.strip().splitlines() or ['no output'])[-1][:200]}",
+                f"{self.name}: engine {engine!r} not found with {python} "
+                f"({(ver.stderr.strip().splitlines() or ['no output'])[-1][:160]}); fix: install it in that "
+                "python or set the host's python in the inventory",
                 host=self.name,
             )
+        self.check_put(timeout=timeout)
+        if gpus:
+            smi = self.run("command -v nvidia-smi", timeout=timeout)
+            if not smi.ok:
+                raise HostMisconfigured(
+                    f"{self.name}: nvidia-smi is not on PATH; fix: install the NVIDIA driver's utilities or "
+                    "add their directory to the host's PATH (inventory env)", host=self.name,
+                    fault="no_nvidia_smi")
+        if model_path and model_path.startswith(("/", "~")):
+            there = self.run(f"test -e {self._path(model_path)}", timeout=timeout)
+            if not there.ok:
+                raise HostMisconfigured(
+                    f"{self.name}: model path {model_path} does not exist; fix: copy the model there or "
+                    "correct model_path", host=self.name, fault="model_missing")
         found, apps = self.gpu_state(timeout=timeout) if gpus else ([], [])
+        if gpus and gpus_needed > len(found):
+            raise HostMisconfigured(
+                f"{self.name}: {len(found)} GPU(s), the space needs {gpus_needed} (tensor parallel size); "
+                "fix: use a host with enough GPUs or lower the TP size", host=self.name, fault="too_few_gpus")
         info = HostInfo(self.name, python, engine, ver.stdout.strip().splitlines()[-1].strip(), found, apps)
         self.judge_busy(info)
         return info
+
+    def check_put(self, *, timeout: float = 30.0) -> None:
+        """Write a small file into the runs root as every launch does: a transport that cannot (an sshd
+        without SFTP) raises HostMisconfigured from the transport; a runs root that cannot be made, too."""
+        root = self._path(self.runs_root)
+        mk = self.run(f'mkdir -p {root}/.servetune && cd {root}/.servetune && pwd', timeout=timeout)
+        if not mk.ok:
+            raise HostMisconfigured(
+                f"{self.name}: cannot create the runs root {self.runs_root} "
+                f"({mk.stderr.strip()[:160]}); fix: make it writable or set runs_root", host=self.name,
+                fault="runs_root")
+        self.transport.put(f"{mk.stdout.strip()}/put-check", b"servetune\n")
 
     def judge_busy(self, info: HostInfo) -> None:
         """Mark ``info`` busy when foreign compute processes or memory are on the GPUs."""
@@ -379,7 +532,7 @@ class Host:
                               host=self.name)
         self.transport.put(f"{abs_dir}/launch.sh", launch_script.encode(), mode=0o755)
         self.transport.put(f"{abs_dir}/run.sh", _WRAPPER.encode(), mode=0o755)
-        self.transport.put(f"{abs_dir}/owner", f"{self.name}\n{run_id}\n".encode())
+        self.transport.put(f"{abs_dir}/owner", f"{self.name}\n{run_id}\n{self.controller_id}\n".encode())
         self.transport.put(f"{abs_dir}/scratch_vars", "".join(f"{v}\n" for v in scratch_vars).encode())
         for name, text in (files or {}).items():
             self.transport.put(f"{abs_dir}/{name}", text.encode(), mode=0o644)
@@ -511,24 +664,147 @@ exit 0"""
         return res.stdout
 
     def orphans(self) -> list[RunRef]:
-        """Run directories of this host whose process group is still alive and has no exit code."""
+        """Run directories of this host whose process group is still alive and has no exit code, and whose
+        controller is this host's own or has no live lease (expired, or its process on this machine gone).
+
+        A server of another live controller is never an orphan: it is that controller's running trial.
+        """
+        live = {lease.controller for lease in self.live_leases() if lease.controller != self.controller_id}
         root = self._path(self.runs_root)
         script = (
             _MEMBERS
             + f"""for d in {root}/*/*/; do
   [ -f "$d/pgid" ] && [ ! -f "$d/exit_code" ] || continue
   [ "$(head -1 "$d/owner" 2>/dev/null)" = {shlex.quote(self.name)} ] || continue
-  pg=$(cat "$d/pgid"); id=$(sed -n 2p "$d/owner")
-  [ -n "$(members $pg)" ] && echo "$pg ${{d%/}} $id"
+  pg=$(cat "$d/pgid"); id=$(sed -n 2p "$d/owner"); c=$(sed -n 3p "$d/owner")
+  [ -n "$(members $pg)" ] && echo "$pg ${{d%/}} ${{c:--}} $id"
 done; true"""
         )
         res = self.run(script, timeout=30)
         refs = []
         for line in res.stdout.splitlines():
-            parts = line.split(" ", 2)
-            if len(parts) == 3 and parts[0].isdigit():
-                refs.append(RunRef(parts[1], int(parts[0]), parts[2]))
+            parts = line.split(" ", 3)
+            if len(parts) == 4 and parts[0].isdigit() and parts[2] not in live:
+                refs.append(RunRef(parts[1], int(parts[0]), parts[3]))
         return refs
+
+    # ---- leases and claims ----------------------------------------------------------------------
+
+    def _lease_dir(self) -> str:
+        return f"{self._path(self.runs_root)}/{LEASE_DIR}"
+
+    def renew_lease(self, lease: Lease, *, timeout: float = 15.0) -> None:
+        """Write (or renew) ``lease`` with the host's current time as its heartbeat."""
+        if lease.controller != _safe(lease.controller):
+            raise ValueError(f"controller id {lease.controller!r} is not a plain name")
+        # The heartbeat is the host's clock, so expiry never depends on the two machines' clocks agreeing.
+        head = json.dumps({k: v for k, v in asdict(lease).items() if k != "heartbeat"})[:-1] + ', "heartbeat": '
+        d = self._lease_dir()
+        f = f"{d}/{lease.controller}.json"
+        res = self.run(f'mkdir -p {d} && j={shlex.quote(head)} && echo "$j$(date +%s)}}" '
+                       f'> {f}.tmp && mv {f}.tmp {f}', timeout=timeout)
+        if not res.ok:
+            raise RunnerError(f"cannot write the lease on {self.name}: {res.stderr.strip()[:200]}",
+                              host=self.name)
+
+    def drop_lease(self, controller: str, *, timeout: float = 15.0) -> None:
+        """Remove ``controller``'s lease, and its claim on the host if it holds one."""
+        c = shlex.quote(controller)
+        claim = f"{self._path(self.runs_root)}/{CLAIM_DIR}"
+        self.run(f'rm -f {self._lease_dir()}/{c}.json; '
+                 f'[ "$(cat {claim}/controller 2>/dev/null)" != {c} ] || rm -rf {claim}', timeout=timeout)
+
+    def leases(self, *, timeout: float = 15.0) -> tuple[float, list[Lease]]:
+        """The host's clock and every lease on it (unreadable files skipped)."""
+        res = self.run(f"date +%s; for f in {self._lease_dir()}/*.json; do [ -f \"$f\" ] && "
+                       "tr -d '\\n' < \"$f\" && echo; done; true", timeout=timeout)
+        lines = res.stdout.splitlines()
+        try:
+            now = float(lines[0])
+        except (IndexError, ValueError):
+            raise HostUnreachable(f"cannot read the leases on {self.name}: {res.stderr.strip()[:200]}",
+                                  host=self.name) from None
+        out = []
+        for line in lines[1:]:
+            try:
+                data = json.loads(line)
+                out.append(Lease(**{k: data[k] for k in Lease.__dataclass_fields__}))
+            except (ValueError, TypeError, KeyError):
+                continue
+        return now, out
+
+    def live_leases(self) -> list[Lease]:
+        now, leases = self.leases()
+        return [lease for lease in leases if lease.live(now)]
+
+    def holder(self) -> Lease | None:
+        """The lease of the controller that holds this host's claim now (None: nobody, or a dead one)."""
+        claim = f"{self._path(self.runs_root)}/{CLAIM_DIR}"
+        res = self.run(f"cat {claim}/controller 2>/dev/null; true", timeout=15)
+        who = res.stdout.strip()
+        if not who:
+            return None
+        return next((lease for lease in self.live_leases() if lease.controller == who), None)
+
+    def claim(self, *, timeout: float = 15.0) -> Claim:
+        """Claim the host for one trial of this host's controller (:attr:`controller_id`).
+
+        The claim is a directory made atomically under ``flock``; a claim whose controller has no live lease
+        is taken over. When another live controller holds it, nothing is touched and the result names it.
+        """
+        now, leases = self.leases(timeout=timeout)
+        live = [lease for lease in leases if lease.live(now) and lease.controller != self.controller_id]
+        keep = " ".join(shlex.quote(lease.controller) for lease in live)
+        me = shlex.quote(self.controller_id)
+        root = self._path(self.runs_root)
+        claim = f"{root}/{CLAIM_DIR}"
+        script = f"""mkdir -p {root}/.servetune || exit 1
+take() {{
+  if ! mkdir {claim} 2>/dev/null; then
+    c=$(cat {claim}/controller 2>/dev/null)
+    [ "$c" = {me} ] && {{ echo ok; return; }}
+    for k in {keep}; do [ "$c" = "$k" ] && {{ echo "held $c"; return; }}; done
+    rm -rf {claim}; mkdir {claim} || {{ echo "held ?"; return; }}
+  fi
+  echo {me} > {claim}/controller; echo ok
+}}
+if command -v flock >/dev/null; then
+  ( flock 9; take ) 9> {root}/.servetune/claim.lock
+else
+  take
+fi"""
+        res = self.run(script, timeout=timeout)
+        out = res.stdout.strip()
+        if out == "ok":
+            return Claim(True)
+        if not out.startswith("held "):
+            raise RunnerError(f"cannot claim {self.name}: {res.stderr.strip()[:200]}", host=self.name)
+        who = out.removeprefix("held ")
+        holder = next((lease for lease in live if lease.controller == who), None)
+        what = holder.describe() if holder else f"controller {who}"
+        return Claim(False, holder, f"{self.name} is held by {what}")
+
+    def release_claim(self, *, timeout: float = 15.0) -> None:
+        """Give the host's claim back (only if this host's controller holds it)."""
+        claim = f"{self._path(self.runs_root)}/{CLAIM_DIR}"
+        me = shlex.quote(self.controller_id)
+        self.run(f'[ "$(cat {claim}/controller 2>/dev/null)" != {me} ] || rm -rf {claim}', timeout=timeout)
+
+    # ---- the server's port ----------------------------------------------------------------------
+
+    def port_holder(self, port: int, ref: RunRef | None = None, *, timeout: float = 15.0) -> str:
+        """Who listens on ``port`` on the host: ``free``, ``ours`` (a member of ``ref``'s process group),
+        ``foreign``, or ``unknown`` (no /proc/net/tcp to read)."""
+        script = _PORT_HOLDER.replace("@PORT@", f"{int(port):04X}").replace("@PGID@", str(ref.pgid if ref else 0))
+        res = self.run(script, timeout=timeout)
+        out = res.stdout.strip().splitlines()
+        return out[-1] if out and out[-1] in ("free", "ours", "foreign", "unknown") else "unknown"
+
+    def require_port_free(self, port: int) -> None:
+        """HostBusy when another program listens on ``port`` (checked before every launch)."""
+        if self.port_holder(port) == "foreign":
+            raise HostBusy(f"port {port} on {self.name} is held by another program; the trial waits for it",
+                           host=self.name)
 
     def cleanup_orphans(self, *, grace: float = 10.0) -> list[RunRef]:
         """Stop every orphaned servetune server of this host (and remove its scratch and memory cgroup);
@@ -546,6 +822,16 @@ done; true"""
 
     def close(self) -> None:
         self.transport.close()
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
 
 
 def _safe(part: str) -> str:

@@ -2,7 +2,9 @@
 
 :class:`ServerSession` starts the launch script detached on a :class:`~runners.host.Host`, follows its log
 live through the engine's :class:`~runners.engines.base.LogParser`, samples nvidia-smi, waits until the
-server is really ready (the engine's readiness line where it has one, *and* ``/health`` 200), runs the
+server is really ready (the engine's readiness line where it has one, ``/health`` 200, *and* the port's
+listening socket held by this server's process group, so a foreign server on the port is never
+measured), runs the
 load generator on the host beside the server, and stops the whole process group. Death is noticed the
 moment the log shows a fatal line or the process group's leader exits, not on a slow poll.
 
@@ -36,6 +38,10 @@ EventHook = Callable[[str, Any], None]
 ``fatal`` (a Failure) and ``ready`` (server info dict)."""
 
 _FATAL_TO_EXIT = 15.0  # how long a server may keep running after a fatal log line before we call it dead
+_ADDRESS_IN_USE = "address already in use"
+#: Exit codes of a server stopped from outside by a signal (a shell reports signal N as 128+N). SIGKILL (137)
+#: is not here: the kernel's OOM killer sends it, and the engine's classifier judges that.
+_OUTSIDE_SIGNALS = {129: "SIGHUP", 130: "SIGINT", 131: "SIGQUIT", 143: "SIGTERM"}
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ class BenchResult:
 def loadgen_source() -> bytes:
     """The load generator's source, copied into every run directory (read once per process)."""
     return resources.files("runners").joinpath("loadgen.py").read_bytes()
+
 
 
 class ServerSession:
@@ -125,6 +132,8 @@ class ServerSession:
         self.stop()
 
     def start(self) -> None:
+        """Start the server; HostBusy (before anything is started) when another program holds the port."""
+        self.host.require_port_free(int(self.launch.port))
         self.ref = self.host.start(self.run_dir, self.script, self.run_id,
                                    files={"loadgen.py": loadgen_source().decode()},
                                    scratch_vars=self.engine.scratch_vars,
@@ -273,8 +282,28 @@ class ServerSession:
             tail = "\n".join(self.lines[-400:])
         evidence = self.oom_evidence()
         failure = self.engine.classify(self.parser, self.exit_code, tail, evidence=evidence or None)
+        failure = self._not_the_config(failure, tail)
         if failure.phase is None:
             failure = Failure(failure.kind, self.parser.phase, failure.reason, failure.exit_code)
+        return failure
+
+    def _not_the_config(self, failure: Failure, tail: str) -> Failure:
+        """Re-blame a death the engine calls a crash when the host caused it: the port was taken
+        (``address already in use``), or the server was stopped by a signal servetune did not send
+        (:data:`_OUTSIDE_SIGNALS`) or exited 0 unasked."""
+        if failure.kind is FailureKind.OOM:
+            return failure
+        if _ADDRESS_IN_USE in tail.lower():
+            return Failure(FailureKind.PORT_IN_USE, failure.phase,
+                           f"the server could not bind port {int(self.launch.port)} on {self.host.name}: "
+                           "address already in use (another program holds it)", failure.exit_code)
+        code = self.exit_code
+        if failure.kind is FailureKind.CRASH and not self._closing.is_set() and (
+                code == 0 or code in _OUTSIDE_SIGNALS):
+            how = "exited 0 without being asked" if code == 0 else (
+                f"was stopped by {_OUTSIDE_SIGNALS[code]} (exit {code}), which servetune did not send")
+            return Failure(FailureKind.STOPPED_FROM_OUTSIDE, failure.phase,
+                           f"the server {how}", failure.exit_code)
         return failure
 
     def log_text(self) -> str:
@@ -324,8 +353,10 @@ class ServerSession:
     def wait_ready(self, timeout: float, *, poll: float = 0.25) -> Failure | None:
         """Block until ready (None) or return why it never got there.
 
-        Ready = the engine's readiness line (when it has one) and ``/health`` 200. A dead server, a fatal
-        line, a lost host or the timeout each return a Failure.
+        Ready = the engine's readiness line (when it has one), ``/health`` 200, and the port's listening
+        socket held by a member of our process group. A foreign listener answering ``/health`` returns
+        ``port_in_use`` (it is never measured); a dead server, a fatal line, a lost host or the timeout each
+        return a Failure.
         """
         deadline = time.monotonic() + timeout
         next_health = 0.0
@@ -345,24 +376,44 @@ class ServerSession:
             if now > deadline:
                 return Failure(FailureKind.STARTUP_TIMEOUT, self.parser.phase,
                                f"not ready after {timeout:g}s (last phase: {self.parser.phase.value})")
-            if self._fatal_seen_at is not None:
-                continue
-            if self.engine.needs_ready_line and not ready_line:
-                continue
-            if now < next_health:
+            waiting = self._fatal_seen_at is not None or (self.engine.needs_ready_line and not ready_line)
+            if waiting or now < next_health:
                 continue
             next_health = now + poll
-            try:
-                status, _ = self.http_get(self.engine.health_path, timeout=5)
-            except HostUnreachable:
-                return Failure(FailureKind.HOST_UNREACHABLE, self.parser.phase,
-                               f"lost {self.host.name} while waiting for /health")
-            if status == 200:
-                self._read_server_info()
-                if self.parser.phase in (Phase.STARTING, Phase.WARMUP, Phase.CUDA_GRAPH, Phase.KV_POOL):
-                    self.parser.phase = Phase.READY
-                self.hook("ready", self.server_info)
-                return None
+            done, failure = self._health_check()
+            if done:
+                return failure
+
+    def _health_check(self) -> tuple[bool, Failure | None]:
+        """One look at ``/health`` and the port: (False, None) while not ready yet, (True, None) once ready
+        (and noted so), (True, failure) when it never will be."""
+        try:
+            status, _ = self.http_get(self.engine.health_path, timeout=5)
+        except HostUnreachable:
+            return True, Failure(FailureKind.HOST_UNREACHABLE, self.parser.phase,
+                                 f"lost {self.host.name} while waiting for /health")
+        if status != 200:
+            return False, None
+        holder = self._port_holder()
+        if holder == "foreign":
+            return True, Failure(FailureKind.PORT_IN_USE, self.parser.phase,
+                                 f"port {int(self.launch.port)} on {self.host.name} answers /health but is held "
+                                 "by a program that is not this trial's server; it is not measured")
+        if holder == "free":
+            return False, None  # answered, but our group holds no listening socket yet: not ours
+        self._read_server_info()
+        if self.parser.phase in (Phase.STARTING, Phase.WARMUP, Phase.CUDA_GRAPH, Phase.KV_POOL):
+            self.parser.phase = Phase.READY
+        self.hook("ready", self.server_info)
+        return True, None
+
+    def _port_holder(self) -> str:
+        """``ours``/``foreign``/``free``/``unknown`` for the server's port; a lost host counts as unknown
+        (the follower reports the loss)."""
+        try:
+            return self.host.port_holder(int(self.launch.port), self.ref)
+        except RunnerError:
+            return "unknown"
 
     def _read_server_info(self) -> None:
         for path in self.engine.info_paths:

@@ -43,7 +43,7 @@ from paramiko.ssh_exception import (
     SSHException,
 )
 
-from runners.errors import AuthError, ConfigError, HostKeyError, HostUnreachable, RunnerError
+from runners.errors import AuthError, ConfigError, HostKeyError, HostMisconfigured, HostUnreachable, RunnerError
 from runners.transport import CommandResult, LineStream, command_timeout
 
 __all__ = ["DEFAULT_KNOWN_HOSTS", "DEFAULT_SSH_CONFIG", "SSHTransport", "ssh_errors"]
@@ -477,7 +477,15 @@ class SSHTransport:
         conn = self._connection()
         chan = conn.sftp.get_channel() if conn.sftp is not None else None
         if conn.sftp is None or chan is None or chan.closed:
-            sftp = paramiko.SFTPClient.from_transport(conn.transport)
+            try:
+                sftp = paramiko.SFTPClient.from_transport(conn.transport)
+            except (SSHException, EOFError) as exc:
+                if not conn.transport.is_active():
+                    raise  # the connection went: ssh_errors makes it HostUnreachable
+                # The connection is up but the server refused the "sftp" subsystem: a set-up fault.
+                raise HostMisconfigured(
+                    f"{self.name}: the SSH server has no SFTP subsystem ({exc or type(exc).__name__}); fix: "
+                    "enable 'Subsystem sftp' in its sshd_config", host=self.name, fault="no_sftp") from exc
             if sftp is None:
                 raise HostUnreachable(f"{self.name}: cannot open SFTP", host=self.name)
             conn.sftp = sftp

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from runners.errors import HostBusy, HostMisconfigured, RunnerError
+
 
 class Phase(StrEnum):
     """Where a server is in its life (and so where it died)."""
@@ -30,7 +32,8 @@ class FailureKind(StrEnum):
     """Why a trial did not produce a value.
 
     Config-caused kinds become PRUNED trials (the sampler should learn from them); the others are
-    infrastructure trouble and become FAIL (the sampler must learn nothing from them).
+    infrastructure trouble and become FAIL (the sampler must learn nothing from them). Whether a kind is
+    the configuration's fault is said once, in :data:`CONFIG_CAUSED`.
     """
 
     OOM = "oom"
@@ -41,15 +44,44 @@ class FailureKind(StrEnum):
     BENCHMARK_TIMEOUT = "benchmark_timeout"
     HOST_UNREACHABLE = "host_unreachable"
     HOST_BUSY = "host_busy"
+    HOST_CONFIG = "host_config"
+    PORT_IN_USE = "port_in_use"
+    STOPPED_FROM_OUTSIDE = "stopped_from_outside"
     INTERRUPTED = "interrupted"
     INFRA = "infra"
 
     @property
     def config_caused(self) -> bool:
-        return self in _CONFIG_CAUSED
+        return CONFIG_CAUSED[self]
 
 
-_CONFIG_CAUSED = frozenset({FailureKind.OOM, FailureKind.NCCL_ERROR, FailureKind.BAD_FLAG, FailureKind.CRASH})
+#: Did the configuration cause it? True: PRUNED (the sampler learns); False: FAIL (retried, nothing learnt).
+#: Every kind is listed, so a new kind must say which it is.
+CONFIG_CAUSED: dict[FailureKind, bool] = {
+    FailureKind.OOM: True,
+    FailureKind.NCCL_ERROR: True,
+    FailureKind.BAD_FLAG: True,
+    FailureKind.CRASH: True,
+    FailureKind.STARTUP_TIMEOUT: False,  # a slow host or a hung download, not a bad setting by itself
+    FailureKind.BENCHMARK_TIMEOUT: False,
+    FailureKind.HOST_UNREACHABLE: False,
+    FailureKind.HOST_BUSY: False,  # a foreign process or another controller holds the GPUs or the port
+    FailureKind.HOST_CONFIG: False,  # the host's set-up (no nvidia-smi, no SFTP, no engine)
+    FailureKind.PORT_IN_USE: False,  # the server could not bind: someone else holds the port
+    FailureKind.STOPPED_FROM_OUTSIDE: False,  # a signal servetune did not send, or an unasked exit 0
+    FailureKind.INTERRUPTED: False,
+    FailureKind.INFRA: False,
+}
+assert set(CONFIG_CAUSED) == set(FailureKind), "every FailureKind says whether the configuration caused it"
+
+
+def kind_of_error(exc: RunnerError) -> FailureKind:
+    """The failure kind a trial gets when ``exc`` stops it before or outside the server's own life."""
+    if isinstance(exc, HostBusy):
+        return FailureKind.HOST_BUSY
+    if isinstance(exc, HostMisconfigured):
+        return FailureKind.HOST_CONFIG
+    return FailureKind.HOST_UNREACHABLE
 
 
 @dataclass(frozen=True)

@@ -282,7 +282,7 @@ def hosts_check(
     hosts = build_hosts(space, host_args=host or [], inventory=inventory, runs_root=settings.runs_root,
                         sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key)
     table = Table(title="servetune hosts")
-    for col in ("host", "reachable", "engine", "version", "GPUs", "free MiB", "busy"):
+    for col in ("host", "reachable", "engine", "version", "GPUs", "free MiB", "busy", "held by"):
         table.add_column(col)
     bad = 0
     for h in hosts:
@@ -290,10 +290,10 @@ def hosts_check(
             info = preflight(h, space)
             gpus = f"{len(info.gpus)}x {info.gpu_name}"
             table.add_row(h.name, "yes", info.engine, info.engine_version, gpus, f"{info.free_mib:.0f}",
-                          info.reason if info.busy else "no")
+                          info.reason if info.busy else "no", _held_by(h))
             bad += int(info.busy)
         except ServetuneError as exc:
-            table.add_row(h.name, "no", "-", "-", "-", "-", str(exc))
+            table.add_row(h.name, "no", "-", "-", "-", "-", str(exc), "-")
             bad += 1
         finally:
             h.close()
@@ -305,6 +305,15 @@ def hosts_check(
 def _line(text: str) -> None:
     """One plain line on stderr (no markup, no wrapping: paths and errors may hold ``[`` or be long)."""
     sys.stderr.write(" ".join(text.split()) + "\n")
+
+
+def _held_by(host: Any) -> str:
+    """Who holds ``host`` now (its claim), and which other controllers have a live lease on it."""
+    holder = host.holder()
+    others = [lease for lease in host.live_leases() if holder is None or lease.controller != holder.controller]
+    parts = [f"running a trial: {holder.describe()}"] if holder is not None else []
+    parts += [f"lease: {lease.describe()}" for lease in others]
+    return "; ".join(parts) or "nobody"
 
 
 def _duration(flag: str, value: str) -> float:

@@ -29,7 +29,7 @@ from runners.engines.script import render
 from runners.errors import RunnerError, ServetuneError
 from runners.host import HostInfo
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
-from runners.telemetry import Failure, FailureKind, Phase
+from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
 from search._optuna_compat import ArtifactStore
 from search.hosts import preflight
 from search.pool import HostSlot
@@ -138,8 +138,7 @@ class Objective:
         try:
             info = self._preflight(slot, engine)
         except RunnerError as exc:
-            kind = FailureKind.HOST_BUSY if type(exc).__name__ == "HostBusy" else FailureKind.HOST_UNREACHABLE
-            self._fail(trial, facts, Failure(kind, None, str(exc)))
+            self._fail(trial, facts, Failure(kind_of_error(exc), None, str(exc)))
         version = space.engine.version or info.engine_version
         facts.engine_version = version
         facts.gpu_name = info.gpu_name
@@ -169,9 +168,9 @@ class Objective:
         levels: list[dict[str, Any]] = []
         started = time.monotonic()
         try:
-            session.start()
+            session.start()  # HostBusy when another program holds the port: nothing is started
         except RunnerError as exc:
-            self._fail(trial, facts, Failure(FailureKind.HOST_UNREACHABLE, Phase.STARTING, str(exc)))
+            self._fail(trial, facts, Failure(kind_of_error(exc), Phase.STARTING, str(exc)))
         try:
             failure = self._wait_ready(session)
             facts.startup_s = round(time.monotonic() - started, 3)

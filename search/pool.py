@@ -7,6 +7,10 @@ seconds while the others carry on; after the cooldown it is tried again. A host 
 ``max_set_asides`` times in a row (no successful trial in between) is retired for the rest of the run.
 While every host is set aside, :meth:`acquire` waits for the first cooldown to end; once every host is
 retired it raises :class:`NoHostsLeft` and the search ends cleanly.
+
+A host another live controller holds (its claim, see :meth:`runners.host.Host.claim`) is *held off*
+(:meth:`hold_off`): handed out again after a short wait, with no failure counted, so two controllers on one
+host take turns. A host with a set-up fault waiting will not fix is retired at once (:meth:`retire`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ class HostState(StrEnum):
     SET_ASIDE = "set aside"
     """Failed ``max_consecutive_failures`` trials in a row: out until its cooldown ends."""
     RETIRED = "retired"
-    """Set aside ``max_set_asides`` times in a row: out for the rest of the run."""
+    """Set aside ``max_set_asides`` times in a row, or a set-up fault waiting will not fix: out for the rest
+    of the run."""
+    HELD = "held by another controller"
+    """Another live controller runs a trial there: handed out again once it lets go (no failure counted)."""
 
     @property
     def out(self) -> bool:
@@ -48,6 +55,7 @@ class HostStatus:
     consecutive_failures: int
     set_aside_count: int
     last_error: str
+    held_by: str = ""
 
 
 class NoHostsLeft(ServetuneError):
@@ -67,6 +75,9 @@ class HostSlot:
     trials: int = 0
     last_server_stop: float = -math.inf
     """``time.monotonic()`` when the last server of ours on it was stopped."""
+    held_off_until: float = 0.0
+    """``time.monotonic()`` until which another controller holds it (no failure counted)."""
+    held_by: str = ""
 
     @property
     def name(self) -> str:
@@ -100,19 +111,23 @@ class HostPool:
                         + "; ".join(f"{s.name}: {s.last_error}" for s in self.slots)
                     )
                 for slot in live:
-                    if slot.set_aside_until <= now and not slot.busy:
+                    if slot.set_aside_until <= now and slot.held_off_until <= now and not slot.busy:
                         slot.busy = True
                         return slot
                 if stop is not None and stop.is_set():
                     raise NoHostsLeft("stopping")
-                back = min((s.set_aside_until for s in live if s.set_aside_until > now), default=math.inf)
+                back = min((max(s.set_aside_until, s.held_off_until) for s in live
+                            if max(s.set_aside_until, s.held_off_until) > now), default=math.inf)
                 self._cond.wait(timeout=min(0.5, max(back - now, 0.01)))
 
-    def release(self, slot: HostSlot, *, infra_failure: bool, error: str = "") -> None:
-        """Give a host back after a trial; ``infra_failure``: the trial failed for the host's sake."""
+    def release(self, slot: HostSlot, *, infra_failure: bool, error: str = "", trial: bool = True) -> None:
+        """Give a host back after a trial; ``infra_failure``: the trial failed for the host's sake.
+        ``trial=False``: no trial ran (the host could not even be claimed), but the failure counts."""
         with self._cond:
             slot.busy = False
-            slot.trials += 1
+            slot.held_by = ""
+            if trial:
+                slot.trials += 1
             if infra_failure:
                 slot.consecutive_failures += 1
                 slot.last_error = error
@@ -136,6 +151,24 @@ class HostPool:
             slot.busy = False
             self._cond.notify_all()
 
+    def hold_off(self, slot: HostSlot, seconds: float, holder: str) -> None:
+        """Give a host back unused because another controller holds it: hand it out again after
+        ``seconds``; no failure is counted."""
+        with self._cond:
+            slot.busy = False
+            slot.held_off_until = time.monotonic() + seconds
+            slot.held_by = holder
+            self._cond.notify_all()
+
+    def retire(self, slot: HostSlot, error: str) -> None:
+        """Take a host out for the rest of the run (a set-up fault waiting will not fix)."""
+        with self._cond:
+            slot.busy = False
+            slot.retired = True
+            slot.set_aside_until = math.inf
+            slot.last_error = error
+            self._cond.notify_all()
+
     def states(self) -> list[HostStatus]:
         """Each host's state now, in the pool's order."""
         now = time.monotonic()
@@ -144,11 +177,13 @@ class HostPool:
                 HostStatus(
                     host=s.name,
                     state=HostState.RETIRED if s.retired else HostState.SET_ASIDE if s.set_aside_until > now
-                    else HostState.RUNNING if s.busy else HostState.IDLE,
+                    else HostState.RUNNING if s.busy else HostState.HELD if s.held_off_until > now
+                    else HostState.IDLE,
                     trials=s.trials,
                     consecutive_failures=s.consecutive_failures,
                     set_aside_count=s.set_aside_count,
                     last_error=s.last_error,
+                    held_by=s.held_by,
                 )
                 for s in self.slots
             ]

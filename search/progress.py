@@ -156,6 +156,8 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
     console.print(summary_table(recs, space.objective.metric))
     for orphan in summary.orphans_stopped:
         console.print(f"stopped an orphaned server: {orphan}")
+    for line in summary.hosts_dropped:
+        err_console.print(f"host dropped: {line}", markup=False, soft_wrap=True)
     set_aside = [f"{s.host} ({s.state}: {s.last_error})" for s in summary.host_states if s.state.out]
     if set_aside:
         console.print("hosts set aside: " + "; ".join(set_aside))

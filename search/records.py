@@ -170,6 +170,8 @@ class TrialFacts(BaseModel):
     reason: str = ""
     exit_code: int | None = None
     host: str | None = None
+    controller: str | None = None
+    """The controller that ran the trial (its lease on the host guards the trial's server)."""
     gpu_name: str | None = None
     gpu_count: int | None = None
     engine: str | None = None
@@ -208,8 +210,9 @@ class TrialFacts(BaseModel):
         attrs = trial.user_attrs
         stored = attrs.get(FACTS_ATTR)
         data = dict(stored) if isinstance(stored, Mapping) else _legacy(attrs)
-        if data.get("host") is None and attrs.get("host") is not None:
-            data["host"] = attrs["host"]  # a RUNNING trial: only its host is written yet
+        for key in ("host", "controller"):  # a RUNNING trial: only who runs it is written yet
+            if data.get(key) is None and attrs.get(key) is not None:
+                data[key] = attrs[key]
         for key in ("outcome", "reason"):  # a RUNNING trial marked interrupted by a recovering controller
             if data.get(key) in (None, "") and attrs.get(key) not in (None, ""):
                 data[key] = attrs[key]
@@ -327,6 +330,12 @@ def write_facts(trial: optuna.Trial, facts: TrialFacts) -> None:
 def note_host(trial: optuna.Trial, host: str) -> None:
     """Say, while the trial runs, which host runs it (a recovering controller looks for its own)."""
     trial.set_user_attr("host", host)
+
+
+def note_controller(trial: optuna.Trial, controller: str) -> None:
+    """Say, while the trial runs, which controller runs it (another controller leaves its server alone while
+    that controller's lease lives)."""
+    trial.set_user_attr("controller", controller)
 
 
 def note_waiting(trial: optuna.Trial, twin: int) -> None:

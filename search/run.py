@@ -27,9 +27,23 @@ RUNNING forever.
 **Signals**: the first SIGINT/SIGTERM lets the running trials finish, then stops; a second aborts them
 (their servers are stopped and the trials become FAIL with reason "interrupted").
 
+**Hosts are shared**: a controller holds a *lease* on each of its hosts (a file in the host's runs root
+naming the controller, its pid and machine, the study and the storage without password, and the host's
+time of the last heartbeat), renewed every ``lease_ttl / 3`` seconds while the run lasts and removed at its
+end. Each trial first *claims* the host (:meth:`runners.host.Host.claim`); a host another live controller
+holds is handed back to the pool for a moment (no trial is created, no failure counted, nothing of the
+other touched), so controllers pointed at one host take turns.
+
+**Preflight before the first trial**: every host is checked once. Trouble waiting will not fix (no
+``nvidia-smi``, no SFTP, engine python missing, model path missing, too few GPUs) drops that host with one
+line naming the host, the fault and the fix; when no host is left the run ends before any trial with
+:class:`~runners.errors.HostMisconfigured`. Transient trouble (unreachable, timeout) keeps the host: its
+trials fail and it is set aside and retried as before.
+
 **Recovery**: before its first trial a controller stops every orphaned server on its hosts (run
-directories whose process group is alive; a controller owns its hosts, so none of them is a live trial's)
-and marks the RUNNING trials it finds on its hosts as interrupted. Their heartbeats stop, so within
+directories whose process group is alive and whose controller is gone: its lease expired, or its process
+on this machine ended; a server of a live controller is never touched) and marks the RUNNING trials it
+finds on its hosts, whose controller is gone, as interrupted. Their heartbeats stop, so within
 ``grace_period`` they become FAIL and their configurations are retried. After the last trial it checks its
 hosts for orphans once more: no server is left running.
 """
@@ -40,7 +54,9 @@ import contextlib
 import copy
 import fcntl
 import logging
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -56,12 +72,14 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
-from runners.errors import RunnerError, ServetuneError, StudyError
-from runners.host import Host
+from runners.errors import HostMisconfigured, RunnerError, ServetuneError, StudyError
+from runners.host import Host, HostInfo, Lease, new_controller_id
+from runners.telemetry import FailureKind
 from search._optuna_compat import enter_optimize_loop, study_id, trial_id
+from search.hosts import preflight
 from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
 from search.pool import HostPool, HostSlot, HostStatus, NoHostsLeft
-from search.records import TrialFacts, mark_interrupted, note_host
+from search.records import TrialFacts, mark_interrupted, note_controller, note_host, write_facts
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL, study_name
 from search.study import artifact_store, create_or_load, fail_stale, open_storage, redact, sqlite_file
 from spaces.schema import Space
@@ -72,6 +90,10 @@ StudyCallback = Callable[[optuna.Study, FrozenTrial], None]
 
 #: Seconds between two looks at the study while the budget is reserved by running trials.
 BUDGET_POLL = 0.5
+#: Seconds a host held by another controller is left alone before it is tried again.
+HELD_POLL = 2.0
+#: How long a lease lasts without a heartbeat (a controller that dies leaves its servers this long).
+LEASE_TTL = 60.0
 #: What a study storage raises when it stops taking writes (Optuna wraps a failed commit in its own error).
 STORAGE_ERRORS = (SQLAlchemyError, StorageInternalError)
 
@@ -98,6 +120,7 @@ class RunOptions:
     grace_period: int = GRACE_PERIOD
     callbacks: list[StudyCallback] = field(default_factory=list)
     hook: ProgressHook | None = None
+    lease_ttl: float = LEASE_TTL
 
 
 class StopReason(StrEnum):
@@ -133,11 +156,60 @@ class RunSummary:
     report_path: Path | None = None
     """Where :func:`search.session.run_study` wrote the morning summary."""
     mlflow_error: str | None = None
+    """Why the study's MLflow parent run could not be finished (:func:`search.api.run_study`)."""
     report_error: str | None = None
     """Why the morning summary could not be written (the study has everything)."""
     artifacts_error: str | None = None
     """Why a trial's files could not be written, when the run stopped for it (``StopReason.ARTIFACTS``)."""
-    """Why the study's MLflow parent run could not be finished (:func:`search.session.run_study`)."""
+    hosts_dropped: list[str] = field(default_factory=list)
+    """One line per host dropped by the preflight (host, fault, fix)."""
+
+
+# ---- leases --------------------------------------------------------------------------------------
+
+
+class _Leases:
+    """This controller's leases on its hosts: written at the start, renewed every ``ttl / 3`` seconds, dropped
+    (with any claim) at the end. A renewal that fails is retried at the next beat."""
+
+    def __init__(self, hosts: Sequence[Host], lease: Lease) -> None:
+        self.hosts = list(hosts)
+        self.lease = lease
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{lease.controller}", daemon=True)
+        self.held: set[str] = set()
+        """Hosts whose last renewal went through."""
+
+    def renew(self, host: Host) -> None:
+        try:
+            host.renew_lease(self.lease)
+            self.held.add(host.name)
+        except (RunnerError, ValueError) as exc:
+            self.held.discard(host.name)
+            log.warning("lease on %s not renewed: %s", host.name, exc)
+
+    def ensure(self, host: Host) -> None:
+        """Renew now if the last renewal failed: a claim without a live lease would be taken over."""
+        if host.name not in self.held:
+            self.renew(host)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.lease.ttl / 3):
+            for host in self.hosts:
+                self.renew(host)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        for host in self.hosts:
+            try:
+                host.drop_lease(self.lease.controller)
+            except RunnerError as exc:
+                log.warning("lease on %s not removed (it expires by itself): %s", host.name, exc)
 
 
 # ---- the budget ----------------------------------------------------------------------------------
@@ -321,6 +393,7 @@ class _Run:
         self.ran = 0
         self.reasons: list[StopReason] = []
         self.errors: list[BaseException] = []
+        self.leases: _Leases | None = None
         self._lock = threading.Lock()
 
     def end(self, reason: StopReason) -> None:
@@ -351,30 +424,88 @@ class _Run:
                     log.warning("%s", exc)
                     self.end(StopReason.NO_HOSTS)
                 return
+            if self.stop.is_set():
+                self.pool.put_back(slot)
+                return
+            claimed = self._claim(slot)
+            if claimed is False:
+                continue
             try:
                 if self.stop.is_set():
+                    self._unclaim(slot, claimed)
                     self.pool.put_back(slot)
                     return
                 got = self.budget.reserve(slot.name)
             except BaseException:
+                self._unclaim(slot, claimed)
                 self.pool.put_back(slot)
                 raise
             if got == _Budget.DONE:
+                self._unclaim(slot, claimed)
                 self.pool.put_back(slot)
                 self.end(StopReason.BUDGET)
                 return
             if got == _Budget.WAIT:
+                self._unclaim(slot, claimed)
                 self.pool.put_back(slot)
                 self.stop.wait(BUDGET_POLL)
                 continue
             assert isinstance(got, optuna.Trial)
-            self._trial(got, slot)
+            if isinstance(claimed, RunnerError):
+                self._unreachable(got, slot, claimed)
+                continue
+            try:
+                self._trial(got, slot)
+            finally:
+                self._unclaim(slot, claimed)
+
+    def _claim(self, slot: HostSlot) -> bool | RunnerError:
+        """Claim the host for a trial: True. Held by another live controller: False, and the host is handed
+        back for a moment (no failure). The host cannot be reached: the error (the trial is then FAIL
+        ``host_unreachable`` without a launch, and counts towards setting the host aside, as before)."""
+        if self.leases is not None:
+            self.leases.ensure(slot.host)
+        try:
+            claim = slot.host.claim()
+        except RunnerError as exc:
+            return exc
+        if not claim.ok:
+            if slot.held_by != claim.reason:
+                log.warning("%s; waiting for it", claim.reason)
+            self.pool.hold_off(slot, HELD_POLL, claim.reason)
+            return False
+        return True
+
+    def _unreachable(self, trial: optuna.Trial, slot: HostSlot, exc: RunnerError) -> None:
+        """FAIL ``trial`` for a host that could not even be claimed; nothing was launched."""
+        kind = FailureKind.HOST_UNREACHABLE.value
+        write_facts(trial, TrialFacts(controller=slot.host.controller_id, host=slot.name,
+                                      outcome=FailureKind.HOST_UNREACHABLE, reason=str(exc)))
+        if self.options.hook is not None:
+            self.options.hook(trial.number, "host", slot.name)
+            self.options.hook(trial.number, "outcome", kind)
+        log.warning("trial %d failed: %s", trial.number, exc)
+        self.pool.release(slot, infra_failure=True, error=f"{kind}: {exc}")
+        frozen = self.study.tell(trial, None, state=TrialState.FAIL, skip_if_finished=True)
+        with self._lock:
+            self.ran += 1
+        for callback in self.options.callbacks:
+            callback(self.study, copy.deepcopy(frozen))
+
+    def _unclaim(self, slot: HostSlot, claimed: bool | RunnerError = True) -> None:
+        if claimed is not True:
+            return
+        try:
+            slot.host.release_claim()
+        except RunnerError as exc:  # the claim is broken by others once our lease has expired
+            log.warning("could not give back the claim on %s: %s", slot.name, exc)
 
     def _trial(self, trial: optuna.Trial, slot: HostSlot) -> None:
         state = TrialState.FAIL
         value: float | None = None
-        infra, error = False, ""
+        infra, error, permanent = False, "", False
         fatal: BaseException | None = None
+        note_controller(trial, slot.host.controller_id)
         try:
             with _Heartbeat(self.storage, trial_id(trial), self.options.heartbeat_interval):
                 try:
@@ -384,6 +515,7 @@ class _Run:
                     state = TrialState.PRUNED
                 except TrialFailed as exc:
                     infra, error = True, str(exc)
+                    permanent = exc.failure.kind is FailureKind.HOST_CONFIG
                 except RunnerError as exc:
                     log.warning("trial %d failed: %s", trial.number, exc)
                 except UpdateFinishedTrialError:
@@ -393,7 +525,11 @@ class _Run:
                 except Exception as exc:
                     fatal = exc
         finally:
-            self.pool.release(slot, infra_failure=infra, error=error)
+            if permanent:
+                log.warning("%s; no more trials on it", error)
+                self.pool.retire(slot, error)
+            else:
+                self.pool.release(slot, infra_failure=infra, error=error)
         try:
             frozen = self.study.tell(trial, value if state == TrialState.COMPLETE else None, state=state,
                                      skip_if_finished=True)
@@ -434,8 +570,6 @@ def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> Run
     study.set_user_attr("engine", space.engine.kind)
     if options.n_trials is not None:
         study.set_user_attr("n_trials", options.n_trials)
-    pool = HostPool(list(hosts), max_consecutive_failures=space.budget.max_consecutive_failures,
-                    cooldown=options.cooldown, max_set_asides=options.max_set_asides)
     abort = threading.Event()
     stop = threading.Event()
     env = TrialEnv(
@@ -447,14 +581,32 @@ def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> Run
         abort=abort,
         smi_interval=options.smi_interval,
     )
+    controller = new_controller_id()
+    for host in hosts:
+        host.controller_id = controller
+    leases = _Leases(hosts, Lease(controller, os.getpid(), socket.gethostname(), options.study_name,
+                                  redact(options.storage_url), options.lease_ttl))
+    try:
+        return _run_with_leases(space, hosts, options, study, storage, env, leases, abort, stop)
+    finally:
+        leases.close()
+
+
+def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, study: optuna.Study,
+                     storage: RDBStorage, env: TrialEnv, leases: _Leases, abort: threading.Event,
+                     stop: threading.Event) -> RunSummary:
+    hosts, dropped = _usable_hosts(space, hosts, env, leases)
+    pool = HostPool(list(hosts), max_consecutive_failures=space.budget.max_consecutive_failures,
+                    cooldown=options.cooldown, max_set_asides=options.max_set_asides)
     lock = _StudyLock(storage, study_id(study), options.storage_url)
     budget = _Budget(study, options.n_trials, lock, storage)
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():
         lock.close()
-        return RunSummary(study, 0, StopReason.BUDGET_REACHED, pool.states(), orphans)
+        return RunSummary(study, 0, StopReason.BUDGET_REACHED, pool.states(), orphans, hosts_dropped=dropped)
 
     run = _Run(study, storage, pool, Objective(env), budget, options, stop, abort)
+    run.leases = leases
     with _Signals(stop, abort) as signals:
         threads = [threading.Thread(target=run.worker, name=f"servetune-worker-{i}", daemon=True)
                    for i in range(len(pool))]
@@ -481,7 +633,44 @@ def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> Run
     else:
         stopped_by = run.reasons[0] if run.reasons else StopReason.BUDGET
     return RunSummary(study, run.ran, stopped_by, pool.states(), orphans,
-                      artifacts_error=env.artifacts_error or None)
+                      hosts_dropped=dropped, artifacts_error=env.artifacts_error or None)
+
+
+def _usable_hosts(space: Space, hosts: Sequence[Host], env: TrialEnv,
+                  leases: _Leases) -> tuple[list[Host], list[str]]:
+    """Lease every host, then keep those the preflight does not drop: (kept, one line per host dropped).
+    Raises HostMisconfigured when none is left."""
+    for host in hosts:
+        leases.renew(host)
+    leases.start()
+    kept, dropped = preflight_hosts(space, hosts, env.preflight_cache)
+    if not kept:
+        raise HostMisconfigured(dropped[0] if len(dropped) == 1 else "no usable host: " + "; ".join(dropped))
+    for line in dropped:
+        log.error("%s; the run goes on without it", line)
+    return kept, dropped
+
+
+def preflight_hosts(space: Space, hosts: Sequence[Host],
+                    cache: dict[str, HostInfo]) -> tuple[list[Host], list[str]]:
+    """Check every host once before the first trial: (hosts kept, one line per host dropped).
+
+    A :class:`HostMisconfigured` fault drops the host (its line names host, fault and fix);
+    transient trouble keeps it (its trials fail and it is set aside, as any failing host). What a host
+    passed is cached for the objective.
+    """
+    kept: list[Host] = []
+    dropped: list[str] = []
+    for host in hosts:
+        try:
+            cache[host.name] = preflight(host, space)
+        except HostMisconfigured as exc:
+            dropped.append(str(exc))
+            continue
+        except RunnerError as exc:
+            log.warning("%s: %s (its trials are retried)", host.name, exc)
+        kept.append(host)
+    return kept, dropped
 
 
 # ---- recovery ------------------------------------------------------------------------------------
@@ -493,9 +682,13 @@ def _recover(study: optuna.Study, hosts: Sequence[Host], *, grace: float) -> lis
     """Stop orphaned servers on our hosts; mark our hosts' RUNNING trials (their controller died)."""
     stopped = _cleanup(hosts, None, grace=grace)
     names = {h.name for h in hosts}
+    live: set[str] = set()
+    for host in hosts:
+        with contextlib.suppress(RunnerError):
+            live |= {lease.controller for lease in host.live_leases() if lease.controller != host.controller_id}
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        host = TrialFacts.from_trial(trial).host
-        if host not in names:
+        facts = TrialFacts.from_trial(trial)
+        if facts.host not in names or facts.controller in live:
             continue
         log.warning("trial %d was left RUNNING on %s by a controller that stopped: it will be failed once "
                     "its heartbeat is stale, and retried", trial.number, host)

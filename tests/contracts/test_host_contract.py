@@ -7,17 +7,22 @@ would have) sharing one runs_root, on the transport of the parameter.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
+import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from runners.errors import CommandTimeout, NotOurProcess
-from runners.host import Host, RunRef
+from runners.errors import CommandTimeout, HostBusy, NotOurProcess
+from runners.host import Host, Lease, RunRef
 from runners.inventory import HostSpec, open_host
 from runners.transport import LineStream
+from tests.fixtures.ports import free_port
 from tests.fixtures.procs import gone, wait_for
 from tests.fixtures.sshd import SshServer
 
@@ -214,3 +219,81 @@ class TestHostContract:
         assert second.members(running) == []
         assert all(gone(pid) for pid in members)
         assert second.orphans() == []
+
+    # ---- leases, claims and the port ------------------------------------------------------------
+
+    def test_a_live_controllers_server_is_never_an_orphan(self, make_host: MakeHost) -> None:
+        a, b = make_host(), make_host()
+        a.controller_id, b.controller_id = "ctl-a", "ctl-b"
+        a.renew_lease(_lease("ctl-a", ttl=60))
+        ref = _start(a, LONG_SERVER, trial="a-running")
+        assert b.orphans() == [], "ctl-a holds a live lease: its server is its trial, not an orphan"
+        assert b.cleanup_orphans(grace=1) == []
+        assert a.alive(ref)
+        assert a.orphans() == [ref], "a controller's own leftover is its orphan"
+
+        a.renew_lease(_lease("ctl-a", ttl=0))  # expires at once (the host's clock moves on)
+        assert wait_for(lambda: b.orphans() == [ref], timeout=5)
+        assert b.cleanup_orphans(grace=5) == [ref]
+        assert not a.alive(ref)
+
+    def test_a_lease_of_a_gone_process_on_this_machine_is_not_live(self, make_host: MakeHost) -> None:
+        host = make_host()
+        dead = _lease("ctl-dead", ttl=600, pid=_dead_pid())
+        host.renew_lease(dead)
+        assert [lease.controller for lease in host.live_leases()] == []
+        elsewhere = _lease("ctl-far", ttl=600, pid=_dead_pid(), hostname="another-machine")
+        host.renew_lease(elsewhere)
+        assert [lease.controller for lease in host.live_leases()] == ["ctl-far"]  # only expiry tells
+
+    def test_controllers_take_turns_with_the_claim(self, make_host: MakeHost) -> None:
+        a, b = make_host(), make_host()
+        a.controller_id, b.controller_id = "ctl-a", "ctl-b"
+        for host in (a, b):
+            host.renew_lease(_lease(host.controller_id, ttl=60))
+        assert a.claim().ok and a.claim().ok, "a claim is re-entrant for its holder"
+        held = b.claim()
+        assert not held.ok and held.holder is not None and held.holder.controller == "ctl-a"
+        assert "ctl-a" in held.reason and "study s" in held.reason
+        assert b.holder() == held.holder
+        a.release_claim()
+        assert b.claim().ok and not a.claim().ok
+        b.drop_lease("ctl-b")  # dropping the lease gives the claim back
+        assert a.claim().ok
+
+    def test_the_claim_of_an_expired_controller_is_taken_over(self, make_host: MakeHost) -> None:
+        a, b = make_host(), make_host()
+        a.controller_id, b.controller_id = "ctl-a", "ctl-b"
+        a.renew_lease(_lease("ctl-a", ttl=0))
+        assert a.claim().ok
+        assert wait_for(lambda: b.claim().ok, timeout=5)
+
+    def test_port_holder_tells_ours_from_foreign(self, make_host: MakeHost) -> None:
+        host = make_host()
+        port = free_port()
+        assert host.port_holder(port) == "free"
+        host.require_port_free(port)
+        with socket.socket() as foreign:
+            foreign.bind(("127.0.0.1", port))
+            foreign.listen()
+            assert host.port_holder(port) == "foreign"
+            with pytest.raises(HostBusy, match=f"port {port}"):
+                host.require_port_free(port)
+        ref = _start(host, f"exec {sys.executable} -c {shlex.quote(_LISTENER.format(port=port))}\n")
+        assert wait_for(lambda: host.port_holder(port, ref) == "ours", timeout=10)
+        assert host.port_holder(port) == "foreign", "without the run, any listener is someone else's"
+        host.stop(ref, grace=5)
+
+
+_LISTENER = "import socket,time; s=socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(60)"
+
+
+def _lease(controller: str, *, ttl: float, pid: int | None = None, hostname: str | None = None) -> Lease:
+    return Lease(controller, os.getpid() if pid is None else pid, hostname or socket.gethostname(), "s",
+                 "sqlite:///x.db", ttl)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid

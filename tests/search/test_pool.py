@@ -118,3 +118,31 @@ def test_put_back_keeps_the_failure_count() -> None:
     pool.put_back(pool.acquire())
     assert pool.states()[0].consecutive_failures == 1
     assert pool.states()[0].trials == 1
+
+
+def test_a_host_held_by_another_controller_is_handed_out_later_with_no_failure() -> None:
+    pool = HostPool(hosts(2), max_consecutive_failures=1, cooldown=60)
+    first = pool.acquire()
+    pool.hold_off(first, 0.3, "h held by controller c2")
+    states = {s.host: (s.state, s.held_by) for s in pool.states()}
+    assert states[first.name] == (HostState.HELD, "h held by controller c2")
+    other = pool.acquire()
+    assert other.name != first.name, "the other host carries on meanwhile"
+    again = pool.acquire()  # waits out the hold-off
+    assert again is first and first.consecutive_failures == 0 and first.set_aside_count == 0
+
+
+def test_a_misconfigured_host_is_retired_at_once() -> None:
+    pool = HostPool(hosts(2))
+    slot = pool.acquire()
+    pool.retire(slot, "h0: nvidia-smi is not on PATH; fix: ...")
+    states = {s.host: s.state for s in pool.states()}
+    assert states[slot.name] == HostState.RETIRED
+    assert pool.acquire().name != slot.name
+
+
+def test_a_failure_without_a_trial_counts_but_is_no_trial() -> None:
+    pool = HostPool(hosts(1), max_consecutive_failures=2)
+    slot = pool.acquire()
+    pool.release(slot, infra_failure=True, error="cannot claim", trial=False)
+    assert (slot.trials, slot.consecutive_failures) == (0, 1)

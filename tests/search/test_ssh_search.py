@@ -319,7 +319,7 @@ def test_cli_hosts_check_reports_free_busy_and_unreachable_hosts(
     row = next(line for line in res.stdout.splitlines() if "gpu-sim" in line)
     cells = [c.strip() for c in row.strip(" │|").split("│")]
     assert cells[1:4] == ["yes", "sim", "0.5.10"]
-    assert "RTX PRO 6000" in cells[4] and cells[-1] == "no"
+    assert "RTX PRO 6000" in cells[4] and cells[6] == "no" and cells[7] == "nobody"  # busy, held by
 
     hog = start_hog(box.state, 20000, "0,1,2,3")
     dead = free_port("127.0.0.3")  # nothing listens there
