@@ -208,12 +208,12 @@ def status(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Where a study stands (works while the search runs elsewhere)."""
-    from search.report import status_data
+    from search.report import study_status
 
     st = _open(study, storage)
     if n_trials is None and isinstance(st.user_attrs.get("n_trials"), int):
         n_trials = st.user_attrs["n_trials"]  # the budget of the latest run
-    data = status_data(st, n_trials=n_trials)
+    data = study_status(st, n_trials=n_trials).model_dump()
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
         return

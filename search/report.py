@@ -3,7 +3,7 @@
 Both read the trial records of :mod:`search.records` only. :func:`report_markdown` says what was tried and
 what was learned: counts, the best configuration with its figures per concurrency level, the OOM boundary
 (which ``mem_fraction_static`` x ``cuda_graph_max_bs`` combinations died, where, with how much headroom, and
-which survived), failures by cause, and the time spent. :func:`status_data` is a JSON-friendly dict: trials
+which survived), failures by cause, and the time spent. :func:`study_status` is a typed summary: trials
 done/running/pruned/failed, each host's state, the best so far and an estimate of the time left.
 
 The Markdown helpers (:func:`levels_table`, :func:`memory_table`) are shared with the dashboard notes.
@@ -14,20 +14,22 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 from optuna.trial import TrialState
+from pydantic import BaseModel
 
 from search.records import LevelResult, TrialFacts, best_record, records
 
 __all__ = [
     "THIN_HEADROOM_GIB",
+    "StudyStatus",
     "format_duration",
     "levels_table",
     "memory_table",
     "report_markdown",
-    "status_data",
+    "study_status",
 ]
 
 #: Free GPU memory after CUDA graph capture below which a configuration is called thin (seed 001: 0.82 GB
@@ -264,9 +266,70 @@ def _time_section(recs: Sequence[TrialFacts]) -> list[str]:
 # ---- servetune status ----------------------------------------------------------------------------
 
 
-def status_data(study: optuna.Study, *, n_trials: int | None = None, workers: int | None = None,
-                now: datetime | None = None) -> dict[str, Any]:
-    """Live figures for ``servetune status`` (JSON-friendly).
+class TrialCounts(BaseModel):
+    """Trials of a study by state (``done``: COMPLETE+PRUNED+FAIL; ``oom``: trials that ran out of memory)."""
+
+    total: int
+    done: int
+    complete: int
+    pruned: int
+    failed: int
+    running: int
+    waiting: int
+    oom: int
+
+
+class RunningTrial(BaseModel):
+    number: int
+    host: str | None
+    params: dict[str, Any]
+    elapsed_s: float | None
+
+
+class HostActivity(BaseModel):
+    """A host as the study's trials show it (``unavailable``: its last trial found it unreachable or busy)."""
+
+    state: Literal["idle", "running", "unavailable"]
+    trial: int | None
+    elapsed_s: float | None
+    trials: int
+    complete: int
+    pruned: int
+    failed: int
+    last_outcome: str | None
+    last_reason: str | None
+    gpu_name: str | None
+
+
+class BestTrial(BaseModel):
+    number: int
+    value: float | None
+    params: dict[str, Any]
+    host: str | None
+    free_after_capture_gib: float | None
+    simulated: bool
+
+
+class StudyStatus(BaseModel):
+    """Where a study stands (``servetune status``; ``model_dump()`` is its JSON)."""
+
+    study: str
+    direction: str
+    trials: TrialCounts
+    running: list[RunningTrial]
+    hosts: dict[str, HostActivity]
+    best: BestTrial | None
+    elapsed_s: float | None
+    mean_trial_s: float | None
+    n_trials: int | None
+    remaining_trials: int | None
+    workers: int
+    eta_s: float | None
+
+
+def study_status(study: optuna.Study, *, n_trials: int | None = None, workers: int | None = None,
+                 now: datetime | None = None) -> StudyStatus:
+    """Live figures for ``servetune status``.
 
     ``n_trials`` is the study's whole budget in COMPLETE+PRUNED trials (as ``servetune run --n-trials``: a
     FAIL trial is infrastructure trouble and is run again). The time left is the mean duration of a finished
@@ -285,7 +348,7 @@ def status_data(study: optuna.Study, *, n_trials: int | None = None, workers: in
     eta = mean * remaining / parallel if mean is not None and remaining is not None else None
     best = best_record(recs, study.direction)
     starts = [_seconds(r.datetime_start) for r in recs if r.datetime_start]
-    return {
+    return StudyStatus.model_validate({
         "study": study.study_name,
         "direction": study.direction.name.lower(),
         "trials": {
@@ -318,7 +381,7 @@ def status_data(study: optuna.Study, *, n_trials: int | None = None, workers: in
         "remaining_trials": remaining,
         "workers": parallel,
         "eta_s": round(eta, 1) if eta is not None else None,
-    }
+    })
 
 
 def _durations(recs: Iterable[TrialFacts]) -> list[float]:

@@ -319,7 +319,7 @@ class _Heartbeat:
 
     def __init__(self, storage: RDBStorage, trial_id: int, interval: float) -> None:
         self._storage = storage
-        self._trial_id = trial_id
+        self._id = trial_id
         self._interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{trial_id}", daemon=True)
@@ -335,9 +335,9 @@ class _Heartbeat:
     def _beat(self) -> None:
         while not self._stop.wait(self._interval):
             try:
-                self._storage.record_heartbeat(self._trial_id)
+                self._storage.record_heartbeat(self._id)
             except Exception as exc:  # a storage hiccup: the next beat may get through
-                log.warning("heartbeat of trial id %d not recorded: %s", self._trial_id, exc)
+                log.warning("heartbeat of trial id %d not recorded: %s", self._id, exc)
 
 
 # ---- signals -------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from runners.errors import ServetuneError, StudyError, first_line
 from search.records import MEM_PREFIX, TrialFacts
-from search.report import status_data
+from search.report import study_status
 from search.settings import DEFAULT_TRACKING_URI
 from search.study import redact, sqlite_file
 
@@ -174,26 +174,26 @@ class MlflowTracker:
         for callback in self._callbacks:
             callback.drain()
         name = study.study_name
-        data = status_data(study)  # the figures of ``servetune status``
-        counts, best = data["trials"], data["best"]
-        finished = counts["done"]
+        status = study_status(study)  # the figures of ``servetune status``
+        counts, best = status.trials, status.best
+        finished = counts.done
         now = _now_ms()
         from mlflow.entities import Metric, RunTag
 
         metrics = [
-            Metric("n_trials", float(counts["total"]), now, finished),
-            Metric("n_complete", float(counts["complete"]), now, finished),
-            Metric("n_pruned", float(counts["pruned"]), now, finished),
-            Metric("n_failed", float(counts["failed"]), now, finished),
-            Metric("n_running", float(counts["running"]), now, finished),
-            Metric("n_oom", float(counts["oom"]), now, finished),
+            Metric("n_trials", float(counts.total), now, finished),
+            Metric("n_complete", float(counts.complete), now, finished),
+            Metric("n_pruned", float(counts.pruned), now, finished),
+            Metric("n_failed", float(counts.failed), now, finished),
+            Metric("n_running", float(counts.running), now, finished),
+            Metric("n_oom", float(counts.oom), now, finished),
         ]
-        tags = [RunTag("servetune.direction", data["direction"])]
-        if best is not None and best["value"] is not None:
-            metrics.append(Metric("best_value", float(best["value"]), now, finished))
-            tags.append(RunTag("servetune.best_trial", str(best["number"])))
-            if best["free_after_capture_gib"] is not None:
-                metrics.append(Metric("best_free_after_capture_gib", best["free_after_capture_gib"], now,
+        tags = [RunTag("servetune.direction", status.direction)]
+        if best is not None and best.value is not None:
+            metrics.append(Metric("best_value", float(best.value), now, finished))
+            tags.append(RunTag("servetune.best_trial", str(best.number)))
+            if best.free_after_capture_gib is not None:
+                metrics.append(Metric("best_free_after_capture_gib", best.free_after_capture_gib, now,
                                       finished))
         with self._lock, self._boundary(f"finishing study {name!r}"):
             client = self._client()

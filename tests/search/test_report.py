@@ -13,7 +13,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from search.report import format_duration, report_markdown, status_data
+from search.report import format_duration, report_markdown, study_status
 from tests.fixtures.trials import (
     T0,
     build_study,
@@ -73,9 +73,9 @@ def test_time_spent(study: optuna.Study) -> None:
     assert "wall clock: 2026-11-28 22:00:00 to 2026-11-28 22:19:04" in section
 
 
-def test_status_data(study: optuna.Study) -> None:
+def test_study_status(study: optuna.Study) -> None:
     now = T0 + timedelta(minutes=22)
-    data = status_data(study, n_trials=10, now=now)
+    data = study_status(study, n_trials=10, now=now).model_dump()
     assert data["trials"] == {"total": 6, "done": 5, "complete": 2, "pruned": 2, "failed": 1, "running": 1,
                               "waiting": 0, "oom": 2}
     assert data["running"] == [{"number": 5, "host": "gpu-a", "params": {
@@ -90,14 +90,14 @@ def test_status_data(study: optuna.Study) -> None:
     assert data["remaining_trials"] == 6 and data["mean_trial_s"] == 188.8
     assert data["eta_s"] == pytest.approx(6 * 188.8, abs=0.1)
     assert json.loads(json.dumps(data)) == data
-    assert status_data(study)["eta_s"] is None
+    assert study_status(study).eta_s is None
 
 
 def test_status_eta_divides_by_workers(tmp_path: Path) -> None:
     done = make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=64, value=1.0, levels=[level(16, 1.0)],
                       duration_s=100)
     study = build_study(f"sqlite:///{tmp_path / 'o.db'}", "s", [done])
-    data = status_data(study, n_trials=5, workers=2, now=T0 + timedelta(minutes=3))
+    data = study_status(study, n_trials=5, workers=2, now=T0 + timedelta(minutes=3)).model_dump()
     assert data["hosts"]["gpu-a"]["state"] == "idle" and data["hosts"]["gpu-a"]["last_outcome"] == "ok"
     assert data["remaining_trials"] == 4 and data["eta_s"] == 200.0
 
