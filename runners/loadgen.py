@@ -8,11 +8,32 @@ servetune and the host never enters the figures::
     python loadgen.py --base-url http://127.0.0.1:30000 --api sglang --model NAME \\
         --levels 1,16,64 --requests 4,32,128 --input-len 256 --output-len 128 --warmup 1 \\
         --timeout 600 --vocab-size 400 --seed 1 [--out results.jsonl] [--time-scale auto|FLOAT]
+        [--random-range-ratio R] [--dataset sharegpt.json] [--prefix-len N --prefix-groups G]
+        [--request-rate R [--burstiness B]]
 
-For each level it sends exactly ``requests`` streaming requests with at most ``level`` in flight (random
-token-id prompts, ``ignore_eos``), then prints one JSON line named like ``sglang.bench_serving``'s result
-(``max_concurrency``, ``output_throughput``, ``p99_ttft_ms``, ...) plus ``failed``, ``errors``, ``simulated``
-and ``time_scale``, and appends it to ``--out``. Warm-up requests run before the sweep and are not counted.
+For each level it sends exactly ``requests`` streaming requests with at most ``level`` in flight
+(``ignore_eos``), then prints one JSON line named like ``sglang.bench_serving``'s result
+(``max_concurrency``, ``output_throughput``, ``p99_ttft_ms``, ...) plus ``failed``, ``errors``, ``simulated``,
+``time_scale`` and ``seed``, and appends it to ``--out``. Warm-up requests run before the sweep and are not
+counted.
+
+Workloads (``dataset_name`` in the record):
+
+* ``random``: random token ids; lengths drawn from ``[max(int(len * R), 1), len]`` as bench_serving's
+  ``--random-range-ratio`` (R = 1.0, the default here, means fixed lengths);
+* ``sharegpt``: ``--dataset`` names a local file in the ShareGPT JSON shape (a list of
+  ``{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}]}``). There is no
+  tokenizer on the host, so a word is one token: the prompt's words become token ids by a stable hash and the
+  reply's word count is the output length. Pairs are kept as bench_serving keeps them (both at least 4
+  tokens, prompt at most 1024, prompt + reply at most 2048), shuffled by the seed;
+* ``generated-shared-prefix``: ``--prefix-groups`` system prompts of ``--prefix-len`` tokens; each request
+  starts with one of them (round robin), followed by its own random question.
+
+Arrivals: closed loop by default (the next request leaves when one finishes). ``--request-rate`` makes the
+loop open: requests arrive as a Poisson process at that rate (or gamma-distributed gaps with
+``--burstiness``, as vLLM's bench), still with at most ``level`` in flight, like bench_serving's
+``--request-rate`` with ``--max-concurrency``. The schedule depends only on the seed. A burst is a level whose
+request count equals its concurrency: every request leaves at once.
 
 Exit codes: 0 done; 2 bad arguments; 3 every request of a level failed (the server is gone): that level's
 record is printed and the sweep stops.
@@ -28,7 +49,8 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -47,6 +69,7 @@ RECORD_KEYS = (
     "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
     "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
     "concurrency", "errors", "simulated", "time_scale",
+    "dataset_name", "random_range_ratio", "request_rate", "burstiness", "seed",
 )
 """Keys of one level's record, in order."""
 
@@ -274,7 +297,8 @@ def _stats(record: dict[str, Any], name: str, seconds: list[float]) -> None:
 
 
 def summarize(results: list[RequestResult], duration: float, *, level: int, api: str, input_len: int,
-              output_len: int, time_scale: float = 1.0, simulated: bool = False) -> dict[str, Any]:
+              output_len: int, time_scale: float = 1.0, simulated: bool = False,
+              meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """One level's record from its requests; every time multiplied by ``time_scale``."""
     ok = [r for r in results if r.ok]
     duration = duration * time_scale
@@ -310,39 +334,135 @@ def summarize(results: list[RequestResult], duration: float, *, level: int, api:
     record["errors"] = errors
     record["simulated"] = simulated
     record["time_scale"] = time_scale
+    record.update(dict(WORKLOAD_DEFAULTS, **(meta or {})))
     return {key: record[key] for key in RECORD_KEYS}
+
+
+WORKLOAD_DEFAULTS: dict[str, Any] = {
+    "dataset_name": "random", "random_range_ratio": 1.0, "request_rate": None, "burstiness": 1.0, "seed": None,
+}
+"""What a record says of its workload when the caller gives nothing (a closed loop of fixed lengths)."""
 
 
 # ---- sweep -----------------------------------------------------------------------------------------
 
 
-def make_prompts(rng: random.Random, count: int, input_len: int, vocab_size: int) -> list[list[int]]:
-    """``count`` prompts of ``input_len`` random token ids in ``[1, vocab_size)``."""
+def _random_ids(rng: random.Random, length: int, vocab_size: int) -> list[int]:
     low = 1 if vocab_size > 1 else 0
-    return [[rng.randrange(low, max(vocab_size, low + 1)) for _ in range(input_len)] for _ in range(count)]
+    return [rng.randrange(low, max(vocab_size, low + 1)) for _ in range(length)]
 
 
-def run_level(target: Target, api: str, model: str, prompts: list[list[int]], level: int, output_len: int,
-              timeout: float) -> tuple[list[RequestResult], float]:
-    """Send every prompt with at most ``level`` in flight; the results (in prompt order) and wall time."""
-    results: list[RequestResult | None] = [None] * len(prompts)
-    lock = threading.Lock()
-    cursor = [0]
+def draw_len(rng: random.Random, length: int, ratio: float) -> int:
+    """A length from ``[max(int(length * ratio), 1), length]`` (bench_serving's ``--random-range-ratio``)."""
+    return rng.randint(max(int(length * ratio), 1), length)
 
-    def worker() -> None:
-        while True:
-            with lock:
-                index = cursor[0]
-                if index >= len(prompts):
-                    return
-                cursor[0] += 1
-            results[index] = stream_request(target, api, model, prompts[index], output_len, timeout)
 
-    threads = [threading.Thread(target=worker, name=f"loadgen-{i}", daemon=True)
-               for i in range(max(1, min(level, len(prompts))))]
+def word_ids(text: str, vocab_size: int) -> list[int]:
+    """A text's words as token ids by a stable hash (the same ids on every host and Python)."""
+    span = max(vocab_size - 1, 1)
+    return [1 + zlib.crc32(word.encode("utf-8")) % span for word in text.split()]
+
+
+def load_sharegpt(path: str) -> list[tuple[str, str]]:
+    """(prompt, reply) pairs of a ShareGPT-shaped JSON file, kept as bench_serving keeps them.
+
+    Raises ValueError with one line when the file is not that shape or keeps no pair."""
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of conversations")
+    pairs = []
+    for item in data:
+        turns = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(turns, list) or len(turns) < 2:
+            continue
+        first, second = turns[0], turns[1]
+        if not (isinstance(first, dict) and isinstance(second, dict)):
+            continue
+        prompt, reply = str(first.get("value", "")), str(second.get("value", ""))
+        n_in, n_out = len(prompt.split()), len(reply.split())
+        if n_in < 4 or n_out < 4 or n_in > 1024 or n_in + n_out > 2048:
+            continue
+        pairs.append((prompt, reply))
+    if not pairs:
+        raise ValueError(f"{path}: no conversation with a prompt and a reply of 4 to 2048 words")
+    return pairs
+
+
+class Workload:
+    """What each request asks: its prompt token ids and its output length, drawn from one seeded stream."""
+
+    def __init__(self, args: argparse.Namespace, rng: random.Random) -> None:
+        self.args = args
+        self.rng = rng
+        self.pairs: list[tuple[list[int], int]] = []
+        if args.dataset:
+            pairs = list(getattr(args, "dataset_pairs", None) or load_sharegpt(args.dataset))
+            rng.shuffle(pairs)
+            self.pairs = [(word_ids(p, args.vocab_size), len(r.split())) for p, r in pairs]
+        self.prefixes = [_random_ids(rng, args.prefix_len, args.vocab_size) for _ in range(args.prefix_groups)] \
+            if args.prefix_len else []
+        self.drawn = 0
+
+    @property
+    def name(self) -> str:
+        if self.pairs:
+            return "sharegpt"
+        return "generated-shared-prefix" if self.prefixes else "random"
+
+    def requests(self, count: int) -> list[tuple[list[int], int]]:
+        """The next ``count`` requests as (prompt ids, output length)."""
+        a = self.args
+        out = []
+        for _ in range(count):
+            index, self.drawn = self.drawn, self.drawn + 1
+            if self.pairs:
+                out.append(self.pairs[index % len(self.pairs)])
+                continue
+            prompt = _random_ids(self.rng, draw_len(self.rng, a.input_len, a.random_range_ratio), a.vocab_size)
+            if self.prefixes:
+                prompt = self.prefixes[index % len(self.prefixes)] + prompt
+            out.append((prompt, max(draw_len(self.rng, a.output_len, a.random_range_ratio), 1)))
+        return out
+
+    def meta(self) -> dict[str, Any]:
+        a = self.args
+        return {"dataset_name": self.name, "random_range_ratio": a.random_range_ratio,
+                "request_rate": a.request_rate, "burstiness": a.burstiness, "seed": a.seed}
+
+
+def arrival_offsets(rng: random.Random, count: int, rate: float | None, burstiness: float = 1.0) -> list[float]:
+    """When each of ``count`` requests arrives, in seconds after the first: all at 0 without a rate, else
+    gaps drawn from a gamma distribution of mean ``1/rate`` (``burstiness`` 1 = Poisson arrivals)."""
+    if rate is None or count == 0:
+        return [0.0] * count
+    offsets, now = [0.0], 0.0
+    for _ in range(count - 1):
+        now += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+        offsets.append(now)
+    return offsets
+
+
+def run_level(target: Target, api: str, model: str, requests: list[tuple[list[int], int]] | list[list[int]],
+              level: int, output_len: int, timeout: float,
+              offsets: list[float] | None = None) -> tuple[list[RequestResult], float]:
+    """Send every request with at most ``level`` in flight; the results (in request order) and wall time.
+
+    ``requests`` are (prompt ids, output length) pairs, or bare prompts that all ask ``output_len``. Without
+    ``offsets`` the loop is closed (a request leaves as soon as a slot is free); with them, request ``i``
+    leaves ``offsets[i]`` seconds after the start, or later if ``level`` requests are still in flight."""
+    jobs = [r if isinstance(r, tuple) else (r, output_len) for r in requests]
+    results: list[RequestResult | None] = [None] * len(jobs)
+
+    def one(index: int) -> None:
+        prompt, n_out = jobs[index]
+        results[index] = stream_request(target, api, model, prompt, n_out, timeout)
+
     start = time.perf_counter()
-    for t in threads:
-        t.start()
+    if offsets is None:
+        threads = _closed_loop(len(jobs), level, one)
+    else:
+        threads = _open_loop(offsets[:len(jobs)], level, one, start)
     for t in threads:
         t.join()
     duration = time.perf_counter() - start
@@ -353,6 +473,49 @@ def run_level(target: Target, api: str, model: str, prompts: list[list[int]], le
             r.error = "request was not run"
         done.append(r)
     return done, duration
+
+
+def _closed_loop(count: int, level: int, one: Callable[[int], None]) -> list[threading.Thread]:
+    """Start ``level`` workers that each take the next request as soon as theirs is done."""
+    lock = threading.Lock()
+    cursor = [0]
+
+    def worker() -> None:
+        while True:
+            with lock:
+                index = cursor[0]
+                if index >= count:
+                    return
+                cursor[0] += 1
+            one(index)
+
+    threads = [threading.Thread(target=worker, name=f"loadgen-{i}", daemon=True)
+               for i in range(max(1, min(level, count)))]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def _open_loop(offsets: list[float], level: int, one: Callable[[int], None], start: float) -> list[threading.Thread]:
+    """Send request ``i`` at ``start + offsets[i]`` (or later, while ``level`` requests are in flight)."""
+    slots = threading.BoundedSemaphore(max(1, level))
+
+    def send(index: int) -> None:
+        try:
+            one(index)
+        finally:
+            slots.release()
+
+    threads = []
+    for index, offset in enumerate(offsets):
+        delay = start + offset - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        slots.acquire()
+        t = threading.Thread(target=send, args=(index,), name=f"loadgen-{index}", daemon=True)
+        t.start()
+        threads.append(t)
+    return threads
 
 
 def server_info(target: Target, timeout: float = 10.0) -> dict[str, Any] | None:
@@ -403,19 +566,29 @@ class Sweep:
     def run(self) -> int:
         a = self.args
         scale, simulated = self.time_scale()
+        # The warm-up draws from its own stream, so the measured requests are the same with or without it.
+        warm = Workload(a, random.Random(f"{a.seed}-warmup"))
+        workload = Workload(a, self.rng)
         if a.warmup > 0:
-            prompts = make_prompts(self.rng, a.warmup, a.input_len, a.vocab_size)
-            results, _ = run_level(self.target, a.api, a.model, prompts, 1, a.output_len, a.timeout)
+            results, _ = run_level(self.target, a.api, a.model, warm.requests(a.warmup), 1, a.output_len,
+                                   a.timeout)
             errors = sorted({r.error for r in results if not r.ok})[:MAX_ERRORS]
             sys.stderr.write(json.dumps({"warmup": len(results), "ok": sum(r.ok for r in results),
                                          "errors": errors}) + "\n")
             sys.stderr.flush()
         for index, level in enumerate(a.levels):
-            prompts = make_prompts(self.rng, a.requests[index], a.input_len, a.vocab_size)
-            results, duration = run_level(self.target, a.api, a.model, prompts, level, a.output_len,
-                                          a.timeout)
+            count = a.requests[index]
+            jobs = workload.requests(count)
+            offsets = None
+            if a.request_rate is not None:
+                # The schedule is in the server's time: a simulated host running ``scale`` times faster
+                # than real time gets its requests ``scale`` times closer together.
+                offsets = [t / scale for t in arrival_offsets(self.rng, count, a.request_rate, a.burstiness)]
+            results, duration = run_level(self.target, a.api, a.model, jobs, level, a.output_len, a.timeout,
+                                          offsets)
             record = summarize(results, duration, level=level, api=a.api, input_len=a.input_len,
-                               output_len=a.output_len, time_scale=scale, simulated=simulated)
+                               output_len=a.output_len, time_scale=scale, simulated=simulated,
+                               meta=workload.meta())
             self.emit(record)
             if record["completed"] == 0:
                 return EXIT_LEVEL_FAILED
@@ -485,7 +658,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="append each level's record to this JSONL file")
     p.add_argument("--time-scale", type=_time_scale, default="auto",
                    help="'auto' (ask the server whether it is simulated) or a factor for every time")
+    p.add_argument("--random-range-ratio", type=_ratio, default=1.0,
+                   help="lengths drawn from [len*R, len] (bench_serving semantics); 1.0 = fixed lengths")
+    p.add_argument("--dataset", default=None, help="a local ShareGPT-shaped JSON file of prompts")
+    p.add_argument("--prefix-len", type=_non_negative, default=0, help="tokens of each shared system prompt")
+    p.add_argument("--prefix-groups", type=_positive(int), default=1, help="how many shared system prompts")
+    p.add_argument("--request-rate", type=_positive(float), default=None,
+                   help="open loop: requests per second (Poisson arrivals); default: closed loop")
+    p.add_argument("--burstiness", type=_positive(float), default=1.0,
+                   help="gamma shape of the arrival gaps (1 = Poisson; lower = burstier)")
     return p
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -502,6 +704,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         Target(args.base_url)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.dataset and args.prefix_len:
+        parser.error("--dataset and --prefix-len are two workloads: give one")
+    if args.dataset:
+        try:
+            args.dataset_pairs = load_sharegpt(args.dataset)
+        except (OSError, ValueError) as exc:
+            parser.error(f"--dataset: {exc}")
     return args
 
 

@@ -56,6 +56,25 @@ class BenchPlan:
     warmup: int
     model: str
     timeout: float
+    range_ratio: float = 1.0
+    dataset: str | None = None
+    """The dataset's file name in the run directory (shipped with ``ServerSession(files=...)``)."""
+    prefix_len: int = 0
+    prefix_groups: int = 1
+    seed: int = 1
+    request_rate: float | None = None
+    """Open loop: requests per second (Poisson arrivals); None: closed loop."""
+
+    def loadgen_args(self) -> list[str]:
+        """The load generator's workload and arrival flags for this plan."""
+        args = ["--seed", str(self.seed), "--random-range-ratio", f"{self.range_ratio:g}"]
+        if self.dataset is not None:
+            args += ["--dataset", self.dataset]
+        if self.prefix_len:
+            args += ["--prefix-len", str(self.prefix_len), "--prefix-groups", str(self.prefix_groups)]
+        if self.request_rate is not None:
+            args += ["--request-rate", f"{self.request_rate:g}"]
+        return args
 
 
 @dataclass
@@ -93,8 +112,10 @@ class ServerSession:
         smi_interval: float = 1.0,
         hook: EventHook | None = None,
         memory_limit_bytes: int | None = None,
+        files: Mapping[str, str] | None = None,
     ) -> None:
         self.host = host
+        self.files = dict(files or {})
         self.engine = engine
         self.launch = launch
         self.script = script
@@ -135,7 +156,7 @@ class ServerSession:
         """Start the server; HostBusy (before anything is started) when another program holds the port."""
         self.host.require_port_free(int(self.launch.port))
         self.ref = self.host.start(self.run_dir, self.script, self.run_id,
-                                   files={"loadgen.py": loadgen_source().decode()},
+                                   files={"loadgen.py": loadgen_source().decode(), **self.files},
                                    scratch_vars=self.engine.scratch_vars,
                                    memory_limit_bytes=self.memory_limit_bytes)
         self._spawn(self._follow, "follow")
@@ -451,7 +472,7 @@ class ServerSession:
             "--requests", ",".join(map(str, plan.requests)),
             "--input-len", str(plan.input_len), "--output-len", str(plan.output_len),
             "--warmup", str(plan.warmup), "--timeout", f"{plan.timeout:g}",
-            "--out", "bench.jsonl", "--time-scale", "auto",
+            "--out", "bench.jsonl", "--time-scale", "auto", *plan.loadgen_args(),
         ]
         cmd = f"cd {shlex.quote(self.ref.run_dir)} && exec " + " ".join(shlex.quote(a) for a in args)
         result = BenchResult()

@@ -36,6 +36,7 @@ from search.pool import HostSlot
 from search.records import LevelResult, TrialFacts, note_waiting, write_facts
 from search.sampling import normal_params, sample
 from search.study import fail_stale
+from search.workload import bench_plan, run_files
 from spaces.launch import LaunchConfig
 from spaces.schema import Space
 
@@ -162,7 +163,7 @@ class Objective:
             slot.host, engine, launch, script=script, run_dir=run_dir, run_id=run_id,
             python=launch.python, stop_grace=space.budget.stop_grace,
             smi_interval=env.smi_interval if space.engine.device == "gpu" else 0.0, hook=hook,
-            memory_limit_bytes=space.memory_limit_bytes,
+            memory_limit_bytes=space.memory_limit_bytes, files=run_files(space),
         )
         failure: Failure | None = None
         levels: list[dict[str, Any]] = []
@@ -176,16 +177,7 @@ class Objective:
             facts.startup_s = round(time.monotonic() - started, 3)
             if failure is None:
                 self._emit(trial, "phase", "benchmarking")
-                plan = BenchPlan(
-                    api=engine.bench_api,
-                    levels=tuple(space.workload.concurrency),
-                    requests=tuple(space.workload.requests()),
-                    input_len=space.workload.input_len,
-                    output_len=space.workload.output_len,
-                    warmup=space.workload.warmup_requests,
-                    model=launch.model_path,
-                    timeout=space.budget.benchmark_timeout,
-                )
+                plan = bench_plan(space, api=engine.bench_api, model=launch.model_path)
                 bench_started = time.monotonic()
                 bench = self._benchmark(session, plan)
                 facts.bench_s = round(time.monotonic() - bench_started, 3)

@@ -105,6 +105,14 @@ class LevelResult(BaseModel):
     errors: list[str] | None = None
     simulated: bool | None = None
     time_scale: float | None = None
+    dataset_name: str | None = None
+    """The workload's shape: ``random``, ``sharegpt`` or ``generated-shared-prefix``."""
+    random_range_ratio: float | None = None
+    request_rate: float | None = None
+    """Requests per second of an open loop (Poisson arrivals); None for a closed loop."""
+    burstiness: float | None = None
+    seed: int | None = None
+    """The load generator's seed: the same seed gives the same requests and arrival schedule."""
 
     #: The columns of a level table (report, dashboard notes): field, label.
     TABLE: ClassVar[tuple[tuple[str, str], ...]] = (

@@ -32,6 +32,7 @@ path with the allowed range, in one line). Example (see ``spaces/demo-sim.yaml``
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -383,9 +384,26 @@ class EngineSpec(_Strict):
         return self
 
 
+class SharedPrefix(_Strict):
+    """A prefix-shared mix: ``groups`` system prompts of ``len`` tokens, each request starting with one."""
+
+    len: int = Field(ge=1)
+    groups: int = Field(default=1, ge=1)
+
+
 class Workload(_Strict):
+    """The load each trial is measured under (the load generator's workload, bench_serving's semantics)."""
+
     input_len: int = Field(default=256, ge=1)
     output_len: int = Field(default=128, ge=2)
+    range_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Lengths drawn from ``[len * range_ratio, len]`` (bench_serving's ``--random-range-ratio``); 1 = fixed."""
+    dataset: str | None = None
+    """A local ShareGPT-shaped JSON file of prompts (relative to the space file); never downloaded."""
+    prefix: SharedPrefix | None = None
+    burst: bool = False
+    """Each level sends exactly ``level`` requests at once (the seed-001 burst), instead of a sweep."""
+    seed: int = 1
     concurrency: list[int] = Field(default_factory=lambda: [1, 16, 64], min_length=1)
     requests_per_level: int | list[int] = 64
     warmup_requests: int = Field(default=1, ge=0)
@@ -409,22 +427,133 @@ class Workload(_Strict):
                 raise ValueError("requests_per_level entries must be >= 1")
         elif r < 1:
             raise ValueError("requests_per_level must be >= 1")
+        if self.dataset is not None and self.prefix is not None:
+            raise ValueError("dataset and prefix are two workloads; give one")
+        if self.burst and "requests_per_level" in self.model_fields_set:
+            raise ValueError("burst sends exactly `level` requests per level; drop requests_per_level")
         return self
 
     def requests(self) -> list[int]:
+        if self.burst:
+            return list(self.concurrency)
         r = self.requests_per_level
         return list(r) if isinstance(r, list) else [max(r, c) for c in self.concurrency]
+
+    @property
+    def shape(self) -> str:
+        """The load generator's ``dataset_name`` for this workload."""
+        if self.dataset is not None:
+            return "sharegpt"
+        return "generated-shared-prefix" if self.prefix is not None else "random"
 
 
 class Slo(_Strict):
     p99_ttft_ms: float | None = Field(default=None, gt=0)
     p99_tpot_ms: float | None = Field(default=None, gt=0)
+    max_error_rate: float | None = Field(default=None, ge=0, lt=1)
+    """Largest share of failed requests a level may have and still hold the SLO."""
+
+    def limits(self) -> dict[str, float]:
+        """The set limits by metric name (``error_rate`` for ``max_error_rate``)."""
+        named = {"p99_ttft_ms": self.p99_ttft_ms, "p99_tpot_ms": self.p99_tpot_ms,
+                 "error_rate": self.max_error_rate}
+        return {k: v for k, v in named.items() if v is not None}
+
+
+class RateSearch(_Strict):
+    """How ``max_rate_under_slo`` looks for a configuration's highest rate: bracketing from ``start`` (doubling
+    up or halving down within ``[low, high]``), then bisection until the bracket is within ``tolerance``
+    (relative) or ``steps`` measurements are spent."""
+
+    start: float = Field(default=4.0, gt=0)
+    low: float = Field(default=0.25, gt=0)
+    high: float = Field(default=256.0, gt=0)
+    steps: int = Field(default=8, ge=2, le=30)
+    tolerance: float = Field(default=0.05, gt=0, lt=1)
+    requests: int = Field(default=200, ge=10)
+    """Requests sent at each rate (Poisson arrivals, at most ``objective.level`` in flight)."""
+    result: Literal["rate", "goodput"] = "rate"
+    """The trial's value: the rate found, or the output throughput measured at it."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> RateSearch:
+        if not self.low <= self.start <= self.high:
+            raise ValueError(f"need low <= start <= high, got {self.low:g}, {self.start:g}, {self.high:g}")
+        return self
+
+
+PARETO_METRICS: dict[str, Literal["maximize", "minimize"]] = {
+    "output_throughput": "maximize", "request_throughput": "maximize", "total_throughput": "maximize",
+    "p99_ttft_ms": "minimize", "p99_tpot_ms": "minimize", "p99_itl_ms": "minimize",
+    "p99_e2e_latency_ms": "minimize", "median_ttft_ms": "minimize", "median_tpot_ms": "minimize",
+}
+"""Metrics a ``pareto`` objective may name, with the direction that makes sense for each."""
+
+
+class ParetoMetric(_Strict):
+    name: str
+    direction: Literal["maximize", "minimize"] | None = None
+    """Default: the metric's natural direction (throughput up, latency down)."""
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in PARETO_METRICS:
+            raise ValueError(f"unknown metric {v!r}; allowed: {', '.join(PARETO_METRICS)}")
+        return v
+
+    @property
+    def sense(self) -> Literal["maximize", "minimize"]:
+        return self.direction or PARETO_METRICS[self.name]
 
 
 class Objective(_Strict):
+    """What a trial is scored by.
+
+    * ``throughput_at``: ``metric`` at concurrency ``level``; SLO limits are Optuna constraints;
+    * ``max_rate_under_slo``: the highest request rate at which every ``slo`` limit holds (``rate`` says how
+      it is searched), with at most ``level`` requests in flight;
+    * ``pareto``: two or more ``metrics`` at ``level`` as an Optuna multi-objective study.
+    """
+
+    kind: Literal["throughput_at", "max_rate_under_slo", "pareto"] = "throughput_at"
     metric: Literal["output_throughput", "request_throughput", "total_throughput"] = "output_throughput"
     level: int | None = None
     slo: Slo = Field(default_factory=Slo)
+    rate: RateSearch | None = None
+    metrics: list[ParetoMetric] | None = None
+
+    @model_validator(mode="after")
+    def _kind(self) -> Objective:
+        if self.kind != "max_rate_under_slo" and self.rate is not None:
+            raise ValueError(f"rate is only for kind max_rate_under_slo (this objective is {self.kind})")
+        if self.kind != "pareto" and self.metrics is not None:
+            raise ValueError(f"metrics is only for kind pareto (this objective is {self.kind}); use metric")
+        if self.kind == "max_rate_under_slo":
+            if not self.slo.limits():
+                raise ValueError("max_rate_under_slo needs at least one slo limit "
+                                 "(p99_ttft_ms, p99_tpot_ms or max_error_rate)")
+            if "metric" in self.model_fields_set:
+                raise ValueError("max_rate_under_slo scores the rate (or rate.result: goodput); drop metric")
+        if self.kind == "pareto":
+            names = [m.name for m in self.metrics or []]
+            if len(names) < 2:
+                raise ValueError("pareto needs at least two metrics, e.g. "
+                                 "[{name: output_throughput}, {name: p99_tpot_ms}]")
+            if len(set(names)) != len(names):
+                raise ValueError(f"pareto metrics must differ, got {names}")
+        return self
+
+    @property
+    def rate_search(self) -> RateSearch:
+        return self.rate or RateSearch()
+
+    @property
+    def directions(self) -> list[str]:
+        """The study's directions, one per objective value."""
+        if self.kind == "pareto":
+            return [m.sense for m in self.metrics or []]
+        return ["maximize"]
 
 
 class Budget(_Strict):
@@ -571,6 +700,8 @@ def load_space(path: str | Path) -> Space:
     if space.engine.kind == "sim" and space.engine.python == CONTROLLER_PYTHON:
         engine = space.engine.model_copy(update={"python": sys.executable})
         space = space.model_copy(update={"engine": engine})
+    if space.workload.dataset is not None:
+        space = _with_dataset(space, p)
     if space.engine.sim is not None and not Path(space.engine.sim.profile).is_absolute():
         # Profiles are found relative to the space file, then to the working directory.
         beside = (p.parent / space.engine.sim.profile).resolve()
@@ -578,3 +709,35 @@ def load_space(path: str | Path) -> Space:
             sim = space.engine.sim.model_copy(update={"profile": str(beside)})
             space = space.model_copy(update={"engine": space.engine.model_copy(update={"sim": sim})})
     return space
+
+
+#: A dataset larger than this is not copied to the host for every trial: point at a smaller sample.
+MAX_DATASET_BYTES = 64 * 1024 * 1024
+
+
+def _with_dataset(space: Space, space_file: Path) -> Space:
+    """The space with its dataset path made absolute (relative to the space file, then the working
+    directory) and checked: a readable ShareGPT-shaped JSON list no larger than ``MAX_DATASET_BYTES``."""
+    assert space.workload.dataset is not None
+    given = Path(space.workload.dataset)
+    path = given if given.is_absolute() else space_file.parent / given
+    if not path.is_file() and not given.is_absolute() and given.is_file():
+        path = given
+    where = f"{space_file}: workload.dataset"
+    if not path.is_file():
+        raise ConfigError(f"{where}: no such file {given} (looked beside the space file and here)")
+    size = path.stat().st_size
+    if size > MAX_DATASET_BYTES:
+        raise ConfigError(f"{where}: {size / 2**20:.0f} MiB is over the {MAX_DATASET_BYTES // 2**20} MiB that is "
+                          "copied to the host per trial; use a sample of it")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {path} is not JSON ({exc})") from None
+    ok = isinstance(data, list) and any(
+        isinstance(item, dict) and isinstance(item.get("conversations"), list) for item in data)
+    if not ok:
+        raise ConfigError(f"{where}: {path} is not ShareGPT-shaped "
+                          '(a list of {"conversations": [{"from": "human", ...}, {"from": "gpt", ...}]})')
+    workload = space.workload.model_copy(update={"dataset": str(path.resolve())})
+    return space.model_copy(update={"workload": workload})

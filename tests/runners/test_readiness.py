@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from runners.engines import engine_for
 from runners.errors import HostBusy
 from runners.host import Host
 from runners.server import ServerSession
@@ -71,7 +72,7 @@ def session(host: Host, engine: str, port: int, script: str) -> ServerSession:
     launch = LaunchConfig(engine=engine, python=sys.executable, model_path="m", port=port,
                           engine_options=ENGINES[engine])
     trial = uuid.uuid4().hex[:8]
-    return ServerSession(host, launch.engine_impl(), launch, script="#!/usr/bin/env bash\n" + script,
+    return ServerSession(host, engine_for(launch), launch, script="#!/usr/bin/env bash\n" + script,
                          run_dir=host.run_dir("ready", trial), run_id=f"ready-{trial}", python=sys.executable,
                          stop_grace=2, smi_interval=0)
 
