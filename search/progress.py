@@ -12,6 +12,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -81,7 +82,7 @@ class Progress:
             if rec.value is not None and rec.feasible and (self.best is None or rec.value > self.best[0]):
                 self.best = (rec.value, trial.number)
         if not self.live_enabled:
-            self.console.print(_line(rec, self.metric))
+            self.console.print(_line(rec, self.metric), markup=False, highlight=False)
         self._refresh()
 
     # -- rendering -----------------------------------------------------------------------------
@@ -122,7 +123,7 @@ class Progress:
 
 
 def _line(rec: TrialFacts, metric: str) -> str:
-    params = ", ".join(f"{_short(k)}={_value(v)}" for k, v in rec.params.items())
+    params = ", ".join(f"{_short(k)}={_value(v)}" for k, v in rec.params.items())  # printed without markup
     if rec.state == TrialState.COMPLETE:
         return f"trial {rec.number}: COMPLETE {metric}={rec.value:.1f}  [{params}]"
     where = f" in {rec.phase.value}" if rec.phase else ""
@@ -166,7 +167,7 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
     if best is not None:
         params = ", ".join(f"{k}={v}" for k, v in best.params.items())
         console.print(f"[green]best[/]: trial {best.number}, {space.objective.metric}={best.value:.1f} "
-                      f"at C={space.target_level}  [{params}]")
+                      f"at C={space.target_level}  {escape('[' + params + ']')}")
     else:
         console.print("[yellow]no COMPLETE trial yet[/]")
     if summary.report_path is not None:
