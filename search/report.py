@@ -61,7 +61,8 @@ MEMORY_LABELS: dict[str, str] = {
     "smi_peak_used_mib": "nvidia-smi peak used (MiB)",
 }
 
-_INFRA_TROUBLE = frozenset({"host_unreachable", "host_busy"})
+#: Outcomes that say the host, not the configuration, could not take a trial: the host is shown unavailable.
+_INFRA_TROUBLE = frozenset({"host_unreachable", "host_busy", "host_config", "port_in_use"})
 
 
 # ---- the report ----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from runners.errors import ConfigError, HostKeyError, StudyError
 from runners.inventory import open_host, parse_inventory
 from search.cli import main
 from search.hosts import build_hosts, local_host
+from search.records import TrialFacts
 from search.run import RunOptions, StopReason, run_search
 from search.settings import study_name
 from search.tracking import MlflowTracker
@@ -282,8 +283,9 @@ def test_a_full_artifacts_disk_keeps_the_result_and_stops_in_one_line(tmp_path: 
     assert len(done) == 1  # the run stopped before the next trial
     trial = done[0]
     assert trial.state in (TrialState.COMPLETE, TrialState.PRUNED), trial.user_attrs
-    assert trial.user_attrs["outcome"] in ("ok", "oom") and trial.user_attrs["levels"]
-    assert "No space left on device" in trial.user_attrs["artifacts_error"]
+    facts = TrialFacts.from_trial(trial)
+    assert facts.label in ("ok", "oom") and facts.levels
+    assert "No space left on device" in (facts.artifacts_error or "")
     assert gpu_pids(wd / "sim") == ""  # its server was stopped all the same
 
 
@@ -309,7 +311,7 @@ def test_a_storage_disk_that_fills_up_keeps_the_told_trials_and_stops_in_one_lin
         message = str(info.value)
         assert "\n" not in message and "disk is full" in message and "the run stopped" in message, message
         told = [t for t in trials(url, "dbfull") if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert len(told) == 1 and told[0].user_attrs["levels"]  # the trial before the disk filled is kept
+    assert len(told) == 1 and TrialFacts.from_trial(told[0]).levels  # the trial before the disk filled is kept
     assert gpu_pids(tmp_path / "sim") == ""
 
 
