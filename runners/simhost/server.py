@@ -39,13 +39,13 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 from runners.simhost import texts
-from runners.simhost.engine import Batch, BatchEngine, OomDetail, RuntimeSpec, SimRequest
+from runners.simhost.engine import Batch, BatchEngine, OomDetail, Retraction, RuntimeSpec, SimRequest
 from runners.simhost.launch import BadFlag, SimLaunch, build_parser, emulated_version
 from runners.simhost.model import (
     WARMUP_MAX_NEW_TOKENS,
@@ -301,34 +301,42 @@ class _Scheduler(threading.Thread):
             if self.server.first_forward_failure is not None:
                 self.server.die_first_forward(self.server.first_forward_failure)
             if batch.retraction is not None:
-                rt = batch.retraction
-                self.server.log.line(
-                    texts.retract_line(
-                        self.server.v,
-                        retracted=len(rt.requests),
-                        gained=rt.tokens_gained,
-                        old_ratio=rt.old_ratio,
-                        new_ratio=rt.new_ratio,
-                    ),
-                    rank=0,
-                    level="warning" if self.server.v >= (0, 5, 10) else "info",
-                )
+                self._log_retraction(batch.retraction)
             if batch.oom is not None:
                 self.server.die_runtime(batch)
             self.server.note_transient(batch, self.spec)
-            now = time.monotonic()
-            start = self.deadline if now - _CATCH_UP_S < self.deadline <= now else now
-            end = start + wall
-            delay = end - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            self.deadline = end
+            end = self._wait_out(wall)
             emissions = self.engine.commit(batch, (end - self.t0) * self.speed)
             for em in emissions:
                 if isinstance(em.request.sink, _Channel):
                     em.request.sink.put(em.new_tokens, em.finished)
             if batch.kind == "decode":
                 self._log_decode(batch)
+
+    def _log_retraction(self, rt: Retraction) -> None:
+        self.server.log.line(
+            texts.retract_line(
+                self.server.v,
+                retracted=len(rt.requests),
+                gained=rt.tokens_gained,
+                old_ratio=rt.old_ratio,
+                new_ratio=rt.new_ratio,
+            ),
+            rank=0,
+            level="warning" if self.server.v >= (0, 5, 10) else "info",
+        )
+
+    def _wait_out(self, wall: float) -> float:
+        """Sleep until a batch of ``wall`` seconds, started at the previous batch's end when that is recent,
+        is done; return its end (monotonic clock)."""
+        now = time.monotonic()
+        start = self.deadline if now - _CATCH_UP_S < self.deadline <= now else now
+        end = start + wall
+        delay = end - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        self.deadline = end
+        return end
 
     def _log_prefill(self, batch: Batch, wall: float) -> None:
         eng = self.engine
@@ -385,6 +393,78 @@ class _BadRequest(Exception):
 
 def _token_text(start: int, n: int) -> str:
     return "".join(" " + _WORDS[i % len(_WORDS)] for i in range(start, start + n))
+
+
+class _Reply(NamedTuple):
+    """What every response to one generation request repeats."""
+
+    kind: str  # generate | completions | chat
+    rid: str
+    input_len: int
+    t0: float  # time.monotonic() when the request was accepted
+    created: int
+    model: str
+
+
+def _generate_request(body: dict[str, Any]) -> tuple[Any, Any]:
+    """(max_new_tokens, prompt) of a native ``/generate`` body."""
+    sp = body.get("sampling_params") or {}
+    prompt = body.get("input_ids") if body.get("input_ids") is not None else body.get("text", "")
+    return sp.get("max_new_tokens", 128), prompt
+
+
+def _completions_request(body: dict[str, Any]) -> tuple[Any, Any]:
+    """(max_new_tokens, prompt) of a ``/v1/completions`` body."""
+    return body.get("max_tokens", 16), body.get("prompt", "")
+
+
+def _chat_request(body: dict[str, Any]) -> tuple[Any, Any]:
+    """(max_new_tokens, prompt) of a ``/v1/chat/completions`` body: the messages' contents, joined."""
+    max_new = body.get("max_completion_tokens") or body.get("max_tokens") or 128
+    msgs = body.get("messages") or []
+    return max_new, " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+
+
+_REQUEST_PARSERS: dict[str, Callable[[dict[str, Any]], tuple[Any, Any]]] = {
+    "generate": _generate_request,
+    "completions": _completions_request,
+    "chat": _chat_request,
+}
+
+
+def _input_len(body: dict[str, Any], prompt: Any) -> int:
+    """``sim_input_len`` when the body gives one, else the prompt's token count."""
+    if isinstance(body.get("sim_input_len"), int) and body["sim_input_len"] > 0:
+        return int(body["sim_input_len"])
+    if isinstance(prompt, list):
+        return max(1, len(prompt))
+    return approx_tokens(str(prompt))
+
+
+def _whole_choice(kind: str, text: str) -> tuple[dict[str, Any], str]:
+    """(the one choice, the object type) of a non-streamed OpenAI-style answer."""
+    if kind == "completions":
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": "length",
+            "matched_stop": None,
+        }
+        return choice, "text_completion"
+    choice = {
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "content": text,
+            "reasoning_content": None,
+            "tool_calls": None,
+        },
+        "logprobs": None,
+        "finish_reason": "length",
+        "matched_stop": None,
+    }
+    return choice, "chat.completion"
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -453,46 +533,61 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _route(self, method: str) -> None:
         path = self.path.split("?", 1)[0]
-        sim = self.sim
         try:
-            if path in ("/health", "/health_generate"):
-                self._send(200 if sim.ready.is_set() else 503, b"")
-            elif path in ("/get_server_info", "/server_info"):
-                self._deprecated(path, "/get_server_info", "/server_info")
-                self._json(200, sim.server_info())
-            elif path in ("/get_model_info", "/model_info"):
-                self._deprecated(path, "/get_model_info", "/model_info")
-                self._json(200, sim.model_info())
-            elif path == "/v1/models":
-                self._json(200, sim.models())
-            elif path == "/metrics" and sim.launch.enable_metrics:
-                self._send(200, sim.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
-            elif path == "/flush_cache":
-                self._send(200, b"Cache flushed.\n", "text/plain; charset=utf-8")
-            elif path == "/generate" and method in ("POST", "PUT"):
-                self._generate("generate")
-            elif path == "/v1/completions" and method == "POST":
-                self._generate("completions")
-            elif path == "/v1/chat/completions" and method == "POST":
-                self._generate("chat")
-            else:
-                self._json(404, {"detail": "Not Found"})
+            self._dispatch(path, method)
         except _BadRequest as exc:
-            if path.startswith("/v1/"):
-                self._json(
-                    exc.status,
-                    {
-                        "object": "error",
-                        "message": exc.message,
-                        "type": "BadRequestError",
-                        "param": None,
-                        "code": exc.status,
-                    },
-                )
-            else:
-                self._json(exc.status, {"error": {"message": exc.message}})
+            self._bad_request(path, exc)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _dispatch(self, path: str, method: str) -> None:
+        """Answer with the first route whose condition holds; 404 when none does."""
+        sim = self.sim
+        routes: tuple[tuple[bool, Callable[[], None]], ...] = (
+            (path in ("/health", "/health_generate"), lambda: self._send(200 if sim.ready.is_set() else 503, b"")),
+            (
+                path in ("/get_server_info", "/server_info"),
+                lambda: self._info(path, "/get_server_info", "/server_info", sim.server_info),
+            ),
+            (
+                path in ("/get_model_info", "/model_info"),
+                lambda: self._info(path, "/get_model_info", "/model_info", sim.model_info),
+            ),
+            (path == "/v1/models", lambda: self._json(200, sim.models())),
+            (
+                path == "/metrics" and sim.launch.enable_metrics,
+                lambda: self._send(200, sim.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8"),
+            ),
+            (path == "/flush_cache", lambda: self._send(200, b"Cache flushed.\n", "text/plain; charset=utf-8")),
+            (path == "/generate" and method in ("POST", "PUT"), lambda: self._generate("generate")),
+            (path == "/v1/completions" and method == "POST", lambda: self._generate("completions")),
+            (path == "/v1/chat/completions" and method == "POST", lambda: self._generate("chat")),
+        )
+        handler = next((h for matches, h in routes if matches), None)
+        if handler is None:
+            self._json(404, {"detail": "Not Found"})
+        else:
+            handler()
+
+    def _info(self, path: str, old: str, new: str, payload: Callable[[], dict[str, Any]]) -> None:
+        self._deprecated(path, old, new)
+        self._json(200, payload())
+
+    def _bad_request(self, path: str, exc: _BadRequest) -> None:
+        """OpenAI-style error body on ``/v1/`` paths, SGLang's own elsewhere."""
+        if path.startswith("/v1/"):
+            self._json(
+                exc.status,
+                {
+                    "object": "error",
+                    "message": exc.message,
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": exc.status,
+                },
+            )
+        else:
+            self._json(exc.status, {"error": {"message": exc.message}})
 
     def _deprecated(self, path: str, old: str, new: str) -> None:
         """From 0.5.9 each call of an old ``/get_*`` path logs a deprecation warning (engine-audit item 15)."""
@@ -505,25 +600,36 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _generate(self, kind: str) -> None:
         sim = self.sim
         body = self._body()
-        sp = body.get("sampling_params") or {}
-        if kind == "generate":
-            max_new = sp.get("max_new_tokens", 128)
-            prompt: Any = body.get("input_ids") if body.get("input_ids") is not None else body.get("text", "")
-        elif kind == "completions":
-            max_new = body.get("max_tokens", 16)
-            prompt = body.get("prompt", "")
-        else:
-            max_new = body.get("max_completion_tokens") or body.get("max_tokens") or 128
-            msgs = body.get("messages") or []
-            prompt = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+        max_new, prompt = _REQUEST_PARSERS.get(kind, _chat_request)(body)
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
             raise _BadRequest("batched prompts are not supported by the simulated host")
-        if isinstance(body.get("sim_input_len"), int) and body["sim_input_len"] > 0:
-            input_len = int(body["sim_input_len"])
-        elif isinstance(prompt, list):
-            input_len = max(1, len(prompt))
-        else:
-            input_len = approx_tokens(str(prompt))
+        input_len = _input_len(body, prompt)
+        self._check_size(input_len, max_new)
+        scheduler = sim.scheduler
+        assert scheduler is not None
+        stream = bool(body.get("stream", False))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
+        chan = _Channel()
+        req = SimRequest(
+            input_len=input_len,
+            max_new_tokens=max_new,
+            arrival_s=scheduler.sim_now(),
+            is_warmup=body.get("sim_warmup") is True,
+            sink=chan,
+        )
+        rid = str(body["rid"]) if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+        t0 = time.monotonic()
+        created = int(time.time())
+        reply = _Reply(kind=kind, rid=rid, input_len=input_len, t0=t0, created=created, model=sim.served_name)
+        scheduler.submit(req)
+        if not stream:
+            self._reply_whole(reply, chan)
+            return
+        self._reply_stream(reply, chan, req, include_usage)
+
+    def _check_size(self, input_len: int, max_new: Any) -> None:
+        """Refuse a request whose token count does not fit the context or the KV pool, as SGLang does."""
+        sim = self.sim
         if not isinstance(max_new, int) or max_new < 1:
             raise _BadRequest(f"max_new_tokens must be a positive integer, got {max_new!r}")
         ctx = sim.context_len
@@ -541,79 +647,48 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 f"The request needs {input_len + max_new} tokens, more than the KV cache holds "
                 f"({spec.max_total_num_tokens} tokens)."
             )
-        stream = bool(body.get("stream", False))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
-        chan = _Channel()
-        req = SimRequest(
-            input_len=input_len,
-            max_new_tokens=max_new,
-            arrival_s=sim.scheduler.sim_now(),
-            is_warmup=body.get("sim_warmup") is True,
-            sink=chan,
-        )
-        rid = str(body["rid"]) if isinstance(body.get("rid"), str) else uuid.uuid4().hex
-        t0 = time.monotonic()
-        created = int(time.time())
-        model = sim.served_name
-        sim.scheduler.submit(req)
-        if not stream:
-            generated = 0
-            finished = False
-            while not finished:
-                n, finished = chan.get()
-                generated += n
-            text = _token_text(0, generated)
-            if kind == "generate":
-                self._json(
-                    200,
-                    {
-                        "text": text,
-                        "output_ids": list(range(1000, 1000 + generated)),
-                        "meta_info": self._meta(rid, input_len, generated, True, time.monotonic() - t0),
-                    },
-                )
-                return
-            usage = {
-                "prompt_tokens": input_len,
-                "completion_tokens": generated,
-                "total_tokens": input_len + generated,
-                "prompt_tokens_details": None,
-            }
-            if kind == "completions":
-                choice: dict[str, Any] = {
-                    "index": 0,
-                    "text": text,
-                    "logprobs": None,
-                    "finish_reason": "length",
-                    "matched_stop": None,
-                }
-                obj = "text_completion"
-            else:
-                choice = {
-                    "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": text,
-                        "reasoning_content": None,
-                        "tool_calls": None,
-                    },
-                    "logprobs": None,
-                    "finish_reason": "length",
-                    "matched_stop": None,
-                }
-                obj = "chat.completion"
+
+    def _reply_whole(self, reply: _Reply, chan: _Channel) -> None:
+        """The non-streaming answer, once the request has finished."""
+        kind, rid, input_len = reply.kind, reply.rid, reply.input_len
+        generated = 0
+        finished = False
+        while not finished:
+            n, finished = chan.get()
+            generated += n
+        text = _token_text(0, generated)
+        if kind == "generate":
             self._json(
                 200,
                 {
-                    "id": rid,
-                    "object": obj,
-                    "created": created,
-                    "model": model,
-                    "choices": [choice],
-                    "usage": usage,
+                    "text": text,
+                    "output_ids": list(range(1000, 1000 + generated)),
+                    "meta_info": self._meta(rid, input_len, generated, True, time.monotonic() - reply.t0),
                 },
             )
             return
+        usage = {
+            "prompt_tokens": input_len,
+            "completion_tokens": generated,
+            "total_tokens": input_len + generated,
+            "prompt_tokens_details": None,
+        }
+        choice, obj = _whole_choice(kind, text)
+        self._json(
+            200,
+            {
+                "id": rid,
+                "object": obj,
+                "created": reply.created,
+                "model": reply.model,
+                "choices": [choice],
+                "usage": usage,
+            },
+        )
+
+    def _reply_stream(self, reply: _Reply, chan: _Channel, req: SimRequest, include_usage: bool) -> None:
+        """Server-sent events, one per batch of new tokens; a client that goes away aborts the request."""
+        kind = reply.kind
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.send_header("transfer-encoding", "chunked")
@@ -625,63 +700,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 n, finished = chan.get()
                 start = generated
                 generated += n
-                if kind == "generate":
-                    self._sse(
-                        {
-                            "text": _token_text(0, generated),
-                            "output_ids": list(range(1000, 1000 + generated)),
-                            "meta_info": self._meta(rid, input_len, generated, finished, time.monotonic() - t0),
-                            "index": 0,
-                        }
-                    )
-                    continue
-                reason = "length" if finished else None
-                if kind == "completions":
-                    self._sse(
-                        {
-                            "id": rid,
-                            "object": "text_completion",
-                            "created": created,
-                            "model": model,
-                            "choices": [
-                                {
-                                    "index": 0,
-                                    "text": _token_text(start, n),
-                                    "logprobs": None,
-                                    "finish_reason": reason,
-                                    "matched_stop": None,
-                                }
-                            ],
-                            "usage": None,
-                        }
-                    )
-                else:
-                    delta: dict[str, Any] = {"content": _token_text(start, n)}
-                    if start == 0:
-                        delta = {"role": "assistant", **delta}
-                    self._sse(
-                        {
-                            "id": rid,
-                            "object": "chat.completion.chunk",
-                            "created": created,
-                            "model": model,
-                            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}],
-                            "usage": None,
-                        }
-                    )
+                self._sse(self._stream_chunk(reply, start, n, generated, finished))
             if kind != "generate" and include_usage:
                 obj = "text_completion" if kind == "completions" else "chat.completion.chunk"
                 self._sse(
                     {
-                        "id": rid,
+                        "id": reply.rid,
                         "object": obj,
-                        "created": created,
-                        "model": model,
+                        "created": reply.created,
+                        "model": reply.model,
                         "choices": [],
                         "usage": {
-                            "prompt_tokens": input_len,
+                            "prompt_tokens": reply.input_len,
                             "completion_tokens": generated,
-                            "total_tokens": input_len + generated,
+                            "total_tokens": reply.input_len + generated,
                         },
                     }
                 )
@@ -689,8 +721,48 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._chunk(b"")
         except (BrokenPipeError, ConnectionResetError):
             if not finished:
-                sim.scheduler.abort(req)
+                assert self.sim.scheduler is not None
+                self.sim.scheduler.abort(req)
             self.close_connection = True
+
+    def _stream_chunk(self, reply: _Reply, start: int, n: int, generated: int, finished: bool) -> dict[str, Any]:
+        """One streamed event: tokens ``start`` .. ``start + n`` of ``generated`` so far."""
+        if reply.kind == "generate":
+            return {
+                "text": _token_text(0, generated),
+                "output_ids": list(range(1000, 1000 + generated)),
+                "meta_info": self._meta(reply.rid, reply.input_len, generated, finished, time.monotonic() - reply.t0),
+                "index": 0,
+            }
+        reason = "length" if finished else None
+        if reply.kind == "completions":
+            return {
+                "id": reply.rid,
+                "object": "text_completion",
+                "created": reply.created,
+                "model": reply.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": _token_text(start, n),
+                        "logprobs": None,
+                        "finish_reason": reason,
+                        "matched_stop": None,
+                    }
+                ],
+                "usage": None,
+            }
+        delta: dict[str, Any] = {"content": _token_text(start, n)}
+        if start == 0:
+            delta = {"role": "assistant", **delta}
+        return {
+            "id": reply.rid,
+            "object": "chat.completion.chunk",
+            "created": reply.created,
+            "model": reply.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}],
+            "usage": None,
+        }
 
     @staticmethod
     def _meta(rid: str, prompt: int, generated: int, finished: bool, elapsed: float) -> dict[str, Any]:
