@@ -51,6 +51,7 @@ from runners.simhost.model import (
     WARMUP_MAX_NEW_TOKENS,
     WARMUP_PROMPT,
     Failure,
+    ResolvedArgs,
     StartupPlan,
     approx_tokens,
     oom_text,
@@ -989,24 +990,38 @@ class SimServer:
     # -- start-up -------------------------------------------------------------------------------------------
     def run(self) -> int:
         self._install_signals()
-        p, launch, log, v = self.profile, self.launch, self.log, self.v
+        p, launch = self.profile, self.launch
         write_host(self.state_dir, HostState.from_spec(p.host, p.name))
         self.gpus = self._gpu_indices()
+        self._note_others()
+        other = [sum(gib for _, gib in self.others.get(g, [])) for g in self.gpus] or [0.0]
+        plan = plan_startup(p, launch, other_used_gib=other, seed=self.seed)
+        self.plan = plan
+        fail = plan.failure
+        r = plan.resolved
+        assert r is not None
+        self.context_len = r.context_len
+        fail = self._start_init(plan, r, fail)
+        self._start_weights(plan, fail)
+        pool_used = self._start_kv_pool(plan, r, fail)
+        self._start_decode_graphs(plan, fail, pool_used)
+        self._start_prefill_graphs(plan, fail, pool_used)
+        self._start_summary(plan, r, fail, pool_used)
+        return self._serve(plan)
+
+    def _note_others(self) -> None:
+        """Record the memory other live simulated processes hold on this server's GPUs."""
         for entry in live_procs(self.state_dir):
             if entry.pid == self.pid:
                 continue
             for g in self.gpus:
                 if entry.used_mib.get(g, 0) > 0:
                     self.others.setdefault(g, []).append((entry.pid, entry.used_mib[g] / 1024))
-        other = [sum(gib for _, gib in self.others.get(g, [])) for g in self.gpus] or [0.0]
-        plan = plan_startup(p, launch, other_used_gib=other, seed=self.seed)
-        self.plan = plan
-        mem = plan.memory
-        fail = plan.failure
-        r = plan.resolved
-        assert r is not None
-        self.context_len = r.context_len
 
+    def _start_init(self, plan: StartupPlan, r: ResolvedArgs, fail: Failure | None) -> Failure | None:
+        """The server-args line, torch distributed / NCCL init; return the start-up failure (the device
+        check can add one)."""
+        launch, log, v, mem = self.launch, self.log, self.v, plan.memory
         log.line(f"servetune simulated host: figures are simulated, not measured (sim_speed={self.speed:g})")
         for w in launch.warnings:
             log.line(w, level="warning")
@@ -1028,18 +1043,19 @@ class SimServer:
         self.set_used(plan.ctx_gib)
         log.ranks(texts.dist_init_end(v, plan.durations.get("dist_init", 0.0) / self.speed, plan.ctx_gib))
         assert mem.pre_load_avail_gib is not None and mem.weights_gib is not None
-        for g in self.gpus:
-            if self.others.get(g):
-                mine = mem.pre_load_avail_gib
-                log.ranks(
-                    f"The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
-                    f"pre_model_load_memory={mine:.2f}, local_gpu_memory={mine:.2f}, "
-                    f"local_gpu_memory * 0.9={mine * 0.9:.2f}",
-                    level="warning",
-                )
-                break
+        if any(self.others.get(g) for g in self.gpus):
+            mine = mem.pre_load_avail_gib
+            log.ranks(
+                f"The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
+                f"pre_model_load_memory={mine:.2f}, local_gpu_memory={mine:.2f}, "
+                f"local_gpu_memory * 0.9={mine * 0.9:.2f}",
+                level="warning",
+            )
+        return fail
 
-        # weights
+    def _start_weights(self, plan: StartupPlan, fail: Failure | None) -> None:
+        p, log, mem = self.profile, self.log, plan.memory
+        assert mem.pre_load_avail_gib is not None and mem.weights_gib is not None
         log.ranks(f"Load weight begin. avail mem={mem.pre_load_avail_gib:.2f} GB")
         load_s = plan.durations.get("load_weights", 0.0)
         target = mem.weights_gib
@@ -1055,7 +1071,7 @@ class SimServer:
         assert mem.avail_after_weights_gib is not None
         log.ranks(
             texts.load_weight_end(
-                v,
+                self.v,
                 elapsed_s=load_s / self.speed,
                 arch=p.model.architecture,
                 dtype=p.model.dtype,
@@ -1064,11 +1080,14 @@ class SimServer:
             )
         )
 
-        # KV pool
+    def _start_kv_pool(self, plan: StartupPlan, r: ResolvedArgs, fail: Failure | None) -> float:
+        """The KV pool's lines; return the GiB in use once the memory pool is set up."""
+        p, log, mem = self.profile, self.log, plan.memory
         self.sleep_sim(plan.durations.get("kv_pool", 0.0))
         if fail is not None and fail.phase == "kv_pool":
             self._die_startup(fail)
         assert mem.kv_tokens is not None and mem.kv_gib is not None and mem.free_after_pool_gib is not None
+        assert mem.weights_gib is not None and mem.avail_after_weights_gib is not None
         for w in plan.warnings:
             log.line(w, rank=0, level="warning")
         if p.model.kv_pool == "deepseek_v4":
@@ -1077,7 +1096,7 @@ class SimServer:
         else:
             log.ranks(
                 texts.kv_allocated(
-                    v,
+                    self.v,
                     tokens=mem.kv_tokens,
                     kv_gib=mem.kv_gib,
                     mla=p.model.attention == "mla",
@@ -1087,57 +1106,68 @@ class SimServer:
         pool_used = plan.ctx_gib + mem.weights_gib + (mem.avail_after_weights_gib - mem.free_after_pool_gib)
         self.set_used(pool_used)
         log.ranks(f"Memory pool end. avail mem={mem.free_after_pool_gib:.2f} GB")
+        return pool_used
 
-        # CUDA graphs
+    def _start_decode_graphs(self, plan: StartupPlan, fail: Failure | None, pool_used: float) -> None:
+        log, v, mem = self.log, self.v, plan.memory
+        assert mem.free_after_pool_gib is not None
         capture = mem.capture_bs or []
         decode_fail = fail is not None and fail.phase == "cuda_graph" and fail.stage != "prefill_graph"
-        if capture or decode_fail:
-            log.ranks(texts.capture_begin(v, avail_gib=mem.free_after_pool_gib, bs=capture))
-            if fail is not None and decode_fail:
-                self.sleep_sim(fail.elapsed_s)
-                if fail.oom is not None:
-                    self.set_used(pool_used + fail.oom.private_pool_gib + p.memory.graph_workspace_gib)
-                self._nccl_warn(plan)
-                self._die_startup(fail)
-            self.sleep_sim(plan.durations.get("cuda_graph", 0.0))
-            assert mem.graph_gib is not None
-            decode_gib = mem.graph_gib - (mem.prefill_graph_gib or 0.0)
-            log.ranks(
-                texts.capture_end(
-                    v,
-                    elapsed_s=plan.durations.get("cuda_graph", 0.0) / self.speed,
-                    usage_gib=decode_gib,
-                    avail_gib=mem.free_after_pool_gib - decode_gib,
-                    bs=capture,
-                )
+        if not (capture or decode_fail):
+            return
+        log.ranks(texts.capture_begin(v, avail_gib=mem.free_after_pool_gib, bs=capture))
+        if fail is not None and decode_fail:
+            self.sleep_sim(fail.elapsed_s)
+            if fail.oom is not None:
+                self.set_used(pool_used + fail.oom.private_pool_gib + self.profile.memory.graph_workspace_gib)
+            self._nccl_warn(plan)
+            self._die_startup(fail)
+        self.sleep_sim(plan.durations.get("cuda_graph", 0.0))
+        assert mem.graph_gib is not None
+        decode_gib = mem.graph_gib - (mem.prefill_graph_gib or 0.0)
+        log.ranks(
+            texts.capture_end(
+                v,
+                elapsed_s=plan.durations.get("cuda_graph", 0.0) / self.speed,
+                usage_gib=decode_gib,
+                avail_gib=mem.free_after_pool_gib - decode_gib,
+                bs=capture,
             )
+        )
+
+    def _start_prefill_graphs(self, plan: StartupPlan, fail: Failure | None, pool_used: float) -> None:
+        log, v, mem = self.log, self.v, plan.memory
         ptokens = mem.prefill_graph_tokens or []
-        if ptokens:
-            assert mem.graph_gib is not None
-            decode_gib = mem.graph_gib - (mem.prefill_graph_gib or 0.0)
-            before = mem.free_after_pool_gib - decode_gib
-            log.ranks(texts.prefill_capture_begin(v, avail_gib=before, tokens=ptokens))
-            if fail is not None and fail.stage == "prefill_graph":
-                self.sleep_sim(fail.elapsed_s)
-                self.set_used(pool_used + mem.graph_gib)
-                if v < (0, 5, 14):
-                    log.ranks(f"Piecewise CUDA Graph failed with error: {fail.message.splitlines()[0]}", level="error")
-                self._die_startup(fail)
-            self.sleep_sim(plan.durations.get("prefill_graph", 0.0))
-            log.ranks(
-                texts.prefill_capture_end(
-                    v,
-                    elapsed_s=plan.durations.get("prefill_graph", 0.0) / self.speed,
-                    usage_gib=mem.prefill_graph_gib or 0.0,
-                    avail_gib=before - (mem.prefill_graph_gib or 0.0),
-                )
+        if not ptokens:
+            return
+        assert mem.graph_gib is not None and mem.free_after_pool_gib is not None
+        decode_gib = mem.graph_gib - (mem.prefill_graph_gib or 0.0)
+        before = mem.free_after_pool_gib - decode_gib
+        log.ranks(texts.prefill_capture_begin(v, avail_gib=before, tokens=ptokens))
+        if fail is not None and fail.stage == "prefill_graph":
+            self.sleep_sim(fail.elapsed_s)
+            self.set_used(pool_used + mem.graph_gib)
+            if v < (0, 5, 14):
+                log.ranks(f"Piecewise CUDA Graph failed with error: {fail.message.splitlines()[0]}", level="error")
+            self._die_startup(fail)
+        self.sleep_sim(plan.durations.get("prefill_graph", 0.0))
+        log.ranks(
+            texts.prefill_capture_end(
+                v,
+                elapsed_s=plan.durations.get("prefill_graph", 0.0) / self.speed,
+                usage_gib=mem.prefill_graph_gib or 0.0,
+                avail_gib=before - (mem.prefill_graph_gib or 0.0),
             )
+        )
+
+    def _start_summary(self, plan: StartupPlan, r: ResolvedArgs, fail: Failure | None, pool_used: float) -> None:
+        mem = plan.memory
         if fail is not None and fail.phase == "warmup":
             self.first_forward_failure = fail  # the warm-up request's first forward dies (scheduler)
         assert mem.graph_gib is not None and mem.free_after_capture_gib is not None
         self.set_used(pool_used + mem.graph_gib)
         assert mem.max_total_num_tokens is not None and mem.max_running_requests is not None
-        log.line(
+        self.log.line(
             texts.pool_summary(
                 tokens=mem.max_total_num_tokens,
                 chunked=r.chunked_prefill_size,
@@ -1149,7 +1179,9 @@ class SimServer:
             rank=0,
         )
 
-        # HTTP
+    def _serve(self, plan: StartupPlan) -> int:
+        """Bind the HTTP port, start the scheduler and warm-up, then wait; 1 when the port cannot be bound."""
+        launch, log = self.launch, self.log
         self.runtime = plan.runtime
         assert self.runtime is not None
         self.sleep_sim(plan.durations.get("server_start", 0.0))
