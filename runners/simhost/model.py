@@ -297,87 +297,102 @@ def _capture_candidates(
     return tuple(out)
 
 
-def resolve_args(profile: SimProfile, launch: SimLaunch) -> ResolvedArgs:
-    """Fill in what SGLang derives when a flag is absent, for the emulated version and this GPU."""
-    v = launch.version_tuple
+def _reserved_mib_before_055(launch: SimLaunch, gpu_mem: int) -> float:
+    """Memory SGLang < 0.5.5 keeps out of ``mem_fraction_static`` (MiB)."""
+    ps = launch.tp_size
+    if gpu_mem < 35 * 1024:
+        reserved = (2.8 + ps / 10) * 1024
+    elif gpu_mem < 90 * 1024:
+        reserved = (9.5 + ps / 2) * 1024
+    elif gpu_mem < 160 * 1024:
+        reserved = (12 + ps / 2) * 1024
+    else:
+        reserved = 32 * 1024
+    if launch.speculative_algorithm:
+        reserved += (6 if launch.speculative_algorithm.upper() == "STANDALONE" else 2) * 1024
+    if launch.enable_dp_attention:
+        reserved += 4 * 1024
+    return reserved
+
+
+def _defaults_before_055(profile: SimProfile, launch: SimLaunch) -> tuple[int, int | None, float]:
+    """(chunked_prefill_size, cuda_graph_max_bs, mem_fraction_static) as SGLang < 0.5.5 fills them in."""
     gpu_mem = profile.host.memory_total_mib
-    tp = launch.tp_size
-    mdl = profile.model
     chunked = launch.chunked_prefill_size
     max_bs = launch.cuda_graph_max_bs
     mfs = launch.mem_fraction_static
-    if v < (0, 5, 5):
-        if chunked is None:
-            chunked = 2048 if gpu_mem < 35 * 1024 else 8192 if gpu_mem < 160 * 1024 else 16384
-        if max_bs is None and gpu_mem < 35 * 1024:
-            max_bs = 8 if tp < 4 else 80
-        if mfs is None:
-            ps = tp
-            if gpu_mem < 35 * 1024:
-                reserved = (2.8 + ps / 10) * 1024
-            elif gpu_mem < 90 * 1024:
-                reserved = (9.5 + ps / 2) * 1024
-            elif gpu_mem < 160 * 1024:
-                reserved = (12 + ps / 2) * 1024
-            else:
-                reserved = 32 * 1024
-            if launch.speculative_algorithm:
-                reserved += (6 if launch.speculative_algorithm.upper() == "STANDALONE" else 2) * 1024
-            if launch.enable_dp_attention:
-                reserved += 4 * 1024
-            mfs = round((gpu_mem - reserved) / gpu_mem, 3)
-    else:
-        tier_chunked, bs_small, bs_large = _tiers(v, gpu_mem)
-        if chunked is None:
-            chunked = tier_chunked
-        if launch.cuda_graph_bs:
-            max_bs = max(launch.cuda_graph_bs)
-        defaulted = max_bs is None
-        if max_bs is None:
-            max_bs = bs_small if tp < 4 else bs_large
-        if (
-            v >= (0, 5, 20)
-            and defaulted
-            and launch.max_running_requests is not None
-            and launch.max_running_requests < max_bs
-        ):
-            max_bs = launch.max_running_requests
-        if mfs is None:
-            tokens = chunked if chunked > 0 else launch.max_prefill_tokens
-            reserved = 512 + max(tokens, 2048) * 1.5 + max_bs * 2 + tp / 8 * 1024
-            if launch.enable_dp_attention:
-                reserved += max_bs * launch.dp_size * 3 + (max_bs * launch.dp_size * 1.5 if max_bs > 300 else 0)
-            if _prefill_graph_on(profile, launch):
-                n_tokens = len(_prefill_graph_tokens(_prefill_graph_max_tokens(profile, launch, chunked)))
-                reserved += 1.5 * 1024 if mdl.attention == "mla" else n_tokens * 8
-            if gpu_mem > 60 * 1024:
-                reserved = max(reserved, 10 * 1024)
-            if launch.speculative_algorithm and launch.speculative_algorithm.upper() != "NGRAM":
-                reserved += (6 if launch.speculative_algorithm.upper() == "STANDALONE" else 4) * 1024
-            mfs = round((gpu_mem - reserved) / gpu_mem, 3)
+    if chunked is None:
+        chunked = 2048 if gpu_mem < 35 * 1024 else 8192 if gpu_mem < 160 * 1024 else 16384
+    if max_bs is None and gpu_mem < 35 * 1024:
+        max_bs = 8 if launch.tp_size < 4 else 80
+    if mfs is None:
+        mfs = round((gpu_mem - _reserved_mib_before_055(launch, gpu_mem)) / gpu_mem, 3)
+    return chunked, max_bs, mfs
 
-    candidates = _capture_candidates(v, gpu_mem, max_bs, launch.cuda_graph_bs, launch.disable_cuda_graph)
-    kv_name = launch.kv_cache_dtype
-    resolved_kv = mdl.kv_cache_dtype_default if kv_name == "auto" else kv_name
-    default_bytes = _KV_DTYPE_BYTES.get(mdl.kv_cache_dtype_default, 2.0)
-    ratio = _KV_DTYPE_BYTES.get(resolved_kv, default_bytes) / default_bytes
-    served = launch.served_model_name or launch.model_path
-    attention_backend = launch.attention_backend or ("triton" if mdl.attention == "mla" else "flashinfer")
-    max_running_arg = launch.max_running_requests or mdl.default_max_running_requests
-    page_size = launch.page_size or 1
-    context_len = launch.context_length or mdl.context_length
 
+def _max_bs_055(launch: SimLaunch, v: Version, bs_small: int, bs_large: int) -> int:
+    """``cuda_graph_max_bs`` from 0.5.5: the largest ``--cuda-graph-bs``, else the memory tier's value, which
+    0.5.20+ caps at ``--max-running-requests``."""
+    max_bs = launch.cuda_graph_max_bs
+    if launch.cuda_graph_bs:
+        max_bs = max(launch.cuda_graph_bs)
+    if max_bs is not None:
+        return max_bs
+    max_bs = bs_small if launch.tp_size < 4 else bs_large
+    if v >= (0, 5, 20) and launch.max_running_requests is not None and launch.max_running_requests < max_bs:
+        max_bs = launch.max_running_requests
+    return max_bs
+
+
+def _reserved_mib_055(profile: SimProfile, launch: SimLaunch, chunked: int, max_bs: int) -> float:
+    """Memory SGLang 0.5.5+ keeps out of ``mem_fraction_static`` (MiB)."""
+    gpu_mem = profile.host.memory_total_mib
+    tokens = chunked if chunked > 0 else launch.max_prefill_tokens
+    reserved = 512 + max(tokens, 2048) * 1.5 + max_bs * 2 + launch.tp_size / 8 * 1024
+    if launch.enable_dp_attention:
+        reserved += max_bs * launch.dp_size * 3 + (max_bs * launch.dp_size * 1.5 if max_bs > 300 else 0)
+    if _prefill_graph_on(profile, launch):
+        n_tokens = len(_prefill_graph_tokens(_prefill_graph_max_tokens(profile, launch, chunked)))
+        reserved += 1.5 * 1024 if profile.model.attention == "mla" else n_tokens * 8
+    if gpu_mem > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    if launch.speculative_algorithm and launch.speculative_algorithm.upper() != "NGRAM":
+        reserved += (6 if launch.speculative_algorithm.upper() == "STANDALONE" else 4) * 1024
+    return reserved
+
+
+def _defaults_055(profile: SimProfile, launch: SimLaunch) -> tuple[int, int, float]:
+    """(chunked_prefill_size, cuda_graph_max_bs, mem_fraction_static) as SGLang 0.5.5+ fills them in."""
+    v = launch.version_tuple
+    gpu_mem = profile.host.memory_total_mib
+    tier_chunked, bs_small, bs_large = _tiers(v, gpu_mem)
+    chunked = launch.chunked_prefill_size
+    if chunked is None:
+        chunked = tier_chunked
+    max_bs = _max_bs_055(launch, v, bs_small, bs_large)
+    mfs = launch.mem_fraction_static
+    if mfs is None:
+        mfs = round((gpu_mem - _reserved_mib_055(profile, launch, chunked, max_bs)) / gpu_mem, 3)
+    return chunked, max_bs, mfs
+
+
+def _server_args(
+    profile: SimProfile, launch: SimLaunch, mfs: float, chunked: int, max_bs: int | None
+) -> tuple[dict[str, Any], tuple[int, ...]]:
+    """The ``server_args`` SGLang logs (and ``/get_server_info`` returns), and the prefill-graph token sizes."""
+    v = launch.version_tuple
+    mdl = profile.model
     sa = dict(launch.args)
     sa.update(
         {
             "model_path": launch.model_path,
             "tokenizer_path": sa.get("tokenizer_path") or launch.model_path,
-            "served_model_name": served,
+            "served_model_name": launch.served_model_name or launch.model_path,
             "mem_fraction_static": mfs,
             "chunked_prefill_size": chunked,
-            "max_running_requests": max_running_arg,
-            "page_size": page_size,
-            "attention_backend": attention_backend,
+            "max_running_requests": launch.max_running_requests or mdl.default_max_running_requests,
+            "page_size": launch.page_size or 1,
+            "attention_backend": launch.attention_backend or ("triton" if mdl.attention == "mla" else "flashinfer"),
         }
     )
     if v < V_NEW_CG_FLAGS:
@@ -391,6 +406,30 @@ def resolve_args(profile: SimProfile, launch: SimLaunch) -> ResolvedArgs:
             sa["cuda_graph_max_bs_prefill"] = prefill_tokens[-1] if prefill_tokens else None
         else:
             sa["piecewise_cuda_graph_max_tokens"] = prefill_tokens[-1] if prefill_tokens else None
+    return sa, prefill_tokens
+
+
+def resolve_args(profile: SimProfile, launch: SimLaunch) -> ResolvedArgs:
+    """Fill in what SGLang derives when a flag is absent, for the emulated version and this GPU."""
+    v = launch.version_tuple
+    gpu_mem = profile.host.memory_total_mib
+    tp = launch.tp_size
+    mdl = profile.model
+    max_bs: int | None
+    if v < (0, 5, 5):
+        chunked, max_bs, mfs = _defaults_before_055(profile, launch)
+    else:
+        chunked, max_bs, mfs = _defaults_055(profile, launch)
+
+    candidates = _capture_candidates(v, gpu_mem, max_bs, launch.cuda_graph_bs, launch.disable_cuda_graph)
+    kv_name = launch.kv_cache_dtype
+    resolved_kv = mdl.kv_cache_dtype_default if kv_name == "auto" else kv_name
+    default_bytes = _KV_DTYPE_BYTES.get(mdl.kv_cache_dtype_default, 2.0)
+    ratio = _KV_DTYPE_BYTES.get(resolved_kv, default_bytes) / default_bytes
+    max_running_arg = launch.max_running_requests or mdl.default_max_running_requests
+    page_size = launch.page_size or 1
+    context_len = launch.context_length or mdl.context_length
+    sa, prefill_tokens = _server_args(profile, launch, mfs, chunked, max_bs)
     return ResolvedArgs(
         tp_size=tp,
         mem_fraction_static=float(mfs),
@@ -506,6 +545,315 @@ def _others(other_used_gib: float | Sequence[float]) -> float:
     return max(other_used_gib, default=0.0)
 
 
+class _StartupWalk:
+    """One walk through SGLang's start-up memory stages. Each stage method records its figures and durations
+    and returns the :class:`Failure` that stops start-up there, or ``None`` to go on to the next stage."""
+
+    def __init__(
+        self, profile: SimProfile, launch: SimLaunch, other_used_gib: float | Sequence[float], seed: int | None
+    ) -> None:
+        host, mem = profile.host, profile.memory
+        self.profile, self.launch = profile, launch
+        self.mem, self.tim, self.mdl = mem, profile.timing, profile.model
+        self.v = launch.version_tuple
+        self.total = host.memory_total_gib
+        self.baseline = host.smi_baseline_used_mib / MIB_PER_GIB
+        self.others = _others(other_used_gib)
+        self.tp = tp = launch.tp_size
+        self.frag = mem.fragmentation_gib
+        self.nf = noise_factor(profile, seed)
+        self.figs: dict[str, Any] = {"total_gib": self.total}
+        self.durations: dict[str, float] = {}
+        self.warnings: list[str] = []
+        self.resolved = resolve_args(profile, launch)
+        self.nccl = nccl_effect(profile, launch)
+        self.ctx = mem.cuda_context_gib + ((mem.nccl_base_gib + mem.nccl_per_peer_gib * (tp - 1)) if tp > 1 else 0.0)
+        # figures later stages read; each is set by the stage that computes it
+        self.pre = self.weights = self.avail = self.free_pool = self.static_torch = 0.0
+        self.tokens = self.max_running = 0
+        self.capture: tuple[int, ...] = ()
+        self.decode_graph = self.graph = self.free_cap = 0.0
+
+    def plan(self, failure: Failure | None = None, **extra: Any) -> StartupPlan:
+        figs = self.figs
+        if failure is not None and failure.oom is not None:
+            figs["tried_to_allocate_gib"] = failure.oom.tried_gib
+            figs["free_at_oom_gib"] = failure.oom.free_gib
+        return StartupPlan(
+            profile=self.profile.name,
+            version=self.launch.version,
+            resolved=self.resolved,
+            nccl=self.nccl,
+            memory=MemoryFigures(**figs),
+            ctx_gib=self.ctx,
+            failure=failure,
+            durations=self.durations,
+            noise_factor=self.nf,
+            warnings=self.warnings,
+            **extra,
+        )
+
+    def oom(self, tried: float, free: float, torch_alloc: float, private: float = 0.0) -> OomDetail:
+        return oom_detail(
+            tried,
+            free,
+            total_gib=self.total,
+            fragmentation_gib=self.frag,
+            non_torch_gib=self.ctx,
+            torch_gib=torch_alloc,
+            private_pool_gib=private,
+        )
+
+    def init(self) -> Failure | None:
+        """Device ordinals, torch distributed / NCCL, and the memory left before the weights."""
+        tim, nf, nccl = self.tim, self.nf, self.nccl
+        ranks = self.tp * self.launch.dp_size
+        if ranks > self.profile.host.gpu_count:
+            return Failure(kind="error", phase="init", message="RuntimeError: CUDA error: invalid device ordinal")
+        self.durations["dist_init"] = tim.dist_init_s * nf
+        if nccl.error is not None:
+            return Failure(
+                kind="nccl_error",
+                phase="init",
+                message=texts.nccl_exception(nccl.error),
+                elapsed_s=self.durations["dist_init"],
+            )
+        pre = self.total - self.baseline - self.others - self.ctx
+        self.pre = pre
+        self.figs["pre_load_avail_gib"] = pre
+        if pre <= self.frag:
+            return Failure(
+                kind="oom",
+                phase="init",
+                message="RuntimeError: CUDA error: out of memory",
+                oom=self.oom(self.ctx, max(pre, 0.0), 0.0),
+            )
+        return None
+
+    def load_weights(self) -> Failure | None:
+        pre = self.pre
+        weights = self.mdl.weights_per_gpu(self.tp)
+        self.weights = weights
+        self.figs["weights_gib"] = weights
+        self.durations["load_weights"] = self.tim.weight_load_s * self.nf
+        if weights > pre:
+            shard = self.mdl.weight_shard_gib
+            loaded = math.floor(pre / shard) * shard
+            tried = min(shard, weights - loaded)
+            detail = self.oom(tried, pre - loaded, loaded)
+            return Failure(
+                kind="oom",
+                phase="load_weights",
+                elapsed_s=self.durations["load_weights"] * loaded / weights,
+                message=_oom_line(detail),
+                oom=detail,
+            )
+        self.avail = pre - weights
+        self.figs["avail_after_weights_gib"] = self.avail
+        return None
+
+    def kv_pool(self) -> Failure | None:
+        """The KV pool (``max_total_num_tokens``), then the request-to-token table and misc static memory."""
+        v, avail, pre, resolved = self.v, self.avail, self.pre, self.resolved
+        mfs = resolved.mem_fraction_static
+        self.durations["kv_pool"] = self.tim.kv_alloc_s * self.nf
+        rest = avail - pre * (1.0 - mfs)
+        if v >= (0, 5, 15) and rest <= 0:
+            minimum = 1.0 - avail / pre
+            return Failure(kind="oom", phase="kv_pool", message=texts.weights_leave_no_kv(mfs, minimum))
+        bpt = resolved.kv_bytes_per_token
+        tokens = int(rest * GIB // bpt) if rest > 0 else 0
+        tokens = tokens // resolved.page_size * resolved.page_size
+        if tokens <= 0:
+            return Failure(kind="oom", phase="kv_pool", message=texts.kv_too_small(v, mfs))
+        tokens = self._cap_total_tokens(tokens)
+        self.tokens = tokens
+        kv_gib = tokens * bpt / GIB
+        self.figs["kv_tokens"] = tokens
+        self.figs["kv_gib"] = kv_gib
+        self.figs["max_total_num_tokens"] = tokens
+        return self._req_to_token(kv_gib)
+
+    def _cap_total_tokens(self, profiled: int) -> int:
+        """``--max-total-tokens`` lowers the profiled pool; above it, SGLang warns and keeps the profiled one."""
+        launch, page_size = self.launch, self.resolved.page_size
+        if launch.max_total_tokens is None:
+            return profiled
+        if launch.max_total_tokens > profiled:
+            self.warnings.append(
+                f"max_total_tokens={launch.max_total_tokens} is larger than the profiled value "
+                f"{profiled}. Use the profiled value instead."
+            )
+            return profiled
+        return max(page_size, launch.max_total_tokens // page_size * page_size)
+
+    def _req_to_token(self, kv_gib: float) -> Failure | None:
+        mem, frag, tokens, v = self.mem, self.frag, self.tokens, self.v
+        ctx_len = self.resolved.context_len
+        user_mr = self.resolved.max_running_requests
+        estimated = int(tokens / ctx_len * 512)
+        if v >= (0, 5, 10):
+            est = max(min(estimated, 4096), 2048)
+            max_running = min(user_mr, est) if user_mr else min(est, tokens // 2)
+            pool_rows = max_running
+        else:
+            pool_rows = user_mr or min(max(estimated, 2048), 4096)
+            max_running = min(user_mr or tokens // 2, pool_rows)
+        if max_running <= 0:
+            return Failure(kind="error", phase="kv_pool", message="AssertionError: max_running_request is zero")
+        self.max_running = max_running
+        self.figs["max_running_requests"] = max_running
+        rtt = (pool_rows + 1) * (ctx_len + 4) * 4 / GIB
+        self.figs["req_to_token_gib"] = rtt
+        after_kv = self.avail - kv_gib
+        if rtt + mem.misc_static_gib > after_kv - frag:
+            tried = rtt if rtt > after_kv - frag else mem.misc_static_gib
+            free_at = after_kv if tried == rtt else after_kv - rtt
+            held = self.weights + kv_gib + (0.0 if tried == rtt else rtt)
+            detail = self.oom(tried, free_at, held)
+            return Failure(kind="oom", phase="kv_pool", message=_oom_line(detail), oom=detail)
+        self.free_pool = after_kv - rtt - mem.misc_static_gib
+        self.figs["free_after_pool_gib"] = self.free_pool
+        self.static_torch = self.weights + kv_gib + rtt + mem.misc_static_gib
+        return None
+
+    def decode_graphs(self) -> Failure | None:
+        """Decode CUDA-graph capture: the workspace, one pool sized by the largest batch, a little per graph."""
+        tim, mem, frag, nf, v = self.tim, self.mem, self.frag, self.nf, self.v
+        capture = tuple(b for b in self.resolved.capture_bs_candidates if b <= self.max_running)
+        self.capture = capture
+        self.figs["capture_bs"] = list(capture)
+        tc = tim.torch_compile_capture_factor if self.launch.enable_torch_compile else 1.0
+        graph = 0.0
+        if capture:
+            self.durations["cuda_graph"] = (tim.capture_base_s + tim.capture_per_graph_s * len(capture)) * tc * nf
+            free = self.free_pool
+            ws = mem.graph_workspace_gib
+            if ws > free - frag:
+                detail = self.oom(ws, free, self.static_torch)
+                return Failure(
+                    kind="oom",
+                    phase="cuda_graph",
+                    message=texts.capture_failed_exception(v, oom_text(detail)),
+                    elapsed_s=tim.capture_base_s * 0.5 * tc * nf,
+                    oom=detail,
+                )
+            free -= ws
+            allocs = [mem.graph_pool_base_gib + mem.graph_pool_per_bs_gib * capture[-1]]
+            allocs += [mem.graph_pool_per_graph_gib] * (len(capture) - 1)
+            for i, size in enumerate(allocs):
+                if size > free - frag:
+                    elapsed = (tim.capture_base_s + tim.capture_per_graph_s * i) * tc * nf
+                    detail = self.oom(size, free, self.static_torch + ws + graph, private=graph)
+                    self.figs["graph_gib"] = graph
+                    return Failure(
+                        kind="oom",
+                        phase="cuda_graph",
+                        message=texts.capture_failed_exception(v, oom_text(detail)),
+                        elapsed_s=elapsed,
+                        oom=detail,
+                    )
+                free -= size
+                graph += size
+        self.decode_graph = graph
+        return None
+
+    def prefill_graphs(self) -> Failure | None:
+        """Prefill CUDA graphs (default from 0.5.10): one pool for the largest token count, a little per graph."""
+        mem, frag, decode_graph, figs = self.mem, self.frag, self.decode_graph, self.figs
+        ptokens = self.resolved.prefill_graph_tokens
+        figs["prefill_graph_tokens"] = list(ptokens)
+        pgraph = 0.0
+        if ptokens and self.nccl.allgather_error is None:
+            free = self.free_pool - decode_graph
+            pdur = (self.tim.capture_base_s * 0.5 + self.tim.capture_per_graph_s * 0.2 * len(ptokens)) * self.nf
+            self.durations["prefill_graph"] = pdur
+            pool = mem.prefill_graph_base_gib + mem.prefill_graph_mib_per_token * ptokens[-1] / 1024.0
+            allocs = [pool] + [mem.graph_pool_per_graph_gib] * (len(ptokens) - 1)
+            for i, size in enumerate(allocs):
+                if size > free - frag:
+                    detail = self.oom(
+                        size, free, self.static_torch + decode_graph + pgraph, private=decode_graph + pgraph
+                    )
+                    figs["graph_gib"] = decode_graph + pgraph
+                    figs["prefill_graph_gib"] = pgraph
+                    return Failure(
+                        kind="oom",
+                        phase="cuda_graph",
+                        stage="prefill_graph",
+                        message=texts.prefill_capture_failed_exception(self.v, oom_text(detail)),
+                        elapsed_s=pdur * i / len(allocs),
+                        oom=detail,
+                    )
+                free -= size
+                pgraph += size
+        figs["prefill_graph_gib"] = pgraph
+        self.graph = decode_graph + pgraph
+        figs["graph_gib"] = self.graph
+        self.free_cap = self.free_pool - self.graph
+        figs["free_after_capture_gib"] = self.free_cap
+        return None
+
+    def first_forward(self) -> Failure | None:
+        """Bare NCCL_ALGO without Ring: the first forward's logits AllGather has no algorithm (NCCL >= 2.24)."""
+        tim, nf = self.tim, self.nf
+        if self.nccl.allgather_error is not None:
+            text = texts.nccl_exception(self.nccl.allgather_error)
+            if self.capture:
+                message = texts.capture_failed_exception(self.v, text.split(": ", 1)[1])
+                return Failure(
+                    kind="nccl_error", phase="cuda_graph", message=message, elapsed_s=tim.capture_base_s * nf
+                )
+            return Failure(kind="nccl_error", phase="warmup", message=text)
+        self.durations["server_start"] = tim.server_start_s * nf
+        self.durations["warmup"] = 0.0 if self.launch.skip_server_warmup else tim.warmup_s * nf
+        return None
+
+    def runtime(self) -> RuntimeSpec:
+        """What the serving engine needs of the server that started."""
+        profile, launch, resolved = self.profile, self.launch, self.resolved
+        tim, mem, mdl = self.tim, self.mem, self.mdl
+        ptokens = resolved.prefill_graph_tokens
+        eff = tim.attention_efficiency
+        kv_read = resolved.kv_bytes_per_token * 1000 / (tim.hbm_gb_s * 1e9 * eff) * 1000 if tim.hbm_gb_s > 0 else 0.0
+        return RuntimeSpec(
+            max_running_requests=self.max_running,
+            max_total_num_tokens=self.tokens,
+            chunked_prefill_size=resolved.chunked_prefill_size,
+            max_prefill_tokens=resolved.max_prefill_tokens,
+            captured_bs=self.capture,
+            schedule_conservativeness=launch.schedule_conservativeness,
+            free_gib=self.free_cap,
+            fragmentation_gib=self.frag,
+            first_forward_gib=mem.warmup_transient_gib,
+            prefill_mib_per_token=mem.prefill_activation_mib_per_token,
+            prefill_largest_fraction=mem.prefill_largest_alloc_fraction,
+            eager_mib_per_request=mem.eager_decode_mib_per_request,
+            eager_largest_fraction=mem.eager_largest_alloc_fraction,
+            total_gib=self.total,
+            non_torch_gib=self.ctx,
+            torch_static_gib=self.static_torch + self.graph,
+            private_pool_gib=self.graph,
+            decode_base_ms=tim.decode_base_ms,
+            decode_per_request_ms=tim.decode_per_request_ms,
+            eager_multiplier=tim.eager_multiplier,
+            eager_extra_ms=tim.eager_extra_ms,
+            kv_read_ms_per_ktoken=kv_read,
+            attention_window=mdl.sliding_window,
+            window_layer_fraction=mdl.window_layer_fraction,
+            prefill_base_ms=tim.prefill_base_ms,
+            prefill_per_token_ms=tim.prefill_per_token_ms,
+            prefill_attn_ms_per_mpair=tim.prefill_attn_ms_per_mpair,
+            prefill_graph_max_tokens=ptokens[-1] if ptokens else 0,
+            prefill_graph_base_factor=tim.prefill_graph_base_factor,
+            torch_compile=launch.enable_torch_compile,
+            torch_compile_max_bs=launch.torch_compile_max_bs,
+            torch_compile_factor=tim.torch_compile_factor,
+            time_factor=self.nf,
+            nccl=nccl_cost(profile, launch, self.nccl),
+        )
+
+
 def plan_startup(
     profile: SimProfile,
     launch: SimLaunch,
@@ -514,273 +862,13 @@ def plan_startup(
     seed: int | None = None,
 ) -> StartupPlan:
     """Resolve the launch and walk SGLang's start-up memory stages; stop at the first failure."""
-    host, mem, tim, mdl = profile.host, profile.memory, profile.timing, profile.model
-    v = launch.version_tuple
-    total = host.memory_total_gib
-    baseline = host.smi_baseline_used_mib / MIB_PER_GIB
-    others = _others(other_used_gib)
-    tp = launch.tp_size
-    frag = mem.fragmentation_gib
-    nf = noise_factor(profile, seed)
-    figs: dict[str, Any] = {"total_gib": total}
-    durations: dict[str, float] = {}
-    warnings: list[str] = []
-
-    def plan(failure: Failure | None = None, **extra: Any) -> StartupPlan:
-        if failure is not None and failure.oom is not None:
-            figs["tried_to_allocate_gib"] = failure.oom.tried_gib
-            figs["free_at_oom_gib"] = failure.oom.free_gib
-        return StartupPlan(
-            profile=profile.name,
-            version=launch.version,
-            resolved=resolved,
-            nccl=nccl,
-            memory=MemoryFigures(**figs),
-            ctx_gib=ctx,
-            failure=failure,
-            durations=durations,
-            noise_factor=nf,
-            warnings=warnings,
-            **extra,
-        )
-
-    def oom(tried: float, free: float, torch_alloc: float, private: float = 0.0) -> OomDetail:
-        return oom_detail(
-            tried,
-            free,
-            total_gib=total,
-            fragmentation_gib=frag,
-            non_torch_gib=ctx,
-            torch_gib=torch_alloc,
-            private_pool_gib=private,
-        )
-
-    resolved = resolve_args(profile, launch)
-    nccl = nccl_effect(profile, launch)
-    ctx = mem.cuda_context_gib + ((mem.nccl_base_gib + mem.nccl_per_peer_gib * (tp - 1)) if tp > 1 else 0.0)
-
-    ranks = tp * launch.dp_size
-    if ranks > host.gpu_count:
-        return plan(Failure(kind="error", phase="init", message="RuntimeError: CUDA error: invalid device ordinal"))
-    durations["dist_init"] = tim.dist_init_s * nf
-    if nccl.error is not None:
-        return plan(
-            Failure(
-                kind="nccl_error",
-                phase="init",
-                message=texts.nccl_exception(nccl.error),
-                elapsed_s=durations["dist_init"],
-            )
-        )
-    pre = total - baseline - others - ctx
-    figs["pre_load_avail_gib"] = pre
-    if pre <= frag:
-        return plan(
-            Failure(
-                kind="oom",
-                phase="init",
-                message="RuntimeError: CUDA error: out of memory",
-                oom=oom(ctx, max(pre, 0.0), 0.0),
-            )
-        )
-
-    # weights
-    weights = mdl.weights_per_gpu(tp)
-    figs["weights_gib"] = weights
-    durations["load_weights"] = tim.weight_load_s * nf
-    if weights > pre:
-        shard = mdl.weight_shard_gib
-        loaded = math.floor(pre / shard) * shard
-        tried = min(shard, weights - loaded)
-        detail = oom(tried, pre - loaded, loaded)
-        return plan(
-            Failure(
-                kind="oom",
-                phase="load_weights",
-                elapsed_s=durations["load_weights"] * loaded / weights,
-                message=_oom_line(detail),
-                oom=detail,
-            )
-        )
-    avail = pre - weights
-    figs["avail_after_weights_gib"] = avail
-
-    # KV pool
-    mfs = resolved.mem_fraction_static
-    durations["kv_pool"] = tim.kv_alloc_s * nf
-    rest = avail - pre * (1.0 - mfs)
-    if v >= (0, 5, 15) and rest <= 0:
-        minimum = 1.0 - avail / pre
-        return plan(Failure(kind="oom", phase="kv_pool", message=texts.weights_leave_no_kv(mfs, minimum)))
-    bpt = resolved.kv_bytes_per_token
-    tokens = int(rest * GIB // bpt) if rest > 0 else 0
-    tokens = tokens // resolved.page_size * resolved.page_size
-    if tokens <= 0:
-        return plan(Failure(kind="oom", phase="kv_pool", message=texts.kv_too_small(v, mfs)))
-    profiled = tokens
-    if launch.max_total_tokens is not None:
-        if launch.max_total_tokens > profiled:
-            warnings.append(
-                f"max_total_tokens={launch.max_total_tokens} is larger than the profiled value "
-                f"{profiled}. Use the profiled value instead."
-            )
-        else:
-            tokens = max(resolved.page_size, launch.max_total_tokens // resolved.page_size * resolved.page_size)
-    kv_gib = tokens * bpt / GIB
-    figs["kv_tokens"] = tokens
-    figs["kv_gib"] = kv_gib
-    figs["max_total_num_tokens"] = tokens
-    ctx_len = resolved.context_len
-    user_mr = resolved.max_running_requests
-    estimated = int(tokens / ctx_len * 512)
-    if v >= (0, 5, 10):
-        est = max(min(estimated, 4096), 2048)
-        max_running = min(user_mr, est) if user_mr else min(est, tokens // 2)
-        pool_rows = max_running
-    else:
-        pool_rows = user_mr or min(max(estimated, 2048), 4096)
-        max_running = min(user_mr or tokens // 2, pool_rows)
-    if max_running <= 0:
-        return plan(Failure(kind="error", phase="kv_pool", message="AssertionError: max_running_request is zero"))
-    figs["max_running_requests"] = max_running
-    rtt = (pool_rows + 1) * (ctx_len + 4) * 4 / GIB
-    figs["req_to_token_gib"] = rtt
-    after_kv = avail - kv_gib
-    if rtt + mem.misc_static_gib > after_kv - frag:
-        tried = rtt if rtt > after_kv - frag else mem.misc_static_gib
-        free_at = after_kv if tried == rtt else after_kv - rtt
-        held = weights + kv_gib + (0.0 if tried == rtt else rtt)
-        detail = oom(tried, free_at, held)
-        return plan(Failure(kind="oom", phase="kv_pool", message=_oom_line(detail), oom=detail))
-    free_pool = after_kv - rtt - mem.misc_static_gib
-    figs["free_after_pool_gib"] = free_pool
-    static_torch = weights + kv_gib + rtt + mem.misc_static_gib
-
-    # CUDA graphs
-    capture = tuple(b for b in resolved.capture_bs_candidates if b <= max_running)
-    figs["capture_bs"] = list(capture)
-    tc = tim.torch_compile_capture_factor if launch.enable_torch_compile else 1.0
-    graph = 0.0
-    if capture:
-        durations["cuda_graph"] = (tim.capture_base_s + tim.capture_per_graph_s * len(capture)) * tc * nf
-        free = free_pool
-        ws = mem.graph_workspace_gib
-        if ws > free - frag:
-            detail = oom(ws, free, static_torch)
-            return plan(
-                Failure(
-                    kind="oom",
-                    phase="cuda_graph",
-                    message=texts.capture_failed_exception(v, oom_text(detail)),
-                    elapsed_s=tim.capture_base_s * 0.5 * tc * nf,
-                    oom=detail,
-                )
-            )
-        free -= ws
-        allocs = [mem.graph_pool_base_gib + mem.graph_pool_per_bs_gib * capture[-1]]
-        allocs += [mem.graph_pool_per_graph_gib] * (len(capture) - 1)
-        for i, size in enumerate(allocs):
-            if size > free - frag:
-                elapsed = (tim.capture_base_s + tim.capture_per_graph_s * i) * tc * nf
-                detail = oom(size, free, static_torch + ws + graph, private=graph)
-                figs["graph_gib"] = graph
-                return plan(
-                    Failure(
-                        kind="oom",
-                        phase="cuda_graph",
-                        message=texts.capture_failed_exception(v, oom_text(detail)),
-                        elapsed_s=elapsed,
-                        oom=detail,
-                    )
-                )
-            free -= size
-            graph += size
-    decode_graph = graph
-
-    # prefill CUDA graphs (default from 0.5.10): one pool for the largest token count, a little per graph
-    ptokens = resolved.prefill_graph_tokens
-    figs["prefill_graph_tokens"] = list(ptokens)
-    pgraph = 0.0
-    if ptokens and nccl.allgather_error is None:
-        free = free_pool - decode_graph
-        pdur = (tim.capture_base_s * 0.5 + tim.capture_per_graph_s * 0.2 * len(ptokens)) * nf
-        durations["prefill_graph"] = pdur
-        pool = mem.prefill_graph_base_gib + mem.prefill_graph_mib_per_token * ptokens[-1] / 1024.0
-        allocs = [pool] + [mem.graph_pool_per_graph_gib] * (len(ptokens) - 1)
-        for i, size in enumerate(allocs):
-            if size > free - frag:
-                detail = oom(size, free, static_torch + decode_graph + pgraph, private=decode_graph + pgraph)
-                figs["graph_gib"] = decode_graph + pgraph
-                figs["prefill_graph_gib"] = pgraph
-                return plan(
-                    Failure(
-                        kind="oom",
-                        phase="cuda_graph",
-                        stage="prefill_graph",
-                        message=texts.prefill_capture_failed_exception(v, oom_text(detail)),
-                        elapsed_s=pdur * i / len(allocs),
-                        oom=detail,
-                    )
-                )
-            free -= size
-            pgraph += size
-    figs["prefill_graph_gib"] = pgraph
-    graph = decode_graph + pgraph
-    figs["graph_gib"] = graph
-    free_cap = free_pool - graph
-    figs["free_after_capture_gib"] = free_cap
-
-    # Bare NCCL_ALGO without Ring: the first forward's logits AllGather has no algorithm (NCCL >= 2.24).
-    if nccl.allgather_error is not None:
-        text = texts.nccl_exception(nccl.allgather_error)
-        if capture:
-            message = texts.capture_failed_exception(v, text.split(": ", 1)[1])
-            return plan(
-                Failure(kind="nccl_error", phase="cuda_graph", message=message, elapsed_s=tim.capture_base_s * nf)
-            )
-        return plan(Failure(kind="nccl_error", phase="warmup", message=text))
-    durations["server_start"] = tim.server_start_s * nf
-    durations["warmup"] = 0.0 if launch.skip_server_warmup else tim.warmup_s * nf
-
-    eff = tim.attention_efficiency
-    kv_read = resolved.kv_bytes_per_token * 1000 / (tim.hbm_gb_s * 1e9 * eff) * 1000 if tim.hbm_gb_s > 0 else 0.0
-    runtime = RuntimeSpec(
-        max_running_requests=max_running,
-        max_total_num_tokens=tokens,
-        chunked_prefill_size=resolved.chunked_prefill_size,
-        max_prefill_tokens=resolved.max_prefill_tokens,
-        captured_bs=capture,
-        schedule_conservativeness=launch.schedule_conservativeness,
-        free_gib=free_cap,
-        fragmentation_gib=frag,
-        first_forward_gib=mem.warmup_transient_gib,
-        prefill_mib_per_token=mem.prefill_activation_mib_per_token,
-        prefill_largest_fraction=mem.prefill_largest_alloc_fraction,
-        eager_mib_per_request=mem.eager_decode_mib_per_request,
-        eager_largest_fraction=mem.eager_largest_alloc_fraction,
-        total_gib=total,
-        non_torch_gib=ctx,
-        torch_static_gib=static_torch + graph,
-        private_pool_gib=graph,
-        decode_base_ms=tim.decode_base_ms,
-        decode_per_request_ms=tim.decode_per_request_ms,
-        eager_multiplier=tim.eager_multiplier,
-        eager_extra_ms=tim.eager_extra_ms,
-        kv_read_ms_per_ktoken=kv_read,
-        attention_window=mdl.sliding_window,
-        window_layer_fraction=mdl.window_layer_fraction,
-        prefill_base_ms=tim.prefill_base_ms,
-        prefill_per_token_ms=tim.prefill_per_token_ms,
-        prefill_attn_ms_per_mpair=tim.prefill_attn_ms_per_mpair,
-        prefill_graph_max_tokens=ptokens[-1] if ptokens else 0,
-        prefill_graph_base_factor=tim.prefill_graph_base_factor,
-        torch_compile=launch.enable_torch_compile,
-        torch_compile_max_bs=launch.torch_compile_max_bs,
-        torch_compile_factor=tim.torch_compile_factor,
-        time_factor=nf,
-        nccl=nccl_cost(profile, launch, nccl),
-    )
-    return plan(runtime=runtime)
+    walk = _StartupWalk(profile, launch, other_used_gib, seed)
+    stages = (walk.init, walk.load_weights, walk.kv_pool, walk.decode_graphs, walk.prefill_graphs, walk.first_forward)
+    for stage in stages:
+        failure = stage()
+        if failure is not None:
+            return walk.plan(failure)
+    return walk.plan(runtime=walk.runtime())
 
 
 def oom_text(detail: OomDetail, *, gpu: int = 0, others: Sequence[tuple[int, float]] = ()) -> str:
@@ -889,17 +977,27 @@ def run_level(
         send(end, t)  # arrivals during the batch that found a free slot
         if batch.retraction is not None:
             retracted += len(batch.retraction.requests)
-        for _, _, graph in batch.decode_steps:
-            if graph:
-                graph_steps += 1
-            else:
-                eager_steps += 1
+        graph_steps += sum(1 for _, _, graph in batch.decode_steps if graph)
+        eager_steps += sum(1 for _, _, graph in batch.decode_steps if not graph)
         for em in eng.commit(batch, end):
             if em.finished:
                 finished.append(em.request)
                 in_flight -= 1
         send(end, end)  # arrivals that waited for a slot
         t = end
+    return _level_result(concurrency, n_total, finished, t, graph_steps, eager_steps, retracted)
+
+
+def _level_result(
+    concurrency: int,
+    n_total: int,
+    finished: Sequence[SimRequest],
+    t: float,
+    graph_steps: int,
+    eager_steps: int,
+    retracted: int,
+) -> LevelResult:
+    """The benchmark's figures for a level that ran to the end (``t`` simulated seconds)."""
     ttfts = [(r.first_token_s or 0.0) - r.arrival_s for r in finished]
     tpots = [
         ((r.finish_s or 0.0) - (r.first_token_s or 0.0)) / (r.max_new_tokens - 1)

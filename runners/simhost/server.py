@@ -39,18 +39,19 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 from runners.simhost import texts
-from runners.simhost.engine import Batch, BatchEngine, OomDetail, RuntimeSpec, SimRequest
+from runners.simhost.engine import Batch, BatchEngine, OomDetail, Retraction, RuntimeSpec, SimRequest
 from runners.simhost.launch import BadFlag, SimLaunch, build_parser, emulated_version
 from runners.simhost.model import (
     WARMUP_MAX_NEW_TOKENS,
     WARMUP_PROMPT,
     Failure,
+    ResolvedArgs,
     StartupPlan,
     approx_tokens,
     oom_text,
@@ -301,34 +302,42 @@ class _Scheduler(threading.Thread):
             if self.server.first_forward_failure is not None:
                 self.server.die_first_forward(self.server.first_forward_failure)
             if batch.retraction is not None:
-                rt = batch.retraction
-                self.server.log.line(
-                    texts.retract_line(
-                        self.server.v,
-                        retracted=len(rt.requests),
-                        gained=rt.tokens_gained,
-                        old_ratio=rt.old_ratio,
-                        new_ratio=rt.new_ratio,
-                    ),
-                    rank=0,
-                    level="warning" if self.server.v >= (0, 5, 10) else "info",
-                )
+                self._log_retraction(batch.retraction)
             if batch.oom is not None:
                 self.server.die_runtime(batch)
             self.server.note_transient(batch, self.spec)
-            now = time.monotonic()
-            start = self.deadline if now - _CATCH_UP_S < self.deadline <= now else now
-            end = start + wall
-            delay = end - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            self.deadline = end
+            end = self._wait_out(wall)
             emissions = self.engine.commit(batch, (end - self.t0) * self.speed)
             for em in emissions:
                 if isinstance(em.request.sink, _Channel):
                     em.request.sink.put(em.new_tokens, em.finished)
             if batch.kind == "decode":
                 self._log_decode(batch)
+
+    def _log_retraction(self, rt: Retraction) -> None:
+        self.server.log.line(
+            texts.retract_line(
+                self.server.v,
+                retracted=len(rt.requests),
+                gained=rt.tokens_gained,
+                old_ratio=rt.old_ratio,
+                new_ratio=rt.new_ratio,
+            ),
+            rank=0,
+            level="warning" if self.server.v >= (0, 5, 10) else "info",
+        )
+
+    def _wait_out(self, wall: float) -> float:
+        """Sleep until a batch of ``wall`` seconds, started at the previous batch's end when that is recent,
+        is done; return its end (monotonic clock)."""
+        now = time.monotonic()
+        start = self.deadline if now - _CATCH_UP_S < self.deadline <= now else now
+        end = start + wall
+        delay = end - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        self.deadline = end
+        return end
 
     def _log_prefill(self, batch: Batch, wall: float) -> None:
         eng = self.engine
@@ -385,6 +394,78 @@ class _BadRequest(Exception):
 
 def _token_text(start: int, n: int) -> str:
     return "".join(" " + _WORDS[i % len(_WORDS)] for i in range(start, start + n))
+
+
+class _Reply(NamedTuple):
+    """What every response to one generation request repeats."""
+
+    kind: str  # generate | completions | chat
+    rid: str
+    input_len: int
+    t0: float  # time.monotonic() when the request was accepted
+    created: int
+    model: str
+
+
+def _generate_request(body: dict[str, Any]) -> tuple[Any, Any]:
+    """(max_new_tokens, prompt) of a native ``/generate`` body."""
+    sp = body.get("sampling_params") or {}
+    prompt = body.get("input_ids") if body.get("input_ids") is not None else body.get("text", "")
+    return sp.get("max_new_tokens", 128), prompt
+
+
+def _completions_request(body: dict[str, Any]) -> tuple[Any, Any]:
+    """(max_new_tokens, prompt) of a ``/v1/completions`` body."""
+    return body.get("max_tokens", 16), body.get("prompt", "")
+
+
+def _chat_request(body: dict[str, Any]) -> tuple[Any, Any]:
+    """(max_new_tokens, prompt) of a ``/v1/chat/completions`` body: the messages' contents, joined."""
+    max_new = body.get("max_completion_tokens") or body.get("max_tokens") or 128
+    msgs = body.get("messages") or []
+    return max_new, " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+
+
+_REQUEST_PARSERS: dict[str, Callable[[dict[str, Any]], tuple[Any, Any]]] = {
+    "generate": _generate_request,
+    "completions": _completions_request,
+    "chat": _chat_request,
+}
+
+
+def _input_len(body: dict[str, Any], prompt: Any) -> int:
+    """``sim_input_len`` when the body gives one, else the prompt's token count."""
+    if isinstance(body.get("sim_input_len"), int) and body["sim_input_len"] > 0:
+        return int(body["sim_input_len"])
+    if isinstance(prompt, list):
+        return max(1, len(prompt))
+    return approx_tokens(str(prompt))
+
+
+def _whole_choice(kind: str, text: str) -> tuple[dict[str, Any], str]:
+    """(the one choice, the object type) of a non-streamed OpenAI-style answer."""
+    if kind == "completions":
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": "length",
+            "matched_stop": None,
+        }
+        return choice, "text_completion"
+    choice = {
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "content": text,
+            "reasoning_content": None,
+            "tool_calls": None,
+        },
+        "logprobs": None,
+        "finish_reason": "length",
+        "matched_stop": None,
+    }
+    return choice, "chat.completion"
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -453,46 +534,61 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _route(self, method: str) -> None:
         path = self.path.split("?", 1)[0]
-        sim = self.sim
         try:
-            if path in ("/health", "/health_generate"):
-                self._send(200 if sim.ready.is_set() else 503, b"")
-            elif path in ("/get_server_info", "/server_info"):
-                self._deprecated(path, "/get_server_info", "/server_info")
-                self._json(200, sim.server_info())
-            elif path in ("/get_model_info", "/model_info"):
-                self._deprecated(path, "/get_model_info", "/model_info")
-                self._json(200, sim.model_info())
-            elif path == "/v1/models":
-                self._json(200, sim.models())
-            elif path == "/metrics" and sim.launch.enable_metrics:
-                self._send(200, sim.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
-            elif path == "/flush_cache":
-                self._send(200, b"Cache flushed.\n", "text/plain; charset=utf-8")
-            elif path == "/generate" and method in ("POST", "PUT"):
-                self._generate("generate")
-            elif path == "/v1/completions" and method == "POST":
-                self._generate("completions")
-            elif path == "/v1/chat/completions" and method == "POST":
-                self._generate("chat")
-            else:
-                self._json(404, {"detail": "Not Found"})
+            self._dispatch(path, method)
         except _BadRequest as exc:
-            if path.startswith("/v1/"):
-                self._json(
-                    exc.status,
-                    {
-                        "object": "error",
-                        "message": exc.message,
-                        "type": "BadRequestError",
-                        "param": None,
-                        "code": exc.status,
-                    },
-                )
-            else:
-                self._json(exc.status, {"error": {"message": exc.message}})
+            self._bad_request(path, exc)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _dispatch(self, path: str, method: str) -> None:
+        """Answer with the first route whose condition holds; 404 when none does."""
+        sim = self.sim
+        routes: tuple[tuple[bool, Callable[[], None]], ...] = (
+            (path in ("/health", "/health_generate"), lambda: self._send(200 if sim.ready.is_set() else 503, b"")),
+            (
+                path in ("/get_server_info", "/server_info"),
+                lambda: self._info(path, "/get_server_info", "/server_info", sim.server_info),
+            ),
+            (
+                path in ("/get_model_info", "/model_info"),
+                lambda: self._info(path, "/get_model_info", "/model_info", sim.model_info),
+            ),
+            (path == "/v1/models", lambda: self._json(200, sim.models())),
+            (
+                path == "/metrics" and sim.launch.enable_metrics,
+                lambda: self._send(200, sim.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8"),
+            ),
+            (path == "/flush_cache", lambda: self._send(200, b"Cache flushed.\n", "text/plain; charset=utf-8")),
+            (path == "/generate" and method in ("POST", "PUT"), lambda: self._generate("generate")),
+            (path == "/v1/completions" and method == "POST", lambda: self._generate("completions")),
+            (path == "/v1/chat/completions" and method == "POST", lambda: self._generate("chat")),
+        )
+        handler = next((h for matches, h in routes if matches), None)
+        if handler is None:
+            self._json(404, {"detail": "Not Found"})
+        else:
+            handler()
+
+    def _info(self, path: str, old: str, new: str, payload: Callable[[], dict[str, Any]]) -> None:
+        self._deprecated(path, old, new)
+        self._json(200, payload())
+
+    def _bad_request(self, path: str, exc: _BadRequest) -> None:
+        """OpenAI-style error body on ``/v1/`` paths, SGLang's own elsewhere."""
+        if path.startswith("/v1/"):
+            self._json(
+                exc.status,
+                {
+                    "object": "error",
+                    "message": exc.message,
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": exc.status,
+                },
+            )
+        else:
+            self._json(exc.status, {"error": {"message": exc.message}})
 
     def _deprecated(self, path: str, old: str, new: str) -> None:
         """From 0.5.9 each call of an old ``/get_*`` path logs a deprecation warning (engine-audit item 15)."""
@@ -505,25 +601,36 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _generate(self, kind: str) -> None:
         sim = self.sim
         body = self._body()
-        sp = body.get("sampling_params") or {}
-        if kind == "generate":
-            max_new = sp.get("max_new_tokens", 128)
-            prompt: Any = body.get("input_ids") if body.get("input_ids") is not None else body.get("text", "")
-        elif kind == "completions":
-            max_new = body.get("max_tokens", 16)
-            prompt = body.get("prompt", "")
-        else:
-            max_new = body.get("max_completion_tokens") or body.get("max_tokens") or 128
-            msgs = body.get("messages") or []
-            prompt = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+        max_new, prompt = _REQUEST_PARSERS.get(kind, _chat_request)(body)
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
             raise _BadRequest("batched prompts are not supported by the simulated host")
-        if isinstance(body.get("sim_input_len"), int) and body["sim_input_len"] > 0:
-            input_len = int(body["sim_input_len"])
-        elif isinstance(prompt, list):
-            input_len = max(1, len(prompt))
-        else:
-            input_len = approx_tokens(str(prompt))
+        input_len = _input_len(body, prompt)
+        self._check_size(input_len, max_new)
+        scheduler = sim.scheduler
+        assert scheduler is not None
+        stream = bool(body.get("stream", False))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
+        chan = _Channel()
+        req = SimRequest(
+            input_len=input_len,
+            max_new_tokens=max_new,
+            arrival_s=scheduler.sim_now(),
+            is_warmup=body.get("sim_warmup") is True,
+            sink=chan,
+        )
+        rid = str(body["rid"]) if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+        t0 = time.monotonic()
+        created = int(time.time())
+        reply = _Reply(kind=kind, rid=rid, input_len=input_len, t0=t0, created=created, model=sim.served_name)
+        scheduler.submit(req)
+        if not stream:
+            self._reply_whole(reply, chan)
+            return
+        self._reply_stream(reply, chan, req, include_usage)
+
+    def _check_size(self, input_len: int, max_new: Any) -> None:
+        """Refuse a request whose token count does not fit the context or the KV pool, as SGLang does."""
+        sim = self.sim
         if not isinstance(max_new, int) or max_new < 1:
             raise _BadRequest(f"max_new_tokens must be a positive integer, got {max_new!r}")
         ctx = sim.context_len
@@ -541,79 +648,48 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 f"The request needs {input_len + max_new} tokens, more than the KV cache holds "
                 f"({spec.max_total_num_tokens} tokens)."
             )
-        stream = bool(body.get("stream", False))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
-        chan = _Channel()
-        req = SimRequest(
-            input_len=input_len,
-            max_new_tokens=max_new,
-            arrival_s=sim.scheduler.sim_now(),
-            is_warmup=body.get("sim_warmup") is True,
-            sink=chan,
-        )
-        rid = str(body["rid"]) if isinstance(body.get("rid"), str) else uuid.uuid4().hex
-        t0 = time.monotonic()
-        created = int(time.time())
-        model = sim.served_name
-        sim.scheduler.submit(req)
-        if not stream:
-            generated = 0
-            finished = False
-            while not finished:
-                n, finished = chan.get()
-                generated += n
-            text = _token_text(0, generated)
-            if kind == "generate":
-                self._json(
-                    200,
-                    {
-                        "text": text,
-                        "output_ids": list(range(1000, 1000 + generated)),
-                        "meta_info": self._meta(rid, input_len, generated, True, time.monotonic() - t0),
-                    },
-                )
-                return
-            usage = {
-                "prompt_tokens": input_len,
-                "completion_tokens": generated,
-                "total_tokens": input_len + generated,
-                "prompt_tokens_details": None,
-            }
-            if kind == "completions":
-                choice: dict[str, Any] = {
-                    "index": 0,
-                    "text": text,
-                    "logprobs": None,
-                    "finish_reason": "length",
-                    "matched_stop": None,
-                }
-                obj = "text_completion"
-            else:
-                choice = {
-                    "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": text,
-                        "reasoning_content": None,
-                        "tool_calls": None,
-                    },
-                    "logprobs": None,
-                    "finish_reason": "length",
-                    "matched_stop": None,
-                }
-                obj = "chat.completion"
+
+    def _reply_whole(self, reply: _Reply, chan: _Channel) -> None:
+        """The non-streaming answer, once the request has finished."""
+        kind, rid, input_len = reply.kind, reply.rid, reply.input_len
+        generated = 0
+        finished = False
+        while not finished:
+            n, finished = chan.get()
+            generated += n
+        text = _token_text(0, generated)
+        if kind == "generate":
             self._json(
                 200,
                 {
-                    "id": rid,
-                    "object": obj,
-                    "created": created,
-                    "model": model,
-                    "choices": [choice],
-                    "usage": usage,
+                    "text": text,
+                    "output_ids": list(range(1000, 1000 + generated)),
+                    "meta_info": self._meta(rid, input_len, generated, True, time.monotonic() - reply.t0),
                 },
             )
             return
+        usage = {
+            "prompt_tokens": input_len,
+            "completion_tokens": generated,
+            "total_tokens": input_len + generated,
+            "prompt_tokens_details": None,
+        }
+        choice, obj = _whole_choice(kind, text)
+        self._json(
+            200,
+            {
+                "id": rid,
+                "object": obj,
+                "created": reply.created,
+                "model": reply.model,
+                "choices": [choice],
+                "usage": usage,
+            },
+        )
+
+    def _reply_stream(self, reply: _Reply, chan: _Channel, req: SimRequest, include_usage: bool) -> None:
+        """Server-sent events, one per batch of new tokens; a client that goes away aborts the request."""
+        kind = reply.kind
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.send_header("transfer-encoding", "chunked")
@@ -625,63 +701,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 n, finished = chan.get()
                 start = generated
                 generated += n
-                if kind == "generate":
-                    self._sse(
-                        {
-                            "text": _token_text(0, generated),
-                            "output_ids": list(range(1000, 1000 + generated)),
-                            "meta_info": self._meta(rid, input_len, generated, finished, time.monotonic() - t0),
-                            "index": 0,
-                        }
-                    )
-                    continue
-                reason = "length" if finished else None
-                if kind == "completions":
-                    self._sse(
-                        {
-                            "id": rid,
-                            "object": "text_completion",
-                            "created": created,
-                            "model": model,
-                            "choices": [
-                                {
-                                    "index": 0,
-                                    "text": _token_text(start, n),
-                                    "logprobs": None,
-                                    "finish_reason": reason,
-                                    "matched_stop": None,
-                                }
-                            ],
-                            "usage": None,
-                        }
-                    )
-                else:
-                    delta: dict[str, Any] = {"content": _token_text(start, n)}
-                    if start == 0:
-                        delta = {"role": "assistant", **delta}
-                    self._sse(
-                        {
-                            "id": rid,
-                            "object": "chat.completion.chunk",
-                            "created": created,
-                            "model": model,
-                            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}],
-                            "usage": None,
-                        }
-                    )
+                self._sse(self._stream_chunk(reply, start, n, generated, finished))
             if kind != "generate" and include_usage:
                 obj = "text_completion" if kind == "completions" else "chat.completion.chunk"
                 self._sse(
                     {
-                        "id": rid,
+                        "id": reply.rid,
                         "object": obj,
-                        "created": created,
-                        "model": model,
+                        "created": reply.created,
+                        "model": reply.model,
                         "choices": [],
                         "usage": {
-                            "prompt_tokens": input_len,
+                            "prompt_tokens": reply.input_len,
                             "completion_tokens": generated,
-                            "total_tokens": input_len + generated,
+                            "total_tokens": reply.input_len + generated,
                         },
                     }
                 )
@@ -689,8 +722,48 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._chunk(b"")
         except (BrokenPipeError, ConnectionResetError):
             if not finished:
-                sim.scheduler.abort(req)
+                assert self.sim.scheduler is not None
+                self.sim.scheduler.abort(req)
             self.close_connection = True
+
+    def _stream_chunk(self, reply: _Reply, start: int, n: int, generated: int, finished: bool) -> dict[str, Any]:
+        """One streamed event: tokens ``start`` .. ``start + n`` of ``generated`` so far."""
+        if reply.kind == "generate":
+            return {
+                "text": _token_text(0, generated),
+                "output_ids": list(range(1000, 1000 + generated)),
+                "meta_info": self._meta(reply.rid, reply.input_len, generated, finished, time.monotonic() - reply.t0),
+                "index": 0,
+            }
+        reason = "length" if finished else None
+        if reply.kind == "completions":
+            return {
+                "id": reply.rid,
+                "object": "text_completion",
+                "created": reply.created,
+                "model": reply.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": _token_text(start, n),
+                        "logprobs": None,
+                        "finish_reason": reason,
+                        "matched_stop": None,
+                    }
+                ],
+                "usage": None,
+            }
+        delta: dict[str, Any] = {"content": _token_text(start, n)}
+        if start == 0:
+            delta = {"role": "assistant", **delta}
+        return {
+            "id": reply.rid,
+            "object": "chat.completion.chunk",
+            "created": reply.created,
+            "model": reply.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}],
+            "usage": None,
+        }
 
     @staticmethod
     def _meta(rid: str, prompt: int, generated: int, finished: bool, elapsed: float) -> dict[str, Any]:
@@ -917,24 +990,38 @@ class SimServer:
     # -- start-up -------------------------------------------------------------------------------------------
     def run(self) -> int:
         self._install_signals()
-        p, launch, log, v = self.profile, self.launch, self.log, self.v
+        p, launch = self.profile, self.launch
         write_host(self.state_dir, HostState.from_spec(p.host, p.name))
         self.gpus = self._gpu_indices()
+        self._note_others()
+        other = [sum(gib for _, gib in self.others.get(g, [])) for g in self.gpus] or [0.0]
+        plan = plan_startup(p, launch, other_used_gib=other, seed=self.seed)
+        self.plan = plan
+        fail = plan.failure
+        r = plan.resolved
+        assert r is not None
+        self.context_len = r.context_len
+        fail = self._start_init(plan, r, fail)
+        self._start_weights(plan, fail)
+        pool_used = self._start_kv_pool(plan, r, fail)
+        self._start_decode_graphs(plan, fail, pool_used)
+        self._start_prefill_graphs(plan, fail, pool_used)
+        self._start_summary(plan, r, fail, pool_used)
+        return self._serve(plan)
+
+    def _note_others(self) -> None:
+        """Record the memory other live simulated processes hold on this server's GPUs."""
         for entry in live_procs(self.state_dir):
             if entry.pid == self.pid:
                 continue
             for g in self.gpus:
                 if entry.used_mib.get(g, 0) > 0:
                     self.others.setdefault(g, []).append((entry.pid, entry.used_mib[g] / 1024))
-        other = [sum(gib for _, gib in self.others.get(g, [])) for g in self.gpus] or [0.0]
-        plan = plan_startup(p, launch, other_used_gib=other, seed=self.seed)
-        self.plan = plan
-        mem = plan.memory
-        fail = plan.failure
-        r = plan.resolved
-        assert r is not None
-        self.context_len = r.context_len
 
+    def _start_init(self, plan: StartupPlan, r: ResolvedArgs, fail: Failure | None) -> Failure | None:
+        """The server-args line, torch distributed / NCCL init; return the start-up failure (the device
+        check can add one)."""
+        launch, log, v, mem = self.launch, self.log, self.v, plan.memory
         log.line(f"servetune simulated host: figures are simulated, not measured (sim_speed={self.speed:g})")
         for w in launch.warnings:
             log.line(w, level="warning")
@@ -956,18 +1043,19 @@ class SimServer:
         self.set_used(plan.ctx_gib)
         log.ranks(texts.dist_init_end(v, plan.durations.get("dist_init", 0.0) / self.speed, plan.ctx_gib))
         assert mem.pre_load_avail_gib is not None and mem.weights_gib is not None
-        for g in self.gpus:
-            if self.others.get(g):
-                mine = mem.pre_load_avail_gib
-                log.ranks(
-                    f"The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
-                    f"pre_model_load_memory={mine:.2f}, local_gpu_memory={mine:.2f}, "
-                    f"local_gpu_memory * 0.9={mine * 0.9:.2f}",
-                    level="warning",
-                )
-                break
+        if any(self.others.get(g) for g in self.gpus):
+            mine = mem.pre_load_avail_gib
+            log.ranks(
+                f"The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
+                f"pre_model_load_memory={mine:.2f}, local_gpu_memory={mine:.2f}, "
+                f"local_gpu_memory * 0.9={mine * 0.9:.2f}",
+                level="warning",
+            )
+        return fail
 
-        # weights
+    def _start_weights(self, plan: StartupPlan, fail: Failure | None) -> None:
+        p, log, mem = self.profile, self.log, plan.memory
+        assert mem.pre_load_avail_gib is not None and mem.weights_gib is not None
         log.ranks(f"Load weight begin. avail mem={mem.pre_load_avail_gib:.2f} GB")
         load_s = plan.durations.get("load_weights", 0.0)
         target = mem.weights_gib
@@ -983,7 +1071,7 @@ class SimServer:
         assert mem.avail_after_weights_gib is not None
         log.ranks(
             texts.load_weight_end(
-                v,
+                self.v,
                 elapsed_s=load_s / self.speed,
                 arch=p.model.architecture,
                 dtype=p.model.dtype,
@@ -992,11 +1080,14 @@ class SimServer:
             )
         )
 
-        # KV pool
+    def _start_kv_pool(self, plan: StartupPlan, r: ResolvedArgs, fail: Failure | None) -> float:
+        """The KV pool's lines; return the GiB in use once the memory pool is set up."""
+        p, log, mem = self.profile, self.log, plan.memory
         self.sleep_sim(plan.durations.get("kv_pool", 0.0))
         if fail is not None and fail.phase == "kv_pool":
             self._die_startup(fail)
         assert mem.kv_tokens is not None and mem.kv_gib is not None and mem.free_after_pool_gib is not None
+        assert mem.weights_gib is not None and mem.avail_after_weights_gib is not None
         for w in plan.warnings:
             log.line(w, rank=0, level="warning")
         if p.model.kv_pool == "deepseek_v4":
@@ -1005,7 +1096,7 @@ class SimServer:
         else:
             log.ranks(
                 texts.kv_allocated(
-                    v,
+                    self.v,
                     tokens=mem.kv_tokens,
                     kv_gib=mem.kv_gib,
                     mla=p.model.attention == "mla",
@@ -1015,57 +1106,68 @@ class SimServer:
         pool_used = plan.ctx_gib + mem.weights_gib + (mem.avail_after_weights_gib - mem.free_after_pool_gib)
         self.set_used(pool_used)
         log.ranks(f"Memory pool end. avail mem={mem.free_after_pool_gib:.2f} GB")
+        return pool_used
 
-        # CUDA graphs
+    def _start_decode_graphs(self, plan: StartupPlan, fail: Failure | None, pool_used: float) -> None:
+        log, v, mem = self.log, self.v, plan.memory
+        assert mem.free_after_pool_gib is not None
         capture = mem.capture_bs or []
         decode_fail = fail is not None and fail.phase == "cuda_graph" and fail.stage != "prefill_graph"
-        if capture or decode_fail:
-            log.ranks(texts.capture_begin(v, avail_gib=mem.free_after_pool_gib, bs=capture))
-            if fail is not None and decode_fail:
-                self.sleep_sim(fail.elapsed_s)
-                if fail.oom is not None:
-                    self.set_used(pool_used + fail.oom.private_pool_gib + p.memory.graph_workspace_gib)
-                self._nccl_warn(plan)
-                self._die_startup(fail)
-            self.sleep_sim(plan.durations.get("cuda_graph", 0.0))
-            assert mem.graph_gib is not None
-            decode_gib = mem.graph_gib - (mem.prefill_graph_gib or 0.0)
-            log.ranks(
-                texts.capture_end(
-                    v,
-                    elapsed_s=plan.durations.get("cuda_graph", 0.0) / self.speed,
-                    usage_gib=decode_gib,
-                    avail_gib=mem.free_after_pool_gib - decode_gib,
-                    bs=capture,
-                )
+        if not (capture or decode_fail):
+            return
+        log.ranks(texts.capture_begin(v, avail_gib=mem.free_after_pool_gib, bs=capture))
+        if fail is not None and decode_fail:
+            self.sleep_sim(fail.elapsed_s)
+            if fail.oom is not None:
+                self.set_used(pool_used + fail.oom.private_pool_gib + self.profile.memory.graph_workspace_gib)
+            self._nccl_warn(plan)
+            self._die_startup(fail)
+        self.sleep_sim(plan.durations.get("cuda_graph", 0.0))
+        assert mem.graph_gib is not None
+        decode_gib = mem.graph_gib - (mem.prefill_graph_gib or 0.0)
+        log.ranks(
+            texts.capture_end(
+                v,
+                elapsed_s=plan.durations.get("cuda_graph", 0.0) / self.speed,
+                usage_gib=decode_gib,
+                avail_gib=mem.free_after_pool_gib - decode_gib,
+                bs=capture,
             )
+        )
+
+    def _start_prefill_graphs(self, plan: StartupPlan, fail: Failure | None, pool_used: float) -> None:
+        log, v, mem = self.log, self.v, plan.memory
         ptokens = mem.prefill_graph_tokens or []
-        if ptokens:
-            assert mem.graph_gib is not None
-            decode_gib = mem.graph_gib - (mem.prefill_graph_gib or 0.0)
-            before = mem.free_after_pool_gib - decode_gib
-            log.ranks(texts.prefill_capture_begin(v, avail_gib=before, tokens=ptokens))
-            if fail is not None and fail.stage == "prefill_graph":
-                self.sleep_sim(fail.elapsed_s)
-                self.set_used(pool_used + mem.graph_gib)
-                if v < (0, 5, 14):
-                    log.ranks(f"Piecewise CUDA Graph failed with error: {fail.message.splitlines()[0]}", level="error")
-                self._die_startup(fail)
-            self.sleep_sim(plan.durations.get("prefill_graph", 0.0))
-            log.ranks(
-                texts.prefill_capture_end(
-                    v,
-                    elapsed_s=plan.durations.get("prefill_graph", 0.0) / self.speed,
-                    usage_gib=mem.prefill_graph_gib or 0.0,
-                    avail_gib=before - (mem.prefill_graph_gib or 0.0),
-                )
+        if not ptokens:
+            return
+        assert mem.graph_gib is not None and mem.free_after_pool_gib is not None
+        decode_gib = mem.graph_gib - (mem.prefill_graph_gib or 0.0)
+        before = mem.free_after_pool_gib - decode_gib
+        log.ranks(texts.prefill_capture_begin(v, avail_gib=before, tokens=ptokens))
+        if fail is not None and fail.stage == "prefill_graph":
+            self.sleep_sim(fail.elapsed_s)
+            self.set_used(pool_used + mem.graph_gib)
+            if v < (0, 5, 14):
+                log.ranks(f"Piecewise CUDA Graph failed with error: {fail.message.splitlines()[0]}", level="error")
+            self._die_startup(fail)
+        self.sleep_sim(plan.durations.get("prefill_graph", 0.0))
+        log.ranks(
+            texts.prefill_capture_end(
+                v,
+                elapsed_s=plan.durations.get("prefill_graph", 0.0) / self.speed,
+                usage_gib=mem.prefill_graph_gib or 0.0,
+                avail_gib=before - (mem.prefill_graph_gib or 0.0),
             )
+        )
+
+    def _start_summary(self, plan: StartupPlan, r: ResolvedArgs, fail: Failure | None, pool_used: float) -> None:
+        mem = plan.memory
         if fail is not None and fail.phase == "warmup":
             self.first_forward_failure = fail  # the warm-up request's first forward dies (scheduler)
         assert mem.graph_gib is not None and mem.free_after_capture_gib is not None
         self.set_used(pool_used + mem.graph_gib)
         assert mem.max_total_num_tokens is not None and mem.max_running_requests is not None
-        log.line(
+        self.log.line(
             texts.pool_summary(
                 tokens=mem.max_total_num_tokens,
                 chunked=r.chunked_prefill_size,
@@ -1077,7 +1179,9 @@ class SimServer:
             rank=0,
         )
 
-        # HTTP
+    def _serve(self, plan: StartupPlan) -> int:
+        """Bind the HTTP port, start the scheduler and warm-up, then wait; 1 when the port cannot be bound."""
+        launch, log = self.launch, self.log
         self.runtime = plan.runtime
         assert self.runtime is not None
         self.sleep_sim(plan.durations.get("server_start", 0.0))
