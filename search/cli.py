@@ -92,7 +92,7 @@ def run(
         timeout=_duration("--timeout", timeout) if timeout else None, hosts=host or [], inventory=inventory,
         accept_new_host_key=accept_new_host_key, mlflow=not no_mlflow, seed=seed,
         cooldown=_duration("--host-cooldown", host_cooldown),
-        progress=Progress(console, n_trials=None, metric=space.objective.metric, live=live),
+        progress=Progress(console, n_trials=None, metric=space.objective.scored_by, live=live),
         on_start=lambda plan: print_plan(console, plan),
     )
     print_run(console, err_console, summary, space)

@@ -49,7 +49,7 @@ def demo(study: str, n_trials: int | None, console: Console, err_console: Consol
     space = load_checked_space(ROOT / "spaces" / "demo-sim.yaml")
     budget = n_trials or _resume_budget(settings, study)
     summary = run_study(space, settings, study_name=study, n_trials=budget, seed=SEED,
-                        progress=Progress(console, n_trials=None, metric=space.objective.metric),
+                        progress=Progress(console, n_trials=None, metric=space.objective.scored_by),
                         on_start=lambda plan: print_plan(console, plan))
     print_run(console, err_console, summary, space)
     if summary.stopped_by.interrupted:

@@ -15,7 +15,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from search.hosts import preflight
 from search.pool import HostSlot
 from search.records import LevelResult, TrialFacts, note_waiting, write_facts
 from search.sampling import normal_params, sample
+from search.slo import find_max_rate
 from search.study import fail_stale
 from search.workload import bench_plan, run_files
 from spaces.launch import LaunchConfig
@@ -88,7 +89,7 @@ class Objective:
                 return reused
             launch = LaunchConfig.from_params(env.space, params)
             facts.engine = launch.engine
-            facts.objective_metric = env.space.objective.metric
+            facts.objective_metric = env.space.objective.scored_by
             facts.objective_level = env.space.target_level
             return self._run(trial, launch, slot, facts)
         finally:
@@ -177,9 +178,12 @@ class Objective:
             facts.startup_s = round(time.monotonic() - started, 3)
             if failure is None:
                 self._emit(trial, "phase", "benchmarking")
-                plan = bench_plan(space, api=engine.bench_api, model=launch.model_path)
                 bench_started = time.monotonic()
-                bench = self._benchmark(session, plan)
+                if space.objective.kind == "max_rate_under_slo":
+                    bench = self._rate_search(session, engine.bench_api, launch.model_path, facts)
+                else:
+                    bench = self._benchmark(session, bench_plan(space, api=engine.bench_api,
+                                                                model=launch.model_path))
                 facts.bench_s = round(time.monotonic() - bench_started, 3)
                 levels, failure = bench.levels, bench.failure
         finally:
@@ -235,6 +239,30 @@ class Objective:
                 return BenchResult(levels, Failure(FailureKind.INTERRUPTED, session.parser.phase, "interrupted"))
         return result["bench"]
 
+    def _rate_search(self, session: ServerSession, api: str, model: str, facts: TrialFacts) -> BenchResult:
+        """``max_rate_under_slo``: the highest request rate (Poisson arrivals, at most the target level in
+        flight) at which the SLO holds, by :func:`search.slo.find_max_rate`; every step is one load generator
+        run at one rate, kept as a level of the trial. A death ends the search (the trial is then PRUNED)."""
+        space = self.env.space
+        plan_of = space.objective.rate_search
+        out = BenchResult()
+
+        def measure(rate: float) -> Mapping[str, Any]:
+            if out.failure is not None:  # the server died: no rate holds any more
+                return {"completed": 0, "failed": plan_of.requests}
+            plan = bench_plan(space, api=api, model=model, levels=(space.target_level,),
+                              requests=(plan_of.requests,), request_rate=rate,
+                              warmup=space.workload.warmup_requests if not out.levels else 0)
+            bench = self._benchmark(session, plan)
+            out.levels.extend(bench.levels)
+            out.failure = bench.failure
+            return bench.levels[-1] if bench.levels else {"completed": 0, "failed": plan_of.requests}
+
+        found = find_max_rate(measure, space.objective.slo, plan_of)
+        facts.slo_rate = found.rate
+        facts.slo_rate_steps = len(found.steps)
+        return out
+
     # ---- recording -----------------------------------------------------------------------------
 
     def _record(self, trial: optuna.Trial, facts: TrialFacts, session: ServerSession,
@@ -246,9 +274,11 @@ class Objective:
         facts.levels = [LevelResult.model_validate(level) for level in levels]
         done = [lv.max_concurrency for lv in facts.levels if lv.served]
         facts.level_reached = max(done) if done else 0
-        for lv in facts.levels:
+        rate_search = self.env.space.objective.kind == "max_rate_under_slo"
+        for i, lv in enumerate(facts.levels, start=1):
             if lv.output_throughput is not None:
-                trial.report(float(lv.output_throughput), step=lv.max_concurrency)
+                # A rate search measures one level at several rates: its steps are numbered.
+                trial.report(float(lv.output_throughput), step=i if rate_search else lv.max_concurrency)
         facts.log_tail = session.log_tail(60)
         if session.exit_code is not None:
             facts.exit_code = session.exit_code
@@ -280,6 +310,8 @@ class Objective:
 
     def _complete(self, trial: optuna.Trial, facts: TrialFacts) -> float:
         space = self.env.space
+        if space.objective.kind == "max_rate_under_slo":
+            return self._complete_rate(trial, facts)
         target = space.target_level
         metric = space.objective.metric
         row = next((lv for lv in facts.levels if lv.max_concurrency == target), None)
@@ -294,6 +326,22 @@ class Objective:
         facts.outcome, facts.phase, facts.reason = "ok", None, ""
         self._emit(trial, "outcome", "ok")
         return float(row.figure(metric))
+
+    def _complete_rate(self, trial: optuna.Trial, facts: TrialFacts) -> float:
+        """The rate found (or the output throughput measured at it); a configuration that holds the SLO at
+        no rate in range scores 0 and is infeasible, so it is never the best."""
+        objective = self.env.space.objective
+        rate = facts.slo_rate
+        trial.set_constraint("slo_rate", 0.0 if rate is not None else 1.0)
+        facts.outcome, facts.phase, facts.reason = "ok", None, ""
+        self._emit(trial, "outcome", "ok")
+        if rate is None:
+            facts.reason = f"no rate from {objective.rate_search.low:g} req/s up holds the SLO"
+            return 0.0
+        if objective.rate_search.result == "rate":
+            return float(rate)
+        at = next(lv for lv in reversed(facts.levels) if lv.request_rate == rate and lv.served)
+        return float(at.output_throughput or 0.0)
 
     def _set_failure(self, trial: optuna.Trial, facts: TrialFacts, failure: Failure) -> None:
         facts.outcome, facts.phase, facts.reason = failure.kind, failure.phase, failure.reason

@@ -154,7 +154,7 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
     if summary.mlflow_error is not None:
         err_console.print(f"mlflow: {summary.mlflow_error} (back-fill later with `servetune sync-mlflow`)")
     recs = records(summary.study)
-    console.print(summary_table(recs, space.objective.metric))
+    console.print(summary_table(recs, space.objective.scored_by))
     for orphan in summary.orphans_stopped:
         console.print(f"stopped an orphaned server: {orphan}")
     for line in summary.hosts_dropped:
@@ -166,7 +166,7 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
     best = best_record(recs, summary.study.direction)
     if best is not None:
         params = ", ".join(f"{k}={v}" for k, v in best.params.items())
-        console.print(f"[green]best[/]: trial {best.number}, {space.objective.metric}={best.value:.1f} "
+        console.print(f"[green]best[/]: trial {best.number}, {space.objective.scored_by}={best.value:.1f} "
                       f"at C={space.target_level}  {escape('[' + params + ']')}")
     else:
         console.print("[yellow]no COMPLETE trial yet[/]")

@@ -198,6 +198,10 @@ class TrialFacts(BaseModel):
     log_tail: str | None = None
     objective_metric: str | None = None
     objective_level: int | None = None
+    slo_rate: float | None = None
+    """``max_rate_under_slo``: the highest request rate (req/s) at which the SLO held; None when none did."""
+    slo_rate_steps: int | None = None
+    """How many rates the search measured (each is one of :attr:`levels`, with its ``request_rate``)."""
     duplicate_of: int | None = None
     """Set when the configuration was already measured by that trial and its result reused."""
     startup_s: float | None = None

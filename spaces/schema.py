@@ -482,66 +482,30 @@ class RateSearch(_Strict):
         return self
 
 
-PARETO_METRICS: dict[str, Literal["maximize", "minimize"]] = {
-    "output_throughput": "maximize", "request_throughput": "maximize", "total_throughput": "maximize",
-    "p99_ttft_ms": "minimize", "p99_tpot_ms": "minimize", "p99_itl_ms": "minimize",
-    "p99_e2e_latency_ms": "minimize", "median_ttft_ms": "minimize", "median_tpot_ms": "minimize",
-}
-"""Metrics a ``pareto`` objective may name, with the direction that makes sense for each."""
-
-
-class ParetoMetric(_Strict):
-    name: str
-    direction: Literal["maximize", "minimize"] | None = None
-    """Default: the metric's natural direction (throughput up, latency down)."""
-
-    @field_validator("name")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        if v not in PARETO_METRICS:
-            raise ValueError(f"unknown metric {v!r}; allowed: {', '.join(PARETO_METRICS)}")
-        return v
-
-    @property
-    def sense(self) -> Literal["maximize", "minimize"]:
-        return self.direction or PARETO_METRICS[self.name]
-
-
 class Objective(_Strict):
     """What a trial is scored by.
 
     * ``throughput_at``: ``metric`` at concurrency ``level``; SLO limits are Optuna constraints;
     * ``max_rate_under_slo``: the highest request rate at which every ``slo`` limit holds (``rate`` says how
-      it is searched), with at most ``level`` requests in flight;
-    * ``pareto``: two or more ``metrics`` at ``level`` as an Optuna multi-objective study.
+      it is searched), with at most ``level`` requests in flight.
     """
 
-    kind: Literal["throughput_at", "max_rate_under_slo", "pareto"] = "throughput_at"
+    kind: Literal["throughput_at", "max_rate_under_slo"] = "throughput_at"
     metric: Literal["output_throughput", "request_throughput", "total_throughput"] = "output_throughput"
     level: int | None = None
     slo: Slo = Field(default_factory=Slo)
     rate: RateSearch | None = None
-    metrics: list[ParetoMetric] | None = None
 
     @model_validator(mode="after")
     def _kind(self) -> Objective:
         if self.kind != "max_rate_under_slo" and self.rate is not None:
             raise ValueError(f"rate is only for kind max_rate_under_slo (this objective is {self.kind})")
-        if self.kind != "pareto" and self.metrics is not None:
-            raise ValueError(f"metrics is only for kind pareto (this objective is {self.kind}); use metric")
         if self.kind == "max_rate_under_slo":
             if not self.slo.limits():
                 raise ValueError("max_rate_under_slo needs at least one slo limit "
                                  "(p99_ttft_ms, p99_tpot_ms or max_error_rate)")
             if "metric" in self.model_fields_set:
                 raise ValueError("max_rate_under_slo scores the rate (or rate.result: goodput); drop metric")
-        if self.kind == "pareto":
-            names = [m.name for m in self.metrics or []]
-            if len(names) < 2:
-                raise ValueError("pareto needs at least two metrics, e.g. "
-                                 "[{name: output_throughput}, {name: p99_tpot_ms}]")
-            if len(set(names)) != len(names):
-                raise ValueError(f"pareto metrics must differ, got {names}")
         return self
 
     @property
@@ -549,11 +513,12 @@ class Objective(_Strict):
         return self.rate or RateSearch()
 
     @property
-    def directions(self) -> list[str]:
-        """The study's directions, one per objective value."""
-        if self.kind == "pareto":
-            return [m.sense for m in self.metrics or []]
-        return ["maximize"]
+    def scored_by(self) -> str:
+        """The name of what a trial's value is: the metric, or for ``max_rate_under_slo`` the rate found
+        (``slo_request_rate``, req/s) or the output throughput at it (``slo_goodput``, tok/s)."""
+        if self.kind == "max_rate_under_slo":
+            return "slo_request_rate" if self.rate_search.result == "rate" else "slo_goodput"
+        return self.metric
 
 
 class Budget(_Strict):

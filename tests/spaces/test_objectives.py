@@ -33,7 +33,7 @@ def load(tmp_path: Path, **sections: object) -> object:
 
 def test_throughput_at_is_the_default() -> None:
     space = load_space(ROOT / "spaces" / "demo-sim.yaml")
-    assert space.objective.kind == "throughput_at" and space.objective.directions == ["maximize"]
+    assert space.objective.kind == "throughput_at"
 
 
 def test_max_rate_under_slo_loads_with_its_search(tmp_path: Path) -> None:
@@ -44,27 +44,14 @@ def test_max_rate_under_slo_loads_with_its_search(tmp_path: Path) -> None:
     assert (rs.start, rs.low, rs.high, rs.steps, rs.tolerance, rs.result) == (2, 0.25, 64, 10, 0.03, "rate")
 
 
-def test_pareto_loads_with_natural_directions(tmp_path: Path) -> None:
-    space = load(tmp_path, objective={"kind": "pareto", "level": 16, "metrics": [
-        {"name": "output_throughput"}, {"name": "p99_tpot_ms"}, {"name": "p99_ttft_ms", "direction": "minimize"}]})
-    assert space.objective.directions == ["maximize", "minimize", "minimize"]  # type: ignore[attr-defined]
-
-
 @pytest.mark.parametrize("objective, message", [
     ({"kind": "max_rate_under_slo"}, "objective: max_rate_under_slo needs at least one slo limit"),
     ({"kind": "max_rate_under_slo", "slo": {"p99_ttft_ms": 100}, "metric": "output_throughput"},
      "objective: max_rate_under_slo scores the rate"),
     ({"kind": "throughput_at", "rate": {"start": 1}}, "objective: rate is only for kind max_rate_under_slo"),
-    ({"kind": "pareto", "metrics": [{"name": "output_throughput"}]}, "objective: pareto needs at least two metrics"),
-    ({"kind": "pareto", "metrics": [{"name": "output_throughput"}, {"name": "output_throughput"}]},
-     "objective: pareto metrics must differ"),
-    ({"kind": "pareto", "metrics": [{"name": "output_throughput"}, {"name": "p42_tpot"}]},
-     "objective.metrics.1.name: unknown metric 'p42_tpot'"),
-    ({"kind": "throughput_at", "metrics": [{"name": "output_throughput"}, {"name": "p99_tpot_ms"}]},
-     "objective: metrics is only for kind pareto"),
     ({"kind": "max_rate_under_slo", "slo": {"p99_ttft_ms": 100}, "rate": {"start": 1, "low": 2}},
      "objective.rate: need low <= start <= high"),
-    ({"kind": "fastest"}, "objective.kind: Input should be 'throughput_at', 'max_rate_under_slo' or 'pareto'"),
+    ({"kind": "fastest"}, "objective.kind: Input should be 'throughput_at' or 'max_rate_under_slo'"),
 ])
 def test_bad_objectives_are_one_line(tmp_path: Path, objective: dict, message: str) -> None:
     with pytest.raises(ConfigError) as err:
