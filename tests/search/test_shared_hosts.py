@@ -34,7 +34,9 @@ from optuna.trial import TrialState
 from runners.errors import HostMisconfigured
 from runners.host import Lease
 from runners.inventory import HostSpec, open_host
+from runners.telemetry import FailureKind
 from search.hosts import local_host
+from search.records import TrialFacts
 from search.run import RunOptions, run_search
 from spaces.schema import load_space
 from tests.fixtures.mlflow_server import group_alive
@@ -129,7 +131,7 @@ def test_two_controllers_of_one_postgres_study_on_one_host(tmp_path: Path, postg
     assert all(t.state.is_finished() for t in ts)
     assert killed_from_outside(ts) == []
     assert not [t for t in ts if t.state == TrialState.FAIL]
-    spans = sorted((t.datetime_start, t.datetime_complete, t.user_attrs["controller"]) for t in ts)
+    spans = sorted((t.datetime_start, t.datetime_complete, TrialFacts.from_trial(t).controller) for t in ts)
     for (_, end, a), (start, _, b) in itertools.pairwise(spans):
         assert a == b or end <= start, "trials of the two controllers never ran at once on the host"
     assert live_servers(tmp_path / "runs") == []
@@ -221,7 +223,7 @@ def test_a_foreign_listener_on_the_port_is_host_trouble_never_measured(tmp_path:
     assert ts, res.stdout + res.stderr
     assert counted(ts) == [], "nothing is PRUNED or COMPLETE for a port someone else holds"
     assert {t.user_attrs.get("outcome") for t in ts} == {"host_busy"}
-    assert all(f"port {port}" in t.user_attrs["reason"] for t in ts)
+    assert all(f"port {port}" in TrialFacts.from_trial(t).reason for t in ts)
     assert not [r for r in _Foreign.seen if r.startswith("POST")], "the foreign server is never benchmarked"
     assert "no hosts left" in res.stdout
     assert live_servers(tmp_path / "runs") == []
@@ -246,7 +248,7 @@ def test_a_server_sigtermed_from_outside_mid_benchmark_is_fail_stopped_from_outs
     ts = trials(storage, "outside")
     first = ts[0]
     assert first.state == TrialState.FAIL, first.user_attrs.get("reason")
-    assert first.user_attrs["outcome"] == "stopped_from_outside"
+    assert TrialFacts.from_trial(first).outcome == FailureKind.STOPPED_FROM_OUTSIDE
     assert [t.state for t in ts[1:]] == [TrialState.COMPLETE], "its slot is run again"
     assert live_servers(tmp_path / "runs") == []
 
@@ -312,7 +314,7 @@ def test_the_simulated_host_over_ssh_needs_no_set_up(tmp_path: Path, sshd: SshSe
     summary = run_search(space, [host], opts)
     assert [t.state for t in summary.study.trials] == [TrialState.COMPLETE]
     assert list((tmp_path / "runs" / ".servetune" / "simhost").glob("*/bin/nvidia-smi"))
-    assert summary.study.trials[0].user_attrs["gpu_count"] == 8  # the profile's simulated host
+    assert TrialFacts.from_trial(summary.study.trials[0]).gpu_count == 8  # the profile's simulated host
 
 
 # ---- who holds a host ---------------------------------------------------------------------------
