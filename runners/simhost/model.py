@@ -867,7 +867,9 @@ def plan_startup(
     for stage in stages:
         failure = stage()
         if failure is not None:
-            return walk.plan(failure)
+            # A first forward that dies does so in a server that started and serves: it keeps its runtime.
+            extra = {"runtime": walk.runtime()} if stage == walk.first_forward else {}
+            return walk.plan(failure, **extra)
     return walk.plan(runtime=walk.runtime())
 
 

@@ -476,6 +476,17 @@ def test_bare_nccl_algo_tree_kills_the_server_with_nccls_allgather_error(simhost
     )
 
 
+def test_bare_nccl_algo_tree_without_graphs_dies_at_the_warm_up_forward(simhost) -> None:  # type: ignore[no-untyped-def]
+    # No graph capture to die in: the first forward (the warm-up request) runs the logits AllGather.
+    sp = simhost.start(NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.70", "--disable-cuda-graph",
+                       env={"NCCL_ALGO": "Tree"})
+    assert not sp.wait_ready()
+    assert sp.wait_exit() == -signal.SIGKILL
+    log = sp.log()
+    assert "AssertionError" not in log
+    lines_in_order(log, r"Uvicorn running on", r"no algorithm/protocol available for function AllGather")
+
+
 @pytest.mark.parametrize(
     ("version", "begin", "end"),
     [
