@@ -1,7 +1,8 @@
 """The Optuna objective: sample, launch, wait, sweep, record, stop — and map the outcome to a trial state.
 
 * success returns the objective (the metric at the target concurrency level); each level's throughput is
-  also reported as an intermediate value (step = concurrency);
+  also reported as an intermediate value (step = concurrency), for the levels that finished only (a trial
+  that died at a level reports nothing there, never a 0);
 * a config-caused death (OOM anywhere, an illegal NCCL combination, a flag the engine rejects, a crash)
   records its telemetry and raises :class:`optuna.TrialPruned` -> PRUNED;
 * infrastructure trouble (host unreachable, timeouts, a GPU busy with a foreign process, interruption)
@@ -246,9 +247,11 @@ class Objective:
             if isinstance(value, int | float | str | bool):
                 trial.set_user_attr(MEM_PREFIX + key, value)
         trial.set_user_attr("levels", [_slim(level) for level in levels])
-        done = [lv["max_concurrency"] for lv in levels if lv.get("completed", 0) > 0 and not lv.get("failed")]
-        trial.set_user_attr("level_reached", max(done) if done else 0)
-        for lv in levels:
+        finished = [lv for lv in levels if lv.get("completed", 0) > 0 and not lv.get("failed")]
+        trial.set_user_attr("level_reached", max((lv["max_concurrency"] for lv in finished), default=0))
+        # Only the levels that finished are reported: a level the server died in has no throughput to
+        # report, and a 0 there would read as a measurement in Optuna's history and intermediate plots.
+        for lv in finished:
             if lv.get("output_throughput") is not None:
                 trial.report(float(lv["output_throughput"]), step=int(lv["max_concurrency"]))
         trial.set_user_attr("log_tail", session.log_tail(60))
