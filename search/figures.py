@@ -22,7 +22,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import optuna
 from optuna.study import StudyDirection
@@ -489,7 +489,7 @@ class FiguresCallback:
 # ---- small helpers --------------------------------------------------------------------------------------
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -6,25 +6,42 @@ what was learned: counts, the best configuration with its figures per concurrenc
 which survived), failures by cause, and the time spent. :func:`status_data` is a JSON-friendly dict: trials
 done/running/pruned/failed, each host's state, the best so far and an estimate of the time left.
 
+:func:`report_html` is the same report as one self-contained HTML file (no network, no other file: plotly.js
+is inlined) with the study's figures (:mod:`search.figures`) after the verdict; :func:`publish` writes both
+files next to the trial artifacts and attaches the HTML to the study (an optuna-dashboard study artifact).
+
 The Markdown helpers (:func:`levels_table`, :func:`memory_table`) are shared with the dashboard notes.
 """
 
 from __future__ import annotations
 
+import html
+import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import optuna
 
 from search.records import TrialRecord, best_record, records
 
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+    from optuna.artifacts._protocol import ArtifactStore
+
+    from search.figures import Boundary
+
 __all__ = [
     "THIN_HEADROOM_GIB",
+    "Published",
     "format_duration",
     "levels_table",
     "memory_table",
+    "publish",
+    "report_html",
     "report_markdown",
     "status_data",
 ]
@@ -79,18 +96,218 @@ _INFRA_TROUBLE = frozenset({"host_unreachable", "host_busy"})
 def report_markdown(study: optuna.Study) -> str:
     """The study's summary as Markdown (see the module docstring for what it holds)."""
     recs = records(study)
-    out: list[str] = [f"# servetune report: {study.study_name}", ""]
+    head, body = _report_parts(study, recs)
+    return "\n".join([*head, *body]).rstrip() + "\n"
+
+
+def _report_parts(study: optuna.Study, recs: Sequence[TrialRecord]) -> tuple[list[str], list[str]]:
+    """(title, objective and verdict; the rest): the HTML report puts the figures between the two."""
+    head: list[str] = [f"# servetune report: {study.study_name}", ""]
     target = _objective_text(study, recs)
     if target:
-        out += [target, ""]
+        head += [target, ""]
     if any(r.simulated for r in recs):
-        out += ["> Figures marked simulated come from the simulated GPU host, not from real hardware.", ""]
-    out += _counts_section(recs)
-    out += _best_section(study, recs)
-    out += _boundary_section(recs)
-    out += _failures_section(recs)
-    out += _time_section(recs)
-    return "\n".join(out).rstrip() + "\n"
+        head += ["> Figures marked simulated come from the simulated GPU host, not from real hardware.", ""]
+    head += _verdict_section(study, recs)
+    body = _counts_section(recs)
+    body += _best_section(study, recs)
+    body += _boundary_section(recs)
+    body += _failures_section(recs)
+    body += _skipped_section(recs)
+    body += _trials_section(recs)
+    body += _time_section(recs)
+    return head, body
+
+
+#: What bound a configuration, by the phase its neighbours died in.
+LIMIT_WORDS = {
+    "kv_pool": "the KV pool (too little memory left for the KV cache)",
+    "cuda_graph": "the CUDA graph pool (graph capture ran out of memory)",
+    "prefill": "prefill activations (a prefill batch ran out of memory)",
+    "decode": "the eager fallback (a decode batch above the graph batch size ran without graphs and out of "
+              "memory)",
+}
+
+
+def _verdict_section(study: optuna.Study, recs: Sequence[TrialRecord]) -> list[str]:
+    out = ["## Verdict", ""]
+    best = best_record(recs, study.direction)
+    if best is None:
+        return [*out, "No configuration survived yet: there is no verdict.", ""]
+    metric = best.attrs.get("objective_metric", "objective")
+    level = best.attrs.get("objective_level")
+    unit = _unit(str(metric))
+    knobs = ", ".join(f"`{k}={_fmt(v)}`" for k, v in sorted(best.params.items()))
+    at = f" at concurrency {level}" if level is not None else ""
+    sim = " (simulated)" if best.simulated else ""
+    out.append(f"- **Best: trial {best.number}**, `{metric}` = {_fmt(best.value)}{(' ' + unit) if unit else ''}"
+               f"{at}{sim}: {knobs or 'no searched knob'}.")
+    same = [r.number for r in recs if r.attrs.get("duplicate_of") == best.number]
+    confirmed = f"one benchmark sweep on host `{best.host}`" if best.host else "one benchmark sweep"
+    if best.simulated:
+        confirmed += " of the simulated GPU host (not real hardware: confirm on a GPU before serving)"
+    if same:
+        confirmed += f"; trial(s) {', '.join(f'#{n}' for n in same)} asked for it again and reused that result"
+    out.append(f"- **Confirmed by:** {confirmed}.")
+    free = best.free_after_capture_gib
+    if free is None:
+        out.append("- **Headroom:** free GPU memory after CUDA graph capture not measured.")
+    else:
+        thin = f" (**thin**: below {THIN_HEADROOM_GIB:g} GiB)" if free < THIN_HEADROOM_GIB else ""
+        out.append(f"- **Headroom:** {free:.2f} GiB free per GPU after CUDA graph capture{thin}.")
+    out.append(f"- **What bound it:** {_bound_text(best, recs)}")
+    return [*out, ""]
+
+
+def _bound_text(best: TrialRecord, recs: Sequence[TrialRecord]) -> str:
+    ooms = [r for r in recs if r.outcome == "oom" and r.attrs.get("duplicate_of") is None]
+    if not ooms:
+        return "no trial ran out of memory, so no memory limit was reached within the searched space."
+    nearest = min(ooms, key=lambda r: _distance(best, r, recs))
+    phases = Counter(r.phase or "unknown" for r in ooms)
+    by_phase = ", ".join(f"{p} x{n}" for p, n in phases.most_common())
+    limit = LIMIT_WORDS.get(nearest.phase or "", f"an OOM in {nearest.phase or 'an unknown phase'}")
+    return (f"{limit}: the nearest configuration that died (trial {nearest.number}) died there. "
+            f"Deaths by phase: {by_phase}.")
+
+
+def _distance(a: TrialRecord, b: TrialRecord, recs: Sequence[TrialRecord]) -> float:
+    """Distance of two trials over their numeric knobs, each scaled to the range the study tried."""
+    total = 0.0
+    for name in sorted(set(a.params) | set(b.params)):
+        va, vb = a.params.get(name), b.params.get(name)
+        if _is_number(va) and _is_number(vb):
+            seen = [float(r.params[name]) for r in recs if _is_number(r.params.get(name))]
+            span = (max(seen) - min(seen)) or 1.0
+            total += ((float(va) - float(vb)) / span) ** 2
+        elif va != vb:
+            total += 0.25
+    return math.sqrt(total)
+
+
+def _skipped_section(recs: Sequence[TrialRecord]) -> list[str]:
+    out = ["## Skipped and why", ""]
+    rows: list[str] = []
+    for rec in sorted(recs, key=lambda r: r.number):
+        why = ""
+        if rec.attrs.get("duplicate_of") is not None:
+            why = f"same configuration as trial {rec.attrs['duplicate_of']}: its result was reused, nothing ran"
+        elif rec.outcome == "predicted_oom":
+            why = "the memory model predicted an OOM: not launched" + (f" ({_short(rec.reason, 100)})"
+                                                                       if rec.reason else "")
+        elif rec.state == "FAIL":
+            why = (f"infrastructure trouble ({rec.outcome}): not counted, the sampler learns nothing from it"
+                   + (f"; {_short(rec.reason, 100)}" if rec.reason else ""))
+        elif rec.state == "WAITING":
+            why = "queued, not run yet"
+        elif rec.state == "RUNNING":
+            why = "still running when the report was made"
+        if why:
+            rows.append(f"| #{rec.number} | {rec.state} | {_escape(why)} |")
+    if not rows:
+        return [*out, "Nothing: every trial launched its configuration and finished.", ""]
+    return [*out, "| trial | state | why |", "|---:|---|---|", *rows, ""]
+
+
+def _trials_section(recs: Sequence[TrialRecord]) -> list[str]:
+    knobs: list[str] = []
+    for rec in recs:
+        knobs += [k for k in rec.params if k not in knobs]
+    out = ["## All trials", "",
+           "| # | state | outcome | value | " + " | ".join(f"`{k}`" for k in knobs)
+           + " | free after capture (GiB) | reason |",
+           "|---:|---|---|---:|" + "---:|" * len(knobs) + "---:|---|"]
+    for rec in sorted(recs, key=lambda r: r.number):
+        outcome = rec.outcome + (f" in {rec.phase}" if rec.phase and rec.outcome != "ok" else "")
+        cells = [f"#{rec.number}", rec.state, outcome, _fmt(rec.value),
+                 *(_fmt(rec.params.get(k)) for k in knobs), _fmt(rec.free_after_capture_gib),
+                 _short(rec.reason, 100) or "-"]
+        out.append("| " + " | ".join(_escape(c) for c in cells) + " |")
+    return [*out, ""]
+
+
+def _unit(metric: str) -> str:
+    if metric.endswith("_ms"):
+        return "ms"
+    if metric == "request_throughput":
+        return "req/s"
+    if metric.endswith("_throughput"):
+        return "tok/s"
+    return ""
+
+
+# ---- the HTML report --------------------------------------------------------------------------------
+
+_CSS = """
+body { font-family: system-ui, sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; }
+th { background: #f3f3f3; }
+blockquote { border-left: 4px solid #e0a000; margin: 0.5em 0; padding: 0.3em 1em; background: #fff8e0; }
+code { background: #f3f3f3; padding: 0 0.2em; }
+.figure { margin: 1em 0 2em; }
+"""
+
+
+def report_html(study: optuna.Study, *, figures: dict[str, go.Figure] | None = None,
+                boundary: Boundary | None = None) -> str:
+    """The report as one self-contained HTML page: the verdict, the figures (``figures``, default
+    :func:`search.figures.study_figures`), then the rest of :func:`report_markdown`. plotly.js is inlined, so
+    the page loads nothing from anywhere."""
+    import markdown
+    from plotly.offline import get_plotlyjs
+
+    from search.figures import study_figures
+
+    recs = records(study)
+    figures = figures if figures is not None else study_figures(study, boundary=boundary, recs=recs)
+    head, body = _report_parts(study, recs)
+
+    def render(lines: list[str]) -> str:
+        return markdown.markdown("\n".join(lines), extensions=["tables"], output_format="html")
+
+    config = {"displaylogo": False, "responsive": True}
+    divs = ['<div class="figure">'
+            + fig.to_html(full_html=False, include_plotlyjs=False, div_id=graph_id, config=config) + "</div>"
+            for graph_id, fig in figures.items()]
+    title = html.escape(f"servetune report: {study.study_name}")
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+        # An inline favicon: without one the browser asks the file's folder for favicon.ico.
+        '<link rel="icon" href="data:,">',
+        f"<title>{title}</title>", f"<style>{_CSS}</style>",
+        f'<script type="text/javascript">{get_plotlyjs()}</script>', "</head>", "<body>",
+        render(head), "<h2>Figures</h2>", *divs, render(body), "</body>", "</html>", "",
+    ])
+
+
+@dataclass(frozen=True)
+class Published:
+    """What :func:`publish` wrote: the two report files and the figures it drew."""
+
+    markdown: Path
+    html: Path
+    figures: dict[str, go.Figure]
+
+
+def publish(study: optuna.Study, directory: Path, *, artifact_store: ArtifactStore | None = None,
+            boundary: Boundary | None = None) -> Published:
+    """Write ``report.md`` and ``report.html`` into ``directory``, refresh the dashboard figures, and (with
+    an ``artifact_store``) attach the HTML report to the study as an optuna-dashboard study artifact."""
+    from search.figures import save_to_dashboard, study_figures
+
+    directory.mkdir(parents=True, exist_ok=True)
+    figures = study_figures(study, boundary=boundary)
+    md_path, html_path = directory / "report.md", directory / "report.html"
+    md_path.write_text(report_markdown(study))
+    html_path.write_text(report_html(study, figures=figures))
+    save_to_dashboard(study, figures)
+    if artifact_store is not None:
+        from optuna.artifacts import upload_artifact
+
+        upload_artifact(artifact_store=artifact_store, file_path=str(html_path), study_or_trial=study,
+                        mimetype="text/html", encoding="utf-8")
+    return Published(markdown=md_path, html=html_path, figures=figures)
 
 
 def _objective_text(study: optuna.Study, recs: Sequence[TrialRecord]) -> str:
@@ -415,7 +632,7 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
