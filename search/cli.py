@@ -35,6 +35,26 @@ StorageOpt = Annotated[str | None, typer.Option("--storage", help="SQLAlchemy UR
 MlflowOpt = Annotated[str | None, typer.Option("--mlflow-uri", help="MLflow tracking URI.")]
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("servetune")
+        except PackageNotFoundError:
+            number = "unknown (not installed)"
+        sys.stdout.write(f"servetune {number}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version_flag: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False,
+) -> None:
+    """Find the fastest SGLang/vLLM launch settings that do not run out of memory."""
+
+
 def _settings(**cli: Any) -> Any:
     from search.settings import load_settings
 
@@ -97,9 +117,11 @@ def run(
         tracker = MlflowTracker(settings.mlflow_uri,
                                 optuna_artifact_store=artifact_store(settings.artifacts_dir))
         callbacks.append(tracker.callback(background=True))
+    from search.figures import FiguresCallback
     from search.notes import notes_callback
 
     callbacks.append(notes_callback())
+    callbacks.append(FiguresCallback())
     progress = Progress(console, n_trials=trials_budget, metric=space.objective.metric, live=live)
     callbacks.append(progress.callback)
     options = RunOptions(
@@ -117,9 +139,15 @@ def run(
     finally:
         for h in hosts:
             h.close()
+    from search.report import publish
+    from search.study import artifact_store as _artifact_store
+
+    published = publish(summary.study, settings.artifacts_dir / name,
+                        artifact_store=_artifact_store(settings.artifacts_dir))
     if tracker is not None:
         try:
-            tracker.finish_study(summary.study)  # waits for the background logger first
+            # waits for the background logger first
+            tracker.finish_study(summary.study, figures=published.figures, report=published.html)
         except ServetuneError as exc:
             err_console.print(f"mlflow: {exc} (back-fill later with `servetune sync-mlflow`)")
     recs = records(summary.study)
@@ -136,16 +164,13 @@ def run(
     best = best_record(recs, summary.study.direction)
     if best is not None:
         params = ", ".join(f"{k}={v}" for k, v in best.params.items())
-        console.print(f"[green]best[/]: trial {best.number}, {space.objective.metric}={best.value:.1f} "
+        sim = " (simulated)" if best.simulated else ""
+        console.print(f"[green]best[/]: trial {best.number}, {space.objective.metric}={best.value:.1f}{sim} "
                       f"at C={space.target_level}  [{params}]")
     else:
         console.print("[yellow]no COMPLETE trial yet[/]")
-    from search.report import report_markdown
-
-    report_path = settings.artifacts_dir / name / "report.md"
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(report_markdown(summary.study))
-    console.print(f"morning summary: {report_path} (again any time: servetune report --study {name})")
+    console.print(f"morning summary: {published.html} and {published.markdown.name} (again any time: "
+                  f"servetune report --study {name} --format html)")
     if summary.stopped_by in ("signal", "aborted"):
         raise typer.Exit(130)
 
@@ -226,11 +251,16 @@ def report(
     study: StudyOpt,
     storage: StorageOpt = None,
     output: Annotated[Path | None, typer.Option("-o", "--output")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="md (Markdown) or html (one self-contained file, "
+                                                      "with the figures).")] = "md",
 ) -> None:
-    """The morning summary as Markdown."""
-    from search.report import report_markdown
+    """The morning summary: verdict, OOM boundary, failures, every trial (Markdown or HTML)."""
+    from search.report import report_html, report_markdown
 
-    text = report_markdown(_open(study, storage))
+    if fmt not in ("md", "html"):
+        raise ConfigError(f"--format: {fmt!r} is not one of md, html")
+    st = _open(study, storage)
+    text = report_html(st) if fmt == "html" else report_markdown(st)
     if output is None:
         sys.stdout.write(text)
     else:
@@ -244,7 +274,7 @@ def status(
     storage: StorageOpt = None,
     n_trials: Annotated[int | None, typer.Option(
         "--n-trials", help="The budget, for the time-left estimate [default: the latest run's].")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (for scripts).")] = False,
 ) -> None:
     """Where a study stands (works while the search runs elsewhere)."""
     from search.report import status_data
@@ -256,8 +286,9 @@ def status(
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
         return
-    for key, value in data.items():
-        console.print(f"{key}: {value}")
+    from search.progress import status_view
+
+    console.print(status_view(data))
 
 
 @app.command()

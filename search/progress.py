@@ -42,6 +42,7 @@ class Progress:
         self.best: tuple[float, int] | None = None
         self.ooms = 0
         self.failed = 0
+        self.simulated = False
         self._lock = threading.Lock()
         self._live: Live | None = None
         self._started = time.monotonic()
@@ -57,8 +58,9 @@ class Progress:
             elif kind == "phase":
                 row["phase"] = _PHASE_WORDS.get(str(value), str(value))
             elif kind == "level":
+                sim = " (simulated)" if value.get("simulated") else ""
                 row["phase"] = (f"benchmarked C={value.get('max_concurrency')}: "
-                                f"{value.get('output_throughput', 0):.1f} tok/s")
+                                f"{value.get('output_throughput', 0):.1f} tok/s{sim}")
         if not self.live_enabled and kind in ("host",):
             self.console.print(f"trial {number}: on {value}")
         self._refresh()
@@ -68,6 +70,7 @@ class Progress:
         with self._lock:
             self.running.pop(trial.number, None)
             self.done += 1
+            self.simulated = self.simulated or rec.simulated
             if rec.outcome == "oom":
                 self.ooms += 1
             if rec.state == "FAIL":
@@ -85,6 +88,7 @@ class Progress:
         head = Text.assemble(
             ("servetune ", "bold"), f"trials done {self.done}{total}",
             "  best ", (f"{self.best[0]:.1f} (trial {self.best[1]})" if self.best else "-", "green"),
+            " simulated" if self.simulated and self.best else "",
             "  OOMs ", (str(self.ooms), "red" if self.ooms else ""),
             f"  failed {self.failed}",
             f"  elapsed {time.monotonic() - self._started:.0f}s",
@@ -118,7 +122,8 @@ class Progress:
 def _line(rec: TrialRecord, metric: str) -> str:
     params = ", ".join(f"{_short(k)}={_value(v)}" for k, v in rec.params.items())
     if rec.state == "COMPLETE":
-        return f"trial {rec.number}: COMPLETE {metric}={rec.value:.1f}  [{params}]"
+        sim = " (simulated)" if rec.simulated else ""
+        return f"trial {rec.number}: COMPLETE {metric}={rec.value:.1f}{sim}  [{params}]"
     where = f" in {rec.phase}" if rec.phase else ""
     return f"trial {rec.number}: {rec.state} {rec.outcome}{where}  [{params}]  {rec.reason}"
 
@@ -137,7 +142,8 @@ def summary_table(records: list[TrialRecord], metric: str) -> Table:
     knobs: list[str] = []
     for rec in records:
         knobs += [k for k in rec.params if k not in knobs]
-    table = Table(title="servetune trials")
+    simulated = any(r.simulated for r in records)
+    table = Table(title="servetune trials" + (" (simulated host: every figure is simulated)" if simulated else ""))
     for col in ("#", "state", "outcome", metric, *(_short(k) for k in knobs), "free after capture"):
         table.add_column(col, overflow="fold")
     for rec in records:
@@ -153,3 +159,43 @@ def summary_table(records: list[TrialRecord], metric: str) -> Table:
             f"{free:.2f} GiB" if free is not None else "-",
         )
     return table
+
+
+def status_view(data: dict[str, Any]) -> Group:
+    """``servetune status`` for a terminal: a head line, the trial counts, the hosts and the running trials
+    (``data`` is :func:`search.report.status_data`'s dict)."""
+    from search.report import format_duration
+
+    trials = data["trials"]
+    best = data.get("best")
+    sim = " (simulated)" if best and best.get("simulated") else ""
+    elapsed = data.get("elapsed_s")
+    eta = data.get("eta_s")
+    head = Text.assemble(
+        ("study ", "bold"), (str(data["study"]), "bold"), f"  {data.get('state', '')}",
+        f"  elapsed {format_duration(elapsed)}" if elapsed is not None else "",
+        f"  time left about {format_duration(eta)}" if eta is not None and data.get("state") == "running" else "",
+    )
+    best_line = Text("best: -") if not best else Text.assemble(
+        "best: ", (f"trial {best['number']}", "green"), f"  value {best['value']:.1f}{sim}",
+        f"  free after capture {best['free_after_capture_gib']:.2f} GiB"
+        if best.get("free_after_capture_gib") is not None else "",
+        "  [" + ", ".join(f"{_short(k)}={_value(v)}" for k, v in best["params"].items()) + "]",
+    )
+    counts = Table(title="trials", box=None, padding=(0, 2))
+    keys = ("complete", "pruned", "failed", "running", "waiting", "oom", "total")
+    for key in keys:
+        counts.add_column(key, justify="right")
+    counts.add_column("budget", justify="right")
+    counts.add_row(*(str(trials[k]) for k in keys), str(data.get("n_trials") or "-"))
+    hosts = Table(title="hosts", box=None, padding=(0, 2))
+    for col in ("host", "state", "trial", "done", "last outcome"):
+        hosts.add_column(col)
+    for name, host in data.get("hosts", {}).items():
+        done = f"{host['complete']} ok / {host['pruned']} pruned / {host['failed']} failed"
+        hosts.add_row(name, host["state"], str(host["trial"]) if host["trial"] is not None else "-", done,
+                      host["last_outcome"] or "-")
+    parts: list[Any] = [head, best_line, counts]
+    if data.get("hosts"):
+        parts.append(hosts)
+    return Group(*parts)

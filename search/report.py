@@ -550,13 +550,22 @@ def status_data(study: optuna.Study, *, n_trials: int | None = None, workers: in
             "free_after_capture_gib": best.free_after_capture_gib,
             "simulated": best.simulated,
         },
-        "elapsed_s": round((now - min(starts)).total_seconds(), 1) if starts else None,
+        # The clock stops when the study does: with nothing running or queued, at the last trial's end.
+        "state": "running" if counts["RUNNING"] or counts["WAITING"] else "idle",
+        "elapsed_s": round((_clock_end(recs, now) - min(starts)).total_seconds(), 1) if starts else None,
         "mean_trial_s": round(mean, 1) if mean is not None else None,
         "n_trials": n_trials,
         "remaining_trials": remaining,
         "workers": parallel,
         "eta_s": round(eta, 1) if eta is not None else None,
     }
+
+
+def _clock_end(recs: Sequence[TrialRecord], now: datetime) -> datetime:
+    if any(r.state in ("RUNNING", "WAITING") for r in recs):
+        return now
+    ends = [datetime.fromisoformat(r.datetime_complete) for r in recs if r.datetime_complete]
+    return max(ends) if ends else now
 
 
 def _durations(recs: Iterable[TrialRecord]) -> list[float]:
