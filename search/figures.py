@@ -183,11 +183,12 @@ def oom_map(recs: Sequence[TrialRecord], *, x: str | None = None, y: str | None 
     if boundary is not None and placed:
         _add_boundary(fig, placed, x, y, boundary)
     at = f" at C={level}" if level is not None else ""
+    # No fixed height: optuna-dashboard draws a figure in a 450 px box, the report gives it more.
     fig.update_layout(
-        title=f"Where configurations die: {x} x {y}{_simulated(recs)}<br>"
-              f"<sup>one mark per trial; size of a surviving mark = {metric}{at}</sup>",
-        xaxis_title=x, yaxis_title=y, legend_title="outcome", template="plotly_white",
-        height=520, margin={"t": 80},
+        title=f"Where configurations die{_simulated(recs)}<br>"
+              f"<sup>one mark per trial; a surviving mark's size = {metric}{at}</sup>",
+        xaxis_title=x, yaxis_title=y, template="plotly_white", margin={"t": 70, "r": 20},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.18, "xanchor": "left", "x": 0},
     )
     return fig
 
@@ -293,6 +294,15 @@ def memory_ladder(recs: Sequence[TrialRecord], numbers: Sequence[int] | None = N
             orientation="h",
             marker_color=colour, hovertemplate=f"{name}: %{{x:.2f}} GiB<extra></extra>",
         ))
+    tried = [(label, float(r.memory["tried_to_allocate_gib"])) for label, r in zip(labels, chosen, strict=True)
+             if r.outcome == "oom" and _is_number(r.memory.get("tried_to_allocate_gib"))]
+    if tried:
+        fig.add_trace(go.Bar(
+            y=[t[0] for t in tried], x=[t[1] for t in tried], name="allocation that failed (OOM)",
+            orientation="h", marker={"color": "rgba(0,0,0,0)", "line": {"color": "#d62728", "width": 2},
+                                     "pattern": {"shape": "x", "fgcolor": "#d62728"}},
+            hovertemplate="tried to allocate %{x:.2f} GiB<extra></extra>",
+        ))
     totals = [(label, total) for label, r in zip(labels, chosen, strict=True)
               if (total := gpu_total_gib(r, recs)) is not None]
     if totals:
@@ -311,14 +321,14 @@ def memory_ladder(recs: Sequence[TrialRecord], numbers: Sequence[int] | None = N
         ))
     ooms = [(label, r) for label, r in zip(labels, chosen, strict=True) if r.outcome == "oom"]
     for label, rec in ooms:
-        tried = rec.memory.get("tried_to_allocate_gib")
-        if _is_number(tried):
+        asked = rec.memory.get("tried_to_allocate_gib")
+        if _is_number(asked):
             fig.add_annotation(y=label, x=0, xanchor="left", showarrow=False, yshift=-22,
-                               text=f"died in {rec.phase}: tried to allocate {float(tried):.2f} GiB with "
+                               text=f"died in {rec.phase}: tried to allocate {float(asked):.2f} GiB with "
                                     f"{float(rec.memory.get('free_at_oom_gib') or 0):.2f} GiB free")
     fig.update_layout(
         barmode="stack", title=f"Memory ladder, GiB per GPU{_simulated(recs)}", xaxis_title="GiB per GPU",
-        template="plotly_white", height=200 + 90 * max(1, len(chosen)), legend_title="memory",
+        template="plotly_white", legend={"orientation": "h", "yanchor": "top", "y": -0.2},
     )
     fig.update_yaxes(autorange="reversed", type="category")
     return fig
@@ -381,7 +391,7 @@ def concurrency_curves(recs: Sequence[TrialRecord], *, k: int = 5,
     fig.update_yaxes(title_text="tok/s", row=1, col=1)
     fig.update_yaxes(title_text="ms", row=1, col=2)
     fig.update_layout(title=f"Top configurations against concurrency{_simulated(recs)}",
-                      template="plotly_white", height=480, legend={"orientation": "h", "y": -0.25})
+                      template="plotly_white", legend={"orientation": "h", "yanchor": "top", "y": -0.25})
     return fig
 
 
@@ -399,14 +409,35 @@ def progress_points(recs: Sequence[TrialRecord], direction: StudyDirection) -> l
                 if r.state in ("COMPLETE", "PRUNED", "FAIL") and r.attrs.get("duplicate_of") is None
                 and r.outcome != "predicted_oom"]
     for n, rec in enumerate(launched, start=1):
-        gpus = rec.attrs.get("gpu_count")
-        gpu_minutes += (rec.duration_s or 0.0) * (int(gpus) if _is_number(gpus) else 1) / 60
+        gpu_minutes += (rec.duration_s or 0.0) * gpus_used(rec) / 60
         if rec.value is not None and rec.feasible and rec.state == "COMPLETE" and (
                 best is None or (rec.value > best if maximize else rec.value < best)):
             best = rec.value
         out.append({"launch": n, "gpu_minutes": gpu_minutes, "best": best, "number": rec.number,
                     "died": rec.state != "COMPLETE", "outcome": outcome_class(rec)})
     return out
+
+
+_TP_FLAGS = ("--tp", "--tp-size", "--tensor-parallel-size", "-tp")
+
+
+def gpus_used(rec: TrialRecord) -> int:
+    """GPUs a trial's server held: its tensor-parallel size when the launch names one, else the host's GPU
+    count, else 1."""
+    launch = rec.launch_config or {}
+    args = [str(a) for a in launch.get("fixed_args") or ()]
+    for i, arg in enumerate(args):
+        flag, _, value = arg.partition("=")
+        if flag in _TP_FLAGS:
+            value = value or (args[i + 1] if i + 1 < len(args) else "")
+            if value.isdigit():
+                return int(value)
+    for name in ("tp", "tp_size", "tensor_parallel_size"):
+        knob = (launch.get("knobs") or {}).get(name)
+        if isinstance(knob, int) and knob > 0:
+            return knob
+    count = rec.attrs.get("gpu_count")
+    return int(count) if _is_number(count) else 1
 
 
 def progress_figure(recs: Sequence[TrialRecord], *,
@@ -435,9 +466,10 @@ def progress_figure(recs: Sequence[TrialRecord], *,
     unit = _unit(metric)
     at = f" at C={level}" if level is not None else ""
     fig.update_xaxes(title_text="server launches", row=1, col=1)
-    fig.update_xaxes(title_text="GPU-minutes (trial wall time x GPUs)", row=1, col=2)
+    fig.update_xaxes(title_text="GPU-minutes (trial wall time x GPUs it held)", row=1, col=2)
     fig.update_yaxes(title_text=f"best {metric}{at}" + (f" ({unit})" if unit else ""), row=1, col=1)
-    fig.update_layout(title=f"Search progress{_simulated(recs)}", template="plotly_white", height=420)
+    fig.update_layout(title=f"Search progress{_simulated(recs)}", template="plotly_white",
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.25})
     return fig
 
 

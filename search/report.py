@@ -268,7 +268,8 @@ def report_html(study: optuna.Study, *, figures: dict[str, go.Figure] | None = N
 
     config = {"displaylogo": False, "responsive": True}
     divs = ['<div class="figure">'
-            + fig.to_html(full_html=False, include_plotlyjs=False, div_id=graph_id, config=config) + "</div>"
+            + fig.to_html(full_html=False, include_plotlyjs=False, div_id=graph_id, config=config,
+                          default_height="560px") + "</div>"
             for graph_id, fig in figures.items()]
     title = html.escape(f"servetune report: {study.study_name}")
     return "\n".join([

@@ -108,9 +108,9 @@ def test_progress_best_so_far_and_deaths(study: optuna.Study) -> None:
     assert [p["number"] for p in points] == [0, 1, 2, 3, 4]  # the RUNNING trial has not finished
     assert [p["best"] for p in points] == [2100.0, 2400.0, 2400.0, 2400.0, 2400.0]
     assert [p["died"] for p in points] == [False, False, True, True, True]
-    # GPU-minutes: wall time x GPUs (4 for a recorded trial; 1 when unknown).
+    # GPU-minutes: wall time x the GPUs the server held (--tp 4 in the launch), not the host's count.
     assert points[0]["gpu_minutes"] == pytest.approx(300 * 4 / 60)
-    assert points[-1]["gpu_minutes"] == pytest.approx((300 + 320 + 120 + 200) * 4 / 60 + 4 / 60)
+    assert points[-1]["gpu_minutes"] == pytest.approx((300 + 320 + 120 + 200 + 4) * 4 / 60)
     fig = progress_figure(records(study))
     dead = [t for t in fig.data if t.name == "launch that died"]
     assert [list(t.x) for t in dead] == [[3, 4, 5], [p["gpu_minutes"] for p in points if p["died"]]]
