@@ -1,8 +1,8 @@
 """Screenshots for the README: the OOM map in optuna-dashboard and the top of the HTML report.
 
-Runs a demo-like study on the simulated host (``servetune run``, the demo's space and workload, the first two
-trials fixed: one dies in eager decode, one survives; the sampler picks the rest), starts optuna-dashboard
-over it, and has Debian's Chromium (Playwright) photograph the study page's OOM map and the report:
+Runs ``make demo``'s search on the simulated host (``servetune run``, the demo's space, workload and seed, on a
+free port, in a temporary directory), starts optuna-dashboard over it, and has Debian's Chromium
+(Playwright) photograph the study page's OOM map and the report:
 
     .venv/bin/python benchmarks/screenshots.py [--out docs/screenshots] [--n-trials 14]
 """
@@ -27,7 +27,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="servetune-screenshots-") as tmp:
-        demo = run_demo_study(Path(tmp), n_trials=args.n_trials, name="demo-sim-dsv4")
+        demo = run_demo_study(Path(tmp), n_trials=args.n_trials, name="demo-sim-dsv4", as_demo=True)
         print(f"ran {args.n_trials} trials of study {demo.name} on the simulated host")
         with dashboard(demo.wd, demo.storage_url, demo.artifacts_dir) as board, chromium() as browser:
             studies = board.get("/api/studies")["study_summaries"]

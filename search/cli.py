@@ -121,7 +121,8 @@ def run(
     from search.notes import notes_callback
 
     callbacks.append(notes_callback())
-    callbacks.append(FiguresCallback())
+    figures_callback = FiguresCallback(background=True)
+    callbacks.append(figures_callback)
     progress = Progress(console, n_trials=trials_budget, metric=space.objective.metric, live=live)
     callbacks.append(progress.callback)
     options = RunOptions(
@@ -137,6 +138,7 @@ def run(
         with progress:
             summary = run_search(space, hosts, options)
     finally:
+        figures_callback.close()
         for h in hosts:
             h.close()
     from search.report import publish

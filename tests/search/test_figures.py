@@ -150,3 +150,19 @@ def test_figures_callback_never_raises(tmp_path: Path) -> None:
     callback = FiguresCallback(boundary=broken)
     callback(st, st.trials[0])
     assert callback.failures == 1
+
+
+def test_figures_callback_in_background_draws_the_latest_state(tmp_path: Path) -> None:
+    from optuna_dashboard._custom_plot_data import get_plotly_graph_objects
+
+    st = build_study(f"sqlite:///{tmp_path / 'b.db'}", "b", standard_trials()[:1])
+    callback = FiguresCallback(background=True)
+    for trial in standard_trials()[1:5]:
+        st.add_trial(trial)
+        callback(st, st.trials[-1])
+    callback.close()
+    assert callback.failures == 0 and 1 <= callback.drawn <= 4  # coalesced: never more draws than trials
+    stored = get_plotly_graph_objects(st._storage.get_study_system_attrs(st._study_id))
+    # After close, the figures show every trial that had finished when the last one was reported.
+    assert sum(len(t["customdata"]) for t in json.loads(stored["servetune-oom-map"])["data"]) == 5
+    callback.close()  # idempotent
