@@ -295,11 +295,16 @@ def memory_ladder(recs: Sequence[TrialRecord], numbers: Sequence[int] | None = N
             orientation="h",
             marker_color=colour, hovertemplate=f"{name}: %{{x:.2f}} GiB<extra></extra>",
         ))
-    tried = [(label, float(r.memory["tried_to_allocate_gib"])) for label, r in zip(labels, chosen, strict=True)
-             if r.outcome == "oom" and _is_number(r.memory.get("tried_to_allocate_gib"))]
+    # The allocation that failed starts where the free memory at the OOM began (the GPU's total less what
+    # was free): drawn past the total by as much as it did not fit. A bar with a base is not stacked.
+    tried = [(label, float(r.memory["tried_to_allocate_gib"]), total - float(r.memory["free_at_oom_gib"]))
+             for label, r in zip(labels, chosen, strict=True)
+             if r.outcome == "oom" and _is_number(r.memory.get("tried_to_allocate_gib"))
+             and _is_number(r.memory.get("free_at_oom_gib")) and (total := gpu_total_gib(r, recs)) is not None]
     if tried:
         fig.add_trace(go.Bar(
-            y=[t[0] for t in tried], x=[t[1] for t in tried], name="allocation that failed (OOM)",
+            y=[t[0] for t in tried], x=[t[1] for t in tried], base=[t[2] for t in tried],
+            name="allocation that failed (OOM)",
             orientation="h", marker={"color": "rgba(0,0,0,0)", "line": {"color": "#d62728", "width": 2},
                                      "pattern": {"shape": "x", "fgcolor": "#d62728"}},
             hovertemplate="tried to allocate %{x:.2f} GiB<extra></extra>",

@@ -92,6 +92,10 @@ def test_memory_ladder_of_the_best_and_the_last_oom(study: optuna.Study) -> None
     segments = ladder_segments(recs[0])
     assert segments["other_gib"] == pytest.approx(79.19 - 15.3 - 40.2 - 2.1 - 4.1)
     assert list(memory_ladder(recs, [0]).data[0].y) == ["trial 0 (ok)"]
+    # Trial 2 died in graph capture asking 3.94 GiB with 2.80 GiB free: the failed allocation starts where
+    # the free memory did and ends past the GPU's total.
+    failed = next(t for t in memory_ladder(recs, [2]).data if t.name == "allocation that failed (OOM)")
+    assert failed.base[0] == pytest.approx(79.19 - 2.8) and failed.x[0] == 3.94
 
 
 def test_concurrency_curves_of_the_top_configurations(study: optuna.Study) -> None:
