@@ -144,12 +144,18 @@ def run(
     from search.report import publish
     from search.study import artifact_store as _artifact_store
 
-    published = publish(summary.study, settings.artifacts_dir / name,
-                        artifact_store=_artifact_store(settings.artifacts_dir))
+    published = None
+    try:
+        published = publish(summary.study, settings.artifacts_dir / name,
+                            artifact_store=_artifact_store(settings.artifacts_dir))
+    except Exception as exc:  # the report is a convenience: the search's results are stored already
+        err_console.print(f"report: not written ({type(exc).__name__}: {exc}); "
+                          f"again any time: servetune report --study {name}")
     if tracker is not None:
         try:
             # waits for the background logger first
-            tracker.finish_study(summary.study, figures=published.figures, report=published.html)
+            tracker.finish_study(summary.study, figures=published.figures if published else None,
+                                 report=published.html if published else None)
         except ServetuneError as exc:
             err_console.print(f"mlflow: {exc} (back-fill later with `servetune sync-mlflow`)")
     recs = records(summary.study)
@@ -171,8 +177,9 @@ def run(
                       f"at C={space.target_level}  [{params}]")
     else:
         console.print("[yellow]no COMPLETE trial yet[/]")
-    console.print(f"morning summary: {published.html} and {published.markdown.name} (again any time: "
-                  f"servetune report --study {name} --format html)")
+    if published is not None:
+        console.print(f"morning summary: {published.html} and {published.markdown.name} (again any time: "
+                      f"servetune report --study {name} --format html)")
     if summary.stopped_by in ("signal", "aborted"):
         raise typer.Exit(130)
 
