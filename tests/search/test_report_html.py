@@ -90,6 +90,7 @@ def test_html_report_is_self_contained(study: optuna.Study) -> None:
         "<h2>All trials</h2>")
 
 
+@pytest.mark.slow
 def test_publish_attaches_the_report_to_the_study_and_mlflow(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from optuna_dashboard._custom_plot_data import get_plotly_graph_objects
@@ -132,6 +133,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=120, check=False)
 
 
+@pytest.mark.slow
 def test_cli_report_status_version(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'c.db'}"
     build_study(url, "c", standard_trials())
