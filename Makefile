@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Test prerequisites from Debian's packages: OpenSSH server (real sshd on 127.0.0.1) and PostgreSQL
-# (throwaway clusters in temp dirs). Installed only when missing.
+# Test prerequisites from Debian's packages: OpenSSH server (real sshd on 127.0.0.1), PostgreSQL
+# (throwaway clusters in temp dirs) and Chromium (the browser test). Installed only when missing.
 system-deps:
 	@bash .ci/system-deps.sh
 

@@ -1,8 +1,9 @@
 """The library call behind ``servetune run`` (and ``make demo``): :func:`run_study`.
 
 It does the wiring a search needs around :func:`search.run.run_search`: the hosts (``--host``, an
-inventory, or this machine), MLflow tracking, the dashboard notes, the live progress, and the morning
-summary written at the end. The CLI parses, calls it and renders the :class:`~search.run.RunSummary`.
+inventory, or this machine), MLflow tracking, the dashboard notes and figures, the live progress, and the
+morning summary (Markdown and HTML) written at the end. The CLI parses, calls it and renders the
+:class:`~search.run.RunSummary`.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runners.errors import ConfigError, ServetuneError
-from search.files import write_file
+from search.figures import FiguresCallback
 from search.hosts import build_hosts
 from search.notes import notes_callback
-from search.report import report_markdown
+from search.report import Published, publish
 from search.run import RunOptions, RunSummary, StopReason, StudyCallback, run_search
 from search.settings import Settings
 from search.settings import study_name as check_study_name
@@ -52,8 +53,10 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
 
     ``study_name``, ``n_trials`` and ``timeout`` default to the space's. ``hosts`` are ``user@name[:port]``
     arguments; with neither them nor an ``inventory`` the search runs on this machine. ``progress`` gets
-    the trial events and results (its budget is set here). The morning summary is written to
-    ``<artifacts>/<study>/report.md`` (``RunSummary.report_path``); an MLflow failure at the end is
+    the trial events and results (its budget is set here); the dashboard figures are redrawn after each
+    trial. The morning summary is written to ``<artifacts>/<study>/report.md`` and ``report.html``
+    (``RunSummary.report_path``, ``report_html_path``; the HTML is also a study artifact and is logged with
+    the figures to the MLflow parent run); an MLflow failure at the end is
     reported in ``RunSummary.mlflow_error``, never raised. Raises ServetuneError for bad input or an
     unusable storage or host.
     """
@@ -68,6 +71,8 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
     if mlflow_callback is not None:
         callbacks.append(mlflow_callback)
     callbacks.append(notes_callback())
+    figures_callback = FiguresCallback(background=True)
+    callbacks.append(figures_callback)
     if progress is not None:
         progress.n_trials = budget
         callbacks.append(progress.callback)
@@ -86,23 +91,29 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
         else:
             summary = run_search(space, opened, options)
     finally:
+        figures_callback.close()
         for host in opened:
             host.close()
+    published: Published | None = None
+    # The disk that refused a trial's files (StopReason.ARTIFACTS) would refuse the report too.
+    if summary.stopped_by is not StopReason.ARTIFACTS:
+        try:
+            published = publish(summary.study, settings.artifacts_dir / name,
+                                artifact_store=artifact_store(settings.artifacts_dir))
+            summary.report_path, summary.report_html_path = published.markdown, published.html
+        except ConfigError as exc:
+            summary.report_error = str(exc)
+        except Exception as exc:  # the report is a convenience: every result is in the study already
+            summary.report_error = f"report not written ({type(exc).__name__}: {exc})"
     if tracker is not None and mlflow_callback is not None:
         mlflow_callback.drain()
         if not mlflow_callback.broken:
             try:
-                tracker.finish_study(summary.study)  # waits for the background logger first
+                # waits for the background logger first
+                tracker.finish_study(summary.study, figures=published.figures if published else None,
+                                     report=published.html if published else None)
             except ServetuneError as exc:
                 summary.mlflow_error = str(exc)
-    if summary.stopped_by is StopReason.ARTIFACTS:
-        return summary  # the disk that refused the trial's files would refuse the report too
-    report_path = settings.artifacts_dir / name / "report.md"
-    try:
-        write_file(report_path, report_markdown(summary.study), parents=True)
-        summary.report_path = report_path
-    except ConfigError as exc:
-        summary.report_error = str(exc)
     return summary
 
 

@@ -37,6 +37,26 @@ StorageOpt = Annotated[str | None, typer.Option("--storage", help="SQLAlchemy UR
 MlflowOpt = Annotated[str | None, typer.Option("--mlflow-uri", help="MLflow tracking URI.")]
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("servetune")
+        except PackageNotFoundError:
+            number = "unknown (not installed)"
+        sys.stdout.write(f"servetune {number}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version_flag: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False,
+) -> None:
+    """Find the fastest SGLang/vLLM launch settings that do not run out of memory."""
+
+
 def _settings(**cli: Any) -> Any:
     from search.settings import load_settings
 
@@ -187,11 +207,16 @@ def report(
     study: StudyOpt,
     storage: StorageOpt = None,
     output: Annotated[Path | None, typer.Option("-o", "--output")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="md (Markdown) or html (one self-contained file, "
+                                                      "with the figures).")] = "md",
 ) -> None:
-    """The morning summary as Markdown."""
-    from search.report import report_markdown
+    """The morning summary: verdict, OOM boundary, failures, every trial (Markdown or HTML)."""
+    from search.report import report_html, report_markdown
 
-    text = report_markdown(_open(study, storage))
+    if fmt not in ("md", "html"):
+        raise ConfigError(f"--format: {fmt!r} is not one of md, html")
+    st = _open(study, storage)
+    text = report_html(st) if fmt == "html" else report_markdown(st)
     if output is None:
         sys.stdout.write(text)
     else:
@@ -205,7 +230,7 @@ def status(
     storage: StorageOpt = None,
     n_trials: Annotated[int | None, typer.Option(
         "--n-trials", help="The budget, for the time-left estimate [default: the latest run's].")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (for scripts).")] = False,
 ) -> None:
     """Where a study stands (works while the search runs elsewhere)."""
     from search.report import study_status
@@ -213,12 +238,13 @@ def status(
     st = _open(study, storage)
     if n_trials is None and isinstance(st.user_attrs.get("n_trials"), int):
         n_trials = st.user_attrs["n_trials"]  # the budget of the latest run
-    data = study_status(st, n_trials=n_trials).model_dump()
+    data = study_status(st, n_trials=n_trials)
     if as_json:
-        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+        sys.stdout.write(json.dumps(data.model_dump(), indent=2, default=str) + "\n")
         return
-    for key, value in data.items():
-        console.print(f"{key}: {value}")
+    from search.progress import status_view
+
+    console.print(status_view(data))
 
 
 @app.command()

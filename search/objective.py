@@ -1,7 +1,8 @@
 """The Optuna objective: sample, launch, wait, sweep, record, stop — and map the outcome to a trial state.
 
 * success returns the objective (the metric at the target concurrency level); each level's throughput is
-  also reported as an intermediate value (step = concurrency);
+  also reported as an intermediate value (step = concurrency), for the levels that finished only (a trial
+  that died at a level reports nothing there, never a 0);
 * a config-caused death (OOM anywhere, an illegal NCCL combination, a flag the engine rejects, a crash)
   records its telemetry and raises :class:`optuna.TrialPruned` -> PRUNED;
 * infrastructure trouble (host unreachable, timeouts, a GPU busy with a foreign process, interruption)
@@ -272,11 +273,13 @@ class Objective:
         facts.simulated = bool(memory.pop("simulated", False))
         facts.memory = {k: v for k, v in memory.items() if isinstance(v, int | float | str | bool)}
         facts.levels = [LevelResult.model_validate(level) for level in levels]
-        done = [lv.max_concurrency for lv in facts.levels if lv.served]
-        facts.level_reached = max(done) if done else 0
+        finished = [lv for lv in facts.levels if lv.served]
+        facts.level_reached = max((lv.max_concurrency for lv in finished), default=0)
+        # Only the levels that finished are reported: a level the server died in has no throughput to
+        # report, and a 0 there would read as a measurement in Optuna's history and intermediate plots.
         rate_search = self.env.space.objective.kind == "max_rate_under_slo"
         for i, lv in enumerate(facts.levels, start=1):
-            if lv.output_throughput is not None:
+            if lv.served and lv.output_throughput is not None:
                 # A rate search measures one level at several rates: its steps are numbered.
                 trial.report(float(lv.output_throughput), step=i if rate_search else lv.max_concurrency)
         facts.log_tail = session.log_tail(60)

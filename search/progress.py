@@ -20,6 +20,7 @@ from search.records import TrialFacts, best_record, records
 
 if TYPE_CHECKING:
     from search.api import RunPlan
+    from search.report import StudyStatus
     from search.run import RunSummary
     from spaces.schema import Space
 
@@ -49,6 +50,7 @@ class Progress:
         self.best: tuple[float, int] | None = None
         self.ooms = 0
         self.failed = 0
+        self.simulated = False
         self._lock = threading.Lock()
         self._live: Live | None = None
         self._started = time.monotonic()
@@ -64,8 +66,9 @@ class Progress:
             elif kind == "phase":
                 row["phase"] = _PHASE_WORDS.get(str(value), str(value))
             elif kind == "level":
+                sim = " (simulated)" if value.get("simulated") else ""
                 row["phase"] = (f"benchmarked C={value.get('max_concurrency')}: "
-                                f"{value.get('output_throughput', 0):.1f} tok/s")
+                                f"{value.get('output_throughput', 0):.1f} tok/s{sim}")
         if not self.live_enabled and kind in ("host",):
             self.console.print(f"trial {number}: on {value}")
         self._refresh()
@@ -75,6 +78,7 @@ class Progress:
         with self._lock:
             self.running.pop(trial.number, None)
             self.done += 1
+            self.simulated = self.simulated or rec.simulated
             if rec.oom:
                 self.ooms += 1
             if rec.state == TrialState.FAIL:
@@ -92,6 +96,7 @@ class Progress:
         head = Text.assemble(
             ("servetune ", "bold"), f"trials done {self.done}{total}",
             "  best ", (f"{self.best[0]:.1f} (trial {self.best[1]})" if self.best else "-", "green"),
+            " simulated" if self.simulated and self.best else "",
             "  OOMs ", (str(self.ooms), "red" if self.ooms else ""),
             f"  failed {self.failed}",
             f"  elapsed {time.monotonic() - self._started:.0f}s",
@@ -125,7 +130,8 @@ class Progress:
 def _line(rec: TrialFacts, metric: str) -> str:
     params = ", ".join(f"{_short(k)}={_value(v)}" for k, v in rec.params.items())  # printed without markup
     if rec.state == TrialState.COMPLETE:
-        return f"trial {rec.number}: COMPLETE {metric}={rec.value:.1f}  [{params}]"
+        sim = " (simulated)" if rec.simulated else ""
+        return f"trial {rec.number}: COMPLETE {metric}={rec.value:.1f}{sim}  [{params}]"
     where = f" in {rec.phase.value}" if rec.phase else ""
     return f"trial {rec.number}: {rec.state.name} {rec.label}{where}  [{params}]  {rec.reason}"
 
@@ -166,13 +172,18 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
     best = best_record(recs, summary.study.direction)
     if best is not None:
         params = ", ".join(f"{k}={v}" for k, v in best.params.items())
-        console.print(f"[green]best[/]: trial {best.number}, {space.objective.scored_by}={best.value:.1f} "
+        sim = " (simulated)" if best.simulated else ""
+        console.print(f"[green]best[/]: trial {best.number}, {space.objective.scored_by}={best.value:.1f}{sim} "
                       f"at C={space.target_level}  {escape('[' + params + ']')}")
     else:
         console.print("[yellow]no COMPLETE trial yet[/]")
     if summary.report_path is not None:
         name = summary.study.study_name
-        console.print(f"morning summary: {summary.report_path} (again any time: servetune report --study {name})")
+        if summary.report_html_path is not None:
+            console.print(f"morning summary: {summary.report_html_path} and {summary.report_path.name} (again "
+                          f"any time: servetune report --study {name} --format html)", soft_wrap=True)
+        else:
+            console.print(f"morning summary: {summary.report_path} (again any time: servetune report --study {name})")
 
 
 def summary_table(records: list[TrialFacts], metric: str) -> Table:
@@ -180,7 +191,8 @@ def summary_table(records: list[TrialFacts], metric: str) -> Table:
     knobs: list[str] = []
     for rec in records:
         knobs += [k for k in rec.params if k not in knobs]
-    table = Table(title="servetune trials")
+    simulated = any(r.simulated for r in records)
+    table = Table(title="servetune trials" + (" (simulated host: every figure is simulated)" if simulated else ""))
     for col in ("#", "state", "outcome", metric, *(_short(k) for k in knobs), "free after capture"):
         table.add_column(col, overflow="fold")
     for rec in records:
@@ -197,3 +209,43 @@ def summary_table(records: list[TrialFacts], metric: str) -> Table:
             f"{free:.2f} GiB" if free is not None else "-",
         )
     return table
+
+
+def status_view(status: StudyStatus) -> Group:
+    """``servetune status`` for a terminal: a head line, the trial counts, the hosts and the running trials."""
+    from search.report import format_duration
+
+    trials = status.trials
+    best = status.best
+    sim = " (simulated)" if best and best.simulated else ""
+    elapsed = status.elapsed_s
+    eta = status.eta_s
+    head = Text.assemble(
+        ("study ", "bold"), (status.study, "bold"), f"  {status.state}",
+        f"  elapsed {format_duration(elapsed)}" if elapsed is not None else "",
+        f"  time left about {format_duration(eta)}" if eta is not None and status.state == "running" else "",
+    )
+    best_line = Text("best: -") if best is None else Text.assemble(
+        "best: ", (f"trial {best.number}", "green"),
+        f"  value {best.value:.1f}{sim}" if best.value is not None else "",
+        f"  free after capture {best.free_after_capture_gib:.2f} GiB"
+        if best.free_after_capture_gib is not None else "",
+        "  [" + ", ".join(f"{_short(k)}={_value(v)}" for k, v in best.params.items()) + "]",
+    )
+    counts = Table(title="trials", box=None, padding=(0, 2))
+    keys = ("complete", "pruned", "failed", "running", "waiting", "oom", "total")
+    for key in keys:
+        counts.add_column(key, justify="right")
+    counts.add_column("budget", justify="right")
+    counts.add_row(*(str(getattr(trials, k)) for k in keys), str(status.n_trials or "-"))
+    hosts = Table(title="hosts", box=None, padding=(0, 2))
+    for col in ("host", "state", "trial", "done", "last outcome"):
+        hosts.add_column(col)
+    for name, host in status.hosts.items():
+        done = f"{host.complete} ok / {host.pruned} pruned / {host.failed} failed"
+        hosts.add_row(name, host.state, str(host.trial) if host.trial is not None else "-", done,
+                      host.last_outcome or "-")
+    parts: list[Any] = [head, best_line, counts]
+    if status.hosts:
+        parts.append(hosts)
+    return Group(*parts)

@@ -6,15 +6,23 @@ what was learned: counts, the best configuration with its figures per concurrenc
 which survived), failures by cause, and the time spent. :func:`study_status` is a typed summary: trials
 done/running/pruned/failed, each host's state, the best so far and an estimate of the time left.
 
+:func:`report_html` is the same report as one self-contained HTML file (no network, no other file: plotly.js
+is inlined) with the study's figures (:mod:`search.figures`) after the verdict; :func:`publish` writes both
+files next to the trial artifacts and attaches the HTML to the study (an optuna-dashboard study artifact).
+
 The Markdown helpers (:func:`levels_table`, :func:`memory_table`) are shared with the dashboard notes.
 """
 
 from __future__ import annotations
 
+import html
+import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 import optuna
 from optuna.trial import TrialState
@@ -22,12 +30,21 @@ from pydantic import BaseModel
 
 from search.records import LevelResult, TrialFacts, best_record, records
 
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+    from optuna.artifacts._protocol import ArtifactStore
+
+    from search.figures import Boundary
+
 __all__ = [
     "THIN_HEADROOM_GIB",
+    "Published",
     "StudyStatus",
     "format_duration",
     "levels_table",
     "memory_table",
+    "publish",
+    "report_html",
     "report_markdown",
     "study_status",
 ]
@@ -71,18 +88,222 @@ _INFRA_TROUBLE = frozenset({"host_unreachable", "host_busy", "host_config", "por
 def report_markdown(study: optuna.Study) -> str:
     """The study's summary as Markdown (see the module docstring for what it holds)."""
     recs = records(study)
-    out: list[str] = [f"# servetune report: {study.study_name}", ""]
+    head, body = _report_parts(study, recs)
+    return "\n".join([*head, *body]).rstrip() + "\n"
+
+
+def _report_parts(study: optuna.Study, recs: Sequence[TrialFacts]) -> tuple[list[str], list[str]]:
+    """(title, objective and verdict; the rest): the HTML report puts the figures between the two."""
+    head: list[str] = [f"# servetune report: {study.study_name}", ""]
     target = _objective_text(study, recs)
     if target:
-        out += [target, ""]
+        head += [target, ""]
     if any(r.simulated for r in recs):
-        out += ["> Figures marked simulated come from the simulated GPU host, not from real hardware.", ""]
-    out += _counts_section(recs)
-    out += _best_section(study, recs)
-    out += _boundary_section(recs)
-    out += _failures_section(recs)
-    out += _time_section(recs)
-    return "\n".join(out).rstrip() + "\n"
+        head += ["> Figures marked simulated come from the simulated GPU host, not from real hardware.", ""]
+    head += _verdict_section(study, recs)
+    body = _counts_section(recs)
+    body += _best_section(study, recs)
+    body += _boundary_section(recs)
+    body += _failures_section(recs)
+    body += _skipped_section(recs)
+    body += _trials_section(recs)
+    body += _time_section(recs)
+    return head, body
+
+
+#: What bound a configuration, by the phase its neighbours died in.
+LIMIT_WORDS = {
+    "kv_pool": "the KV pool (too little memory left for the KV cache)",
+    "cuda_graph": "the CUDA graph pool (graph capture ran out of memory)",
+    "prefill": "prefill activations (a prefill batch ran out of memory)",
+    "decode": "the eager fallback (a decode batch above the graph batch size ran without graphs and out of "
+              "memory)",
+}
+
+
+def _verdict_section(study: optuna.Study, recs: Sequence[TrialFacts]) -> list[str]:
+    out = ["## Verdict", ""]
+    best = best_record(recs, study.direction)
+    if best is None:
+        return [*out, "No configuration survived yet: there is no verdict.", ""]
+    metric = best.objective_metric or "objective"
+    level = best.objective_level
+    unit = _unit(str(metric))
+    knobs = ", ".join(f"`{k}={_fmt(v)}`" for k, v in sorted(best.params.items()))
+    at = f" at concurrency {level}" if level is not None else ""
+    sim = " (simulated)" if best.simulated else ""
+    out.append(f"- **Best: trial {best.number}**, `{metric}` = {_fmt(best.value)}{(' ' + unit) if unit else ''}"
+               f"{at}{sim}: {knobs or 'no searched knob'}.")
+    same = [r.number for r in recs if r.duplicate_of == best.number]
+    confirmed = f"one benchmark sweep on host `{best.host}`" if best.host else "one benchmark sweep"
+    if best.simulated:
+        confirmed += " of the simulated GPU host (not real hardware: confirm on a GPU before serving)"
+    if same:
+        confirmed += f"; trial(s) {', '.join(f'#{n}' for n in same)} asked for it again and reused that result"
+    out.append(f"- **Confirmed by:** {confirmed}.")
+    free = best.free_after_capture_gib
+    if free is None:
+        out.append("- **Headroom:** free GPU memory after CUDA graph capture not measured.")
+    else:
+        thin = f" (**thin**: below {THIN_HEADROOM_GIB:g} GiB)" if free < THIN_HEADROOM_GIB else ""
+        out.append(f"- **Headroom:** {free:.2f} GiB free per GPU after CUDA graph capture{thin}.")
+    out.append(f"- **What bound it:** {_bound_text(best, recs)}")
+    return [*out, ""]
+
+
+def _bound_text(best: TrialFacts, recs: Sequence[TrialFacts]) -> str:
+    ooms = [r for r in recs if r.label == "oom" and r.measured]
+    if not ooms:
+        return "no trial ran out of memory, so no memory limit was reached within the searched space."
+    nearest = min(ooms, key=lambda r: _distance(best, r, recs))
+    phases = Counter(r.phase.value if r.phase else "unknown" for r in ooms)
+    by_phase = ", ".join(f"{p} x{n}" for p, n in phases.most_common())
+    where = nearest.phase.value if nearest.phase else ""
+    limit = LIMIT_WORDS.get(where, f"an OOM in {where or 'an unknown phase'}")
+    return (f"{limit}: the nearest configuration that died (trial {nearest.number}) died there. "
+            f"Deaths by phase: {by_phase}.")
+
+
+def _distance(a: TrialFacts, b: TrialFacts, recs: Sequence[TrialFacts]) -> float:
+    """Distance of two trials over their numeric knobs, each scaled to the range the study tried."""
+    total = 0.0
+    for name in sorted(set(a.params) | set(b.params)):
+        va, vb = a.params.get(name), b.params.get(name)
+        if _is_number(va) and _is_number(vb):
+            seen = [float(r.params[name]) for r in recs if _is_number(r.params.get(name))]
+            span = (max(seen) - min(seen)) or 1.0
+            total += ((float(va) - float(vb)) / span) ** 2
+        elif va != vb:
+            total += 0.25
+    return math.sqrt(total)
+
+
+def _skipped_section(recs: Sequence[TrialFacts]) -> list[str]:
+    out = ["## Skipped and why", ""]
+    rows: list[str] = []
+    for rec in sorted(recs, key=lambda r: r.number):
+        why = ""
+        if rec.duplicate_of is not None:
+            why = f"same configuration as trial {rec.duplicate_of}: its result was reused, nothing ran"
+        elif rec.label == "predicted_oom":
+            why = "the memory model predicted an OOM: not launched" + (f" ({_short(rec.reason, 100)})"
+                                                                       if rec.reason else "")
+        elif rec.state == TrialState.FAIL:
+            why = (f"infrastructure trouble ({rec.label}): not counted, the sampler learns nothing from it"
+                   + (f"; {_short(rec.reason, 100)}" if rec.reason else ""))
+        elif rec.state == TrialState.WAITING:
+            why = "queued, not run yet"
+        elif rec.state == TrialState.RUNNING:
+            why = "still running when the report was made"
+        if why:
+            rows.append(f"| #{rec.number} | {rec.state.name} | {_escape(why)} |")
+    if not rows:
+        return [*out, "Nothing: every trial launched its configuration and finished.", ""]
+    return [*out, "| trial | state | why |", "|---:|---|---|", *rows, ""]
+
+
+def _trials_section(recs: Sequence[TrialFacts]) -> list[str]:
+    knobs: list[str] = []
+    for rec in recs:
+        knobs += [k for k in rec.params if k not in knobs]
+    out = ["## All trials", "",
+           "| # | state | outcome | value | " + " | ".join(f"`{k}`" for k in knobs)
+           + " | free after capture (GiB) | reason |",
+           "|---:|---|---|---:|" + "---:|" * len(knobs) + "---:|---|"]
+    for rec in sorted(recs, key=lambda r: r.number):
+        outcome = rec.label + (f" in {rec.phase.value}" if rec.phase and rec.label != "ok" else "")
+        cells = [f"#{rec.number}", rec.state.name, outcome, _fmt(rec.value),
+                 *(_fmt(rec.params.get(k)) for k in knobs), _fmt(rec.free_after_capture_gib),
+                 _short(rec.reason, 100) or "-"]
+        out.append("| " + " | ".join(_escape(c) for c in cells) + " |")
+    return [*out, ""]
+
+
+def _unit(metric: str) -> str:
+    if metric.endswith("_ms"):
+        return "ms"
+    if metric == "request_throughput":
+        return "req/s"
+    if metric.endswith("_throughput"):
+        return "tok/s"
+    return ""
+
+
+# ---- the HTML report --------------------------------------------------------------------------------
+
+_CSS = """
+body { font-family: system-ui, sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; }
+th { background: #f3f3f3; }
+blockquote { border-left: 4px solid #e0a000; margin: 0.5em 0; padding: 0.3em 1em; background: #fff8e0; }
+code { background: #f3f3f3; padding: 0 0.2em; }
+.figure { margin: 1em 0 2em; }
+"""
+
+
+def report_html(study: optuna.Study, *, figures: dict[str, go.Figure] | None = None,
+                boundary: Boundary | None = None) -> str:
+    """The report as one self-contained HTML page: the verdict, the figures (``figures``, default
+    :func:`search.figures.study_figures`), then the rest of :func:`report_markdown`. plotly.js is inlined, so
+    the page loads nothing from anywhere."""
+    import markdown
+    from plotly.offline import get_plotlyjs
+
+    from search.figures import study_figures
+
+    recs = records(study)
+    figures = figures if figures is not None else study_figures(study, boundary=boundary, recs=recs)
+    head, body = _report_parts(study, recs)
+
+    def render(lines: list[str]) -> str:
+        return markdown.markdown("\n".join(lines), extensions=["tables"], output_format="html")
+
+    config = {"displaylogo": False, "responsive": True}
+    divs = ['<div class="figure">'
+            + fig.to_html(full_html=False, include_plotlyjs=False, div_id=graph_id, config=config,
+                          default_height="560px") + "</div>"
+            for graph_id, fig in figures.items()]
+    title = html.escape(f"servetune report: {study.study_name}")
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+        # An inline favicon: without one the browser asks the file's folder for favicon.ico.
+        '<link rel="icon" href="data:,">',
+        f"<title>{title}</title>", f"<style>{_CSS}</style>",
+        f'<script type="text/javascript">{get_plotlyjs()}</script>', "</head>", "<body>",
+        render(head), "<h2>Figures</h2>", *divs, render(body), "</body>", "</html>", "",
+    ])
+
+
+@dataclass(frozen=True)
+class Published:
+    """What :func:`publish` wrote: the two report files and the figures it drew."""
+
+    markdown: Path
+    html: Path
+    figures: dict[str, go.Figure]
+
+
+def publish(study: optuna.Study, directory: Path, *, artifact_store: ArtifactStore | None = None,
+            boundary: Boundary | None = None) -> Published:
+    """Write ``report.md`` and ``report.html`` into ``directory``, refresh the dashboard figures, and (with
+    an ``artifact_store``) attach the HTML report to the study as an optuna-dashboard study artifact.
+
+    Raises ConfigError when a file cannot be written (a full disk, a directory in the way)."""
+    from search.figures import save_to_dashboard, study_figures
+    from search.files import write_file
+
+    figures = study_figures(study, boundary=boundary)
+    md_path, html_path = directory / "report.md", directory / "report.html"
+    write_file(md_path, report_markdown(study), parents=True)
+    write_file(html_path, report_html(study, figures=figures))
+    save_to_dashboard(study, figures)
+    if artifact_store is not None:
+        from optuna.artifacts import upload_artifact
+
+        upload_artifact(artifact_store=artifact_store, file_path=str(html_path), study_or_trial=study,
+                        mimetype="text/html", encoding="utf-8")
+    return Published(markdown=md_path, html=html_path, figures=figures)
 
 
 def _objective_text(study: optuna.Study, recs: Sequence[TrialFacts]) -> str:
@@ -320,6 +541,8 @@ class StudyStatus(BaseModel):
     running: list[RunningTrial]
     hosts: dict[str, HostActivity]
     best: BestTrial | None
+    state: Literal["running", "idle"]
+    """``running`` while a trial runs or waits; ``idle`` otherwise (the clock then stops at the last end)."""
     elapsed_s: float | None
     mean_trial_s: float | None
     n_trials: int | None
@@ -376,13 +599,22 @@ def study_status(study: optuna.Study, *, n_trials: int | None = None, workers: i
             "free_after_capture_gib": best.free_after_capture_gib,
             "simulated": best.simulated,
         },
-        "elapsed_s": round((now - min(starts)).total_seconds(), 1) if starts else None,
+        # The clock stops when the study does: with nothing running or queued, at the last trial's end.
+        "state": "running" if counts["RUNNING"] or counts["WAITING"] else "idle",
+        "elapsed_s": round((_clock_end(recs, now) - min(starts)).total_seconds(), 1) if starts else None,
         "mean_trial_s": round(mean, 1) if mean is not None else None,
         "n_trials": n_trials,
         "remaining_trials": remaining,
         "workers": parallel,
         "eta_s": round(eta, 1) if eta is not None else None,
     })
+
+
+def _clock_end(recs: Sequence[TrialFacts], now: datetime) -> datetime:
+    if any(r.state in (TrialState.RUNNING, TrialState.WAITING) for r in recs):
+        return now
+    ends = [r.datetime_complete for r in recs if r.datetime_complete is not None]
+    return max(ends) if ends else now
 
 
 def _durations(recs: Iterable[TrialFacts]) -> list[float]:
@@ -464,7 +696,7 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

@@ -154,7 +154,9 @@ class RunSummary:
     host_states: list[HostStatus]
     orphans_stopped: list[str] = field(default_factory=list)
     report_path: Path | None = None
-    """Where :func:`search.session.run_study` wrote the morning summary."""
+    """Where :func:`search.api.run_study` wrote the morning summary (Markdown)."""
+    report_html_path: Path | None = None
+    """Where :func:`search.api.run_study` wrote the HTML report (with the figures)."""
     mlflow_error: str | None = None
     """Why the study's MLflow parent run could not be finished (:func:`search.api.run_study`)."""
     report_error: str | None = None

@@ -8,12 +8,20 @@ What a child run holds (read from the trial record, :mod:`search.records`):
 
 * params: every searched knob (the trial's params), ``fixed_args``, ``engine``, ``engine_version``, ``host``,
   ``gpu_name``, ``gpu_count``, ``model_path``;
-* metrics: each concurrency level's bench_serving figures (``output_throughput``, ``p99_ttft_ms``...) with
-  ``step`` = concurrency, the numeric ``mem.*`` figures, ``objective`` (COMPLETE only), ``level_reached``;
+* metrics: each concurrency level's bench_serving figures named by their level (``c64.output_throughput``,
+  ``c16.p99_tpot_ms``...; a level that served no request logs only ``cN.completed`` and ``cN.failed``), so
+  a row of the runs table never mixes levels; the numeric ``mem.*`` figures, ``objective`` (COMPLETE only),
+  ``level_reached``. Units are in the names (``_ms``, ``_gib``, ``_s``) or, for throughputs, in the
+  experiment's description (:data:`METRIC_UNITS`);
 * tags: ``servetune.study``, ``servetune.trial``, ``servetune.state``, ``servetune.outcome``,
   ``servetune.phase``, ``servetune.oom_phase``, ``engine``, ``servetune.simulated``, ``mlflow.parentRunId``;
 * artifacts: the files of the trial's ``artifacts_dir``, or, when that directory is gone, the same files
   fetched from Optuna's artifact store by the ids in ``artifact_ids``.
+
+The experiment is tagged ``mlflow.experimentKind = custom_model_development``: MLflow 3's UI then opens it
+in the classic runs view (with no such tag it guesses, and a study with no traces opens on an empty GenAI
+overview). :meth:`MlflowTracker.finish_study` logs the study's figures (:mod:`search.figures`, plotly HTML
+with its JavaScript inlined, so they open offline) and the HTML report to the parent run.
 
 Logging is idempotent: a trial's run is found by its ``servetune.trial`` tag and never logged twice, so the
 study callback may fail (MLflow down) and :meth:`MlflowTracker.sync` back-fills later. A run left RUNNING by
@@ -52,6 +60,7 @@ from search.settings import DEFAULT_TRACKING_URI
 from search.study import redact, sqlite_file
 
 if TYPE_CHECKING:
+    import plotly.graph_objects as go
     from mlflow import MlflowClient
     from mlflow.entities import Run
 
@@ -74,6 +83,26 @@ TAG_SIMULATED = "servetune.simulated"
 TAG_REASON = "servetune.reason"
 TAG_ARTIFACTS = "servetune.artifacts"
 TAG_PARENT = "mlflow.parentRunId"
+#: MLflow 3's UI reads this experiment tag to choose its view; this value is the classic (runs) one.
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+TAG_DESCRIPTION = "mlflow.note.content"
+
+#: Units of the metrics whose names do not say them (shown in the experiment's description).
+METRIC_UNITS = {
+    "cN.output_throughput": "output tokens/s at concurrency N",
+    "cN.input_throughput": "input tokens/s",
+    "cN.total_throughput": "tokens/s (input + output)",
+    "cN.request_throughput": "requests/s",
+    "cN.*_ms": "milliseconds (TTFT, TPOT, ITL, end-to-end latency)",
+    "cN.completed, cN.failed": "requests",
+    "cN.duration": "seconds",
+    "mem.*_gib": "GiB per GPU",
+    "mem.*_mib": "MiB per GPU",
+    "mem.kv_tokens, mem.max_total_num_tokens": "tokens",
+    "objective": "the space's objective metric at its target level (its unit above)",
+    "*_s": "seconds",
+}
 
 #: Fail fast against an http tracking server: the callback runs inside the study loop, and ``sync``
 #: back-fills whatever was missed. Set only where the environment does not already say otherwise.
@@ -166,8 +195,10 @@ class MlflowTracker:
                 added += 1
             return SyncResult(added=added, present=present)
 
-    def finish_study(self, study: optuna.Study) -> None:
-        """Mark the study's parent run FINISHED with summary metrics (counts, best value).
+    def finish_study(self, study: optuna.Study, *, figures: dict[str, go.Figure] | None = None,
+                     report: Path | None = None) -> None:
+        """Mark the study's parent run FINISHED with summary metrics (counts, best value), and log the
+        ``figures`` (``figures/<id>.html``, self-contained) and the ``report`` file (``report/``) to it.
 
         Raises StudyError.
         """
@@ -199,6 +230,13 @@ class MlflowTracker:
             client = self._client()
             parent = self._parent_run_id(name, self._experiment_id(name))
             client.log_batch(parent, metrics=metrics, tags=tags)
+            for graph_id, figure in (figures or {}).items():
+                # NOTE: MLflow writes plotly HTML that loads plotly.js from a CDN by default; inlined, the
+                # figure also opens where the MLflow UI has no network.
+                client.log_figure(parent, figure, f"figures/{graph_id}.html",
+                                  save_kwargs={"include_plotlyjs": True})
+            if report is not None:
+                client.log_artifact(parent, str(report), "report")
             client.set_terminated(parent, "FINISHED", end_time=now)
 
     def check(self, study_name: str) -> None:
@@ -267,8 +305,7 @@ class MlflowTracker:
         if experiment is None:
             try:
                 experiment_id = client.create_experiment(
-                    name, artifact_location=self.artifact_location,
-                    tags={TAG_STUDY: name, TAG_KIND: "study"},
+                    name, artifact_location=self.artifact_location, tags=_experiment_tags(name),
                 )
             except MlflowException as exc:
                 # NOTE: another controller of the same study may have created it a moment ago.
@@ -285,6 +322,10 @@ class MlflowTracker:
             )
         else:
             experiment_id = experiment.experiment_id
+            # An experiment made by an older servetune: give it the classic view and the units too.
+            for key, value in _experiment_tags(name).items():
+                if key not in experiment.tags:
+                    client.set_experiment_tag(experiment_id, key, value)
         self._experiments[name] = experiment_id
         return experiment_id
 
@@ -475,13 +516,25 @@ def _params(rec: TrialFacts) -> dict[str, str]:
     return {k: v[:_MAX_PARAM] for k, v in out.items()}
 
 
+def _experiment_tags(name: str) -> dict[str, str]:
+    units = "\n".join(f"| `{k}` | {v} |" for k, v in METRIC_UNITS.items())
+    description = (f"servetune study `{name}`: one child run per trial, the parent run holds the figures and "
+                   f"the report.\n\n| metric | unit |\n|---|---|\n{units}\n")
+    return {TAG_STUDY: name, TAG_KIND: "study", TAG_EXPERIMENT_KIND: EXPERIMENT_KIND, TAG_DESCRIPTION: description}
+
+
 def _metrics(rec: TrialFacts) -> list[tuple[str, float, int]]:
+    """(name, value, step) of a trial's metrics: per level ``c<N>.<bench_serving name>`` (a level that
+    served no request has only its request counts: no throughput or latency was measured there)."""
     out: list[tuple[str, float, int]] = []
     for level in rec.levels:
-        step = level.max_concurrency
+        concurrency = level.max_concurrency
+        served = (level.completed or 0) > 0
         for key, value in level.stored().items():
-            if key != "max_concurrency" and _number(value):
-                out.append((str(key), float(value), step))
+            if key == "max_concurrency" or not _number(value):
+                continue
+            if served or key in ("completed", "failed"):
+                out.append((f"c{concurrency}.{key}", float(value), 0))
     for key, value in rec.memory.items():
         if _number(value):
             out.append((MEM_PREFIX + key, float(value), 0))

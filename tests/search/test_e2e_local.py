@@ -179,8 +179,11 @@ def test_cli_trials_export_and_resume(searched: tuple[Path, optuna.Study]) -> No
     assert "servetune trials" in res.stdout
     assert "stopped by: budget" in res.stdout
     assert "best: trial 1," in res.stdout
-    report = wd / "artifacts" / "e2e" / "report.md"
-    assert f"morningsummary:{report}" in "".join(res.stdout.split())  # however the console wrapped it
+    report = wd / "artifacts" / "e2e" / "report.html"
+    # however the console wrapped it
+    assert f"morningsummary:{report}andreport.md" in "".join(res.stdout.split())
+    assert report.read_text().startswith("<!DOCTYPE html>")
+    assert (report.parent / "report.md").read_text().startswith("# servetune report: e2e\n")
 
 
 @pytest.mark.slow  # the module fixture runs a real search (about 10 s)
@@ -197,6 +200,8 @@ def test_run_study_is_the_library_call_behind_run(searched: tuple[Path, optuna.S
     assert [(s.host, s.state) for s in summary.host_states] == [("local", HostState.IDLE)]
     assert summary.report_path == wd / "artifacts-lib" / "e2e" / "report.md"
     assert summary.report_path.read_text().startswith("# servetune report: e2e\n")
+    assert summary.report_html_path == wd / "artifacts-lib" / "e2e" / "report.html"
+    assert "servetune-oom-map" in summary.report_html_path.read_text()  # the figures are in it
     assert summary.mlflow_error is None
 
 

@@ -68,10 +68,6 @@ def runs_by_trial(tracker: MlflowTracker, name: str) -> dict[int, Run]:
     return tracker.trial_runs(name)
 
 
-def metric_steps(client: MlflowClient, run: Run, key: str) -> dict[int, float]:
-    return {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
-
-
 def artifact_names(client: MlflowClient, run: Run) -> list[str]:
     return sorted(f.path for f in client.list_artifacts(run.info.run_id))
 
@@ -94,6 +90,9 @@ def test_one_child_run_per_trial(local: Local) -> None:
 
     experiment = client.get_experiment(tracker.experiment_id("qwen-log"))
     assert experiment.name == "qwen-log"
+    # MLflow 3's UI opens it in the classic runs view; the description says the units.
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert "tokens/s" in experiment.tags["mlflow.note.content"]
     assert experiment.artifact_location == (local.root / "mlruns" / "artifacts").as_uri()
     parents = client.search_runs([experiment.experiment_id], "tags.`servetune.kind` = 'study'")
     assert len(parents) == 1 and parents[0].data.tags["servetune.study"] == "qwen-log"
@@ -114,9 +113,12 @@ def test_one_child_run_per_trial(local: Local) -> None:
         "servetune.study": "qwen-log", "servetune.trial": "0", "servetune.state": "COMPLETE",
         "servetune.outcome": "ok", "engine": "sglang", "servetune.simulated": "false"}
     assert "servetune.oom_phase" not in tags
-    assert metric_steps(client, ok, "output_throughput") == {1: 180.0, 16: 2100.0}
-    assert metric_steps(client, ok, "p99_ttft_ms") == {1: 90.0, 16: 1440.0}
-    assert metric_steps(client, ok, "mean_tpot_ms") == {1: 5.25, 16: 9.0}
+    # Each level's figures under their own names: a row of the runs table never mixes levels.
+    assert {k: v for k, v in ok.data.metrics.items() if k.endswith(("output_throughput", "p99_ttft_ms",
+                                                                      "mean_tpot_ms"))} == {
+        "c1.output_throughput": 180.0, "c16.output_throughput": 2100.0, "c1.p99_ttft_ms": 90.0,
+        "c16.p99_ttft_ms": 1440.0, "c1.mean_tpot_ms": 5.25, "c16.mean_tpot_ms": 9.0}
+    assert "output_throughput" not in ok.data.metrics
     assert ok.data.metrics["mem.free_after_capture_gib"] == 4.1
     assert ok.data.metrics["mem.kv_tokens"] == 380000
     assert ok.data.metrics["objective"] == 2100.0
@@ -130,7 +132,11 @@ def test_one_child_run_per_trial(local: Local) -> None:
     assert oom.data.metrics["mem.tried_to_allocate_gib"] == 3.94
     assert "objective" not in oom.data.metrics
     assert runs[3].data.tags["servetune.oom_phase"] == "decode"
-    assert metric_steps(client, runs[3], "failed") == {1: 0.0, 16: 64.0}
+    # Trial 3 died at C=16: that level served no request, so only its counts are there, no throughput 0.
+    died = runs[3].data.metrics
+    assert died["c1.failed"] == 0.0 and died["c16.failed"] == 64.0 and died["c16.completed"] == 0.0
+    assert died["c1.output_throughput"] == 185.0
+    assert not [k for k in died if k.startswith("c16.") and k not in ("c16.completed", "c16.failed")]
 
     fail = runs[4]
     assert fail.info.status == "FAILED" and fail.data.tags["servetune.outcome"] == "host_busy"
@@ -275,7 +281,7 @@ def test_real_mlflow_server(mlflow_server: MlflowServer, local: Local, monkeypat
     assert sorted(runs) == [0, 1, 2, 3, 4]
     assert runs[1].data.params["engine_version"] == "0.5.23"
     assert runs[2].data.tags["servetune.oom_phase"] == "cuda_graph"
-    assert metric_steps(client, runs[1], "output_throughput") == {1: 190.0, 16: 2400.0}
+    assert runs[1].data.metrics["c16.output_throughput"] == 2400.0
     experiment = client.get_experiment(tracker.experiment_id("qwen-remote"))
     assert experiment.artifact_location.startswith("mlflow-artifacts:")
     assert artifact_names(client, runs[0]) == ARTIFACTS  # uploaded through the server's artifact proxy

@@ -1,0 +1,594 @@
+"""Figures that show where configurations die and why (plotly), for optuna-dashboard, MLflow and the report.
+
+Every figure is built from the trial records of :mod:`search.records` only:
+
+* :func:`oom_map`: two knobs (``mem_fraction_static`` x ``cuda_graph_max_bs`` by default, any pair a user
+  picks), one mark per trial coloured by outcome and phase (ok, OOM in graph capture, KV pool, prefill,
+  decode, predicted OOM, other failures); the objective sets the size of the live trials' marks; the memory
+  model's predicted boundary is drawn when a :class:`Boundary` is given;
+* :func:`memory_ladder`: a trial's memory, GiB per GPU, in the order a server allocates it (weights, KV pool,
+  graph pool, other, free after capture) against the GPU's total, with the peak under load;
+* :func:`concurrency_curves`: output throughput and p99 TPOT against concurrency for the top configurations;
+* :func:`progress_figure`: best-so-far against server launches and against GPU-minutes, deaths marked.
+
+:func:`study_figures` makes them all (keyed by a stable id); :func:`save_to_dashboard` stores them in the
+study for optuna-dashboard, and :class:`FiguresCallback` refreshes them as trials finish. Figures of a study
+run on the simulated host say "simulated" in their titles.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+import optuna
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from search.records import TrialFacts, best_record, records
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+__all__ = [
+    "FIGURE_IDS",
+    "OUTCOME_CLASSES",
+    "Boundary",
+    "FiguresCallback",
+    "concurrency_curves",
+    "memory_ladder",
+    "oom_map",
+    "outcome_class",
+    "progress_figure",
+    "save_to_dashboard",
+    "study_figures",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The outcome classes of the OOM map, in legend order: (label, colour, marker symbol).
+OUTCOME_CLASSES: dict[str, tuple[str, str, str]] = {
+    "ok": ("ok (survived the benchmark)", "#2ca02c", "circle"),
+    "oom:kv_pool": ("OOM: KV pool", "#9467bd", "x"),
+    "oom:cuda_graph": ("OOM: graph capture", "#d62728", "x"),
+    "oom:prefill": ("OOM: prefill", "#ff7f0e", "x"),
+    "oom:decode": ("OOM: decode (eager fallback)", "#8c564b", "x"),
+    "oom:other": ("OOM: other phase", "#e377c2", "x"),
+    "predicted_oom": ("predicted OOM (not launched)", "#7f7f7f", "x-open"),
+    "failed": ("other failure (NCCL, flag, crash)", "#bcbd22", "diamond"),
+    "infra": ("infrastructure trouble (FAIL)", "#17becf", "square-open"),
+    "running": ("running / waiting", "#c7c7c7", "circle-open"),
+}
+
+#: Stable ids of :func:`study_figures` (also the dashboard's graph-object ids and MLflow's file names).
+FIGURE_IDS = ("servetune-oom-map", "servetune-memory-ladder", "servetune-concurrency", "servetune-progress")
+
+FRACTION_KNOBS = ("mem_fraction_static", "gpu_memory_utilization")
+GRAPH_KNOBS = ("cuda_graph_max_bs", "cuda_graph_sizes", "max_num_seqs")
+
+_OOM_PHASES = {"kv_pool", "cuda_graph", "prefill", "decode"}
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """A memory model's prediction over the OOM map's two knobs, drawn as the line where it changes sign.
+
+    ``margin(x, y)`` is the headroom (GiB) the model predicts for a configuration with those two knob
+    values: negative means predicted to run out of memory. Build one from a callable or, with
+    :meth:`from_grid`, from values the model computed already.
+    """
+
+    margin: Callable[[float, float], float]
+    label: str = "memory model: predicted OOM boundary"
+
+    @classmethod
+    def from_grid(cls, xs: Sequence[float], ys: Sequence[float], margins: Sequence[Sequence[float]],
+                  label: str = "memory model: predicted OOM boundary") -> Boundary:
+        """``margins[j][i]`` is the margin at ``(xs[i], ys[j])``; other points take the nearest one."""
+        grid = {(float(x), float(y)): float(margins[j][i]) for j, y in enumerate(ys) for i, x in enumerate(xs)}
+
+        def nearest(x: float, y: float) -> float:
+            key = min(grid, key=lambda k: (abs(k[1] - y), abs(k[0] - x)))
+            return grid[key]
+
+        return cls(margin=nearest, label=label)
+
+
+def outcome_class(rec: TrialFacts) -> str:
+    """The OOM map's class of a trial (a key of :data:`OUTCOME_CLASSES`)."""
+    if rec.state in (TrialState.RUNNING, TrialState.WAITING):
+        return "running"
+    if rec.label == "ok" and rec.state == TrialState.COMPLETE:
+        return "ok"
+    if rec.label == "predicted_oom":  # compared by label: a FailureKind value once the memory model lands
+        return "predicted_oom"
+    if rec.label == "oom":
+        phase = rec.oom_phase or ""
+        return f"oom:{phase}" if phase in _OOM_PHASES else "oom:other"
+    if rec.state == TrialState.FAIL:
+        return "infra"
+    return "failed"
+
+
+def knob_value(rec: TrialFacts, name: str) -> Any:
+    """A knob of a trial: as searched, else as launched, else as the engine logged it (``mem.*``)."""
+    knobs = (rec.launch_config or {}).get("knobs") or {}
+    for source in (rec.params, knobs, rec.memory):
+        if source.get(name) is not None:
+            return source[name]
+    return None
+
+
+def _first_knob(recs: Sequence[TrialFacts], names: Sequence[str]) -> str | None:
+    for name in names:
+        if any(_is_number(knob_value(r, name)) for r in recs):
+            return name
+    return None
+
+
+def _simulated(recs: Sequence[TrialFacts]) -> str:
+    return " (simulated)" if any(r.simulated for r in recs) else ""
+
+
+def _unit(metric: str) -> str:
+    if metric.endswith("_ms"):
+        return "ms"
+    if "throughput" in metric:
+        return "tok/s" if "token" in metric or metric.startswith(("output", "input", "total")) else "req/s"
+    return ""
+
+
+def _objective(recs: Sequence[TrialFacts]) -> tuple[str, Any]:
+    metric = next((r.objective_metric for r in recs if r.objective_metric), "objective")
+    level = next((r.objective_level for r in recs if r.objective_level), None)
+    return str(metric), level
+
+
+# ---- the OOM map -----------------------------------------------------------------------------------
+
+
+def oom_map(recs: Sequence[TrialFacts], *, x: str | None = None, y: str | None = None,
+            boundary: Boundary | None = None) -> go.Figure:
+    """Every trial with both knobs as one mark at (``x``, ``y``), coloured by :func:`outcome_class`.
+
+    ``x`` defaults to the memory fraction knob, ``y`` to the graph batch-size knob. Each mark's
+    ``customdata`` is its trial number. A COMPLETE trial's mark grows with its objective value.
+    """
+    import plotly.graph_objects as go
+
+    x = x or _first_knob(recs, FRACTION_KNOBS) or "mem_fraction_static"
+    y = y or _first_knob(recs, GRAPH_KNOBS) or "cuda_graph_max_bs"
+    metric, level = _objective(recs)
+    placed = [r for r in recs if knob_value(r, x) is not None and knob_value(r, y) is not None]
+    values = [r.value for r in placed if r.value is not None and math.isfinite(r.value)]
+    low, high = (min(values), max(values)) if values else (0.0, 0.0)
+    fig = go.Figure()
+    for key, (label, colour, symbol) in OUTCOME_CLASSES.items():
+        group = [r for r in placed if outcome_class(r) == key]
+        if not group:
+            continue
+        sizes = [_size(r.value, low, high) for r in group]
+        fig.add_trace(go.Scatter(
+            x=[knob_value(r, x) for r in group], y=[knob_value(r, y) for r in group],
+            mode="markers", name=f"{label} ({len(group)})",
+            marker={"color": colour, "symbol": symbol, "size": sizes, "line": {"width": 1.5, "color": colour}},
+            customdata=[r.number for r in group],
+            text=[_hover(r, metric) for r in group],
+            hovertemplate="%{text}<extra></extra>",
+            meta={"servetune_outcome": key},
+        ))
+    if boundary is not None and placed:
+        _add_boundary(fig, placed, x, y, boundary)
+    at = f" at C={level}" if level is not None else ""
+    # No fixed height: optuna-dashboard draws a figure in a 450 px box, the report gives it more.
+    fig.update_layout(
+        title=f"Where configurations die{_simulated(recs)}<br>"
+              f"<sup>one mark per trial; a surviving mark's size = {metric}{at}</sup>",
+        xaxis_title=x, yaxis_title=y, margin={"t": 70, "r": 20},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.18, "xanchor": "left", "x": 0},
+    )
+    return _styled(fig)
+
+
+def _size(value: float | None, low: float, high: float) -> float:
+    if value is None or not math.isfinite(value):
+        return 11.0
+    if high <= low:
+        return 16.0
+    return 10.0 + 16.0 * (value - low) / (high - low)
+
+
+def _hover(rec: TrialFacts, metric: str) -> str:
+    lines = [f"trial {rec.number}: {rec.state.name} {rec.label}"
+             + (f" in {rec.phase.value}" if rec.phase else "")]
+    lines += [f"{k} = {v}" for k, v in sorted(rec.params.items())]
+    if rec.value is not None:
+        lines.append(f"{metric} = {rec.value:.1f} {_unit(metric)}".rstrip())
+    if rec.free_after_capture_gib is not None:
+        lines.append(f"free after capture = {rec.free_after_capture_gib:.2f} GiB")
+    if rec.reason:
+        lines.append(_wrap(rec.reason, 90))
+    return "<br>".join(lines)
+
+
+def _wrap(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _add_boundary(fig: go.Figure, placed: Sequence[TrialFacts], x: str, y: str, boundary: Boundary) -> None:
+    import plotly.graph_objects as go
+
+    xs_seen = [float(knob_value(r, x)) for r in placed if _is_number(knob_value(r, x))]
+    ys_seen = [float(knob_value(r, y)) for r in placed if _is_number(knob_value(r, y))]
+    if not xs_seen or not ys_seen:
+        return
+    xs = _span(min(xs_seen), max(xs_seen), 60)
+    ys = _span(min(ys_seen), max(ys_seen), 40)
+    z = [[boundary.margin(xv, yv) for xv in xs] for yv in ys]
+    fig.add_trace(go.Contour(
+        x=xs, y=ys, z=z, name=boundary.label, showscale=False, showlegend=True, hoverinfo="skip",
+        contours={"start": 0.0, "end": 0.0, "size": 1.0, "coloring": "lines"},
+        line={"width": 2, "dash": "dash", "color": "#444444"}, colorscale=[[0, "#444444"], [1, "#444444"]],
+    ))
+
+
+def _span(low: float, high: float, n: int) -> list[float]:
+    if high <= low:
+        pad = abs(low) * 0.05 or 1.0
+        low, high = low - pad, high + pad
+    return [low + (high - low) * i / (n - 1) for i in range(n)]
+
+
+# ---- the memory ladder ------------------------------------------------------------------------------
+
+#: (figure, label, colour) of the ladder's segments, in the order a server allocates memory.
+LADDER = (
+    ("weights_gib", "weights", "#1f77b4"),
+    ("kv_gib", "KV pool", "#9467bd"),
+    ("graph_gib", "graph pool", "#d62728"),
+    ("other_gib", "other (activations, runtime)", "#ff7f0e"),
+    ("free_after_capture_gib", "free after capture", "#2ca02c"),
+)
+
+
+def gpu_total_gib(rec: TrialFacts, recs: Sequence[TrialFacts] = ()) -> float | None:
+    """The GPU's total memory (GiB) for a trial: its own figure, else one another trial of the study saw
+    (an OOM message states it; a trial that lived may not), else what was available before the weights."""
+    for source in (rec, *recs):
+        if _is_number(source.memory.get("gpu_total_gib")):
+            return float(source.memory["gpu_total_gib"])
+    before = rec.memory.get("avail_before_weights_gib")
+    return float(before) if _is_number(before) else None
+
+
+def ladder_segments(rec: TrialFacts, total: float | None = None) -> dict[str, float]:
+    """The ladder of one trial, GiB per GPU: the figures it has, and ``other_gib`` = what the GPU's
+    ``total`` (default: :func:`gpu_total_gib`) leaves after them (activations, the runtime's own), when
+    every figure is known."""
+    mem = rec.memory
+    out = {key: float(mem[key]) for key, _, _ in LADDER if _is_number(mem.get(key))}
+    total = total if total is not None else gpu_total_gib(rec)
+    known = ("weights_gib", "kv_gib", "graph_gib", "free_after_capture_gib")
+    if _is_number(total) and all(k in out for k in known):
+        other = float(total) - sum(out[k] for k in known)
+        if other > 0.005:
+            out["other_gib"] = other
+    return out
+
+
+def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = None, *,
+                  direction: StudyDirection = StudyDirection.MAXIMIZE) -> go.Figure:
+    """Stacked bars, one per trial (``numbers``; default the best trial and the last trial that died of OOM),
+    GiB per GPU, with the GPU's total and the peak used under load (nvidia-smi) marked."""
+    import plotly.graph_objects as go
+
+    chosen = _ladder_trials(recs, numbers, direction)
+    labels = [_ladder_label(rec, recs, direction) for rec in chosen]
+    fig = go.Figure()
+    for key, name, colour in LADDER:
+        fig.add_trace(go.Bar(
+            y=labels, x=[ladder_segments(r, gpu_total_gib(r, recs)).get(key, 0.0) for r in chosen], name=name,
+            orientation="h",
+            marker_color=colour, hovertemplate=f"{name}: %{{x:.2f}} GiB<extra></extra>",
+        ))
+    # The allocation that failed starts where the free memory at the OOM began (the GPU's total less what
+    # was free): drawn past the total by as much as it did not fit. A bar with a base is not stacked.
+    tried = [(label, float(r.memory["tried_to_allocate_gib"]), total - float(r.memory["free_at_oom_gib"]))
+             for label, r in zip(labels, chosen, strict=True)
+             if r.label == "oom" and _is_number(r.memory.get("tried_to_allocate_gib"))
+             and _is_number(r.memory.get("free_at_oom_gib")) and (total := gpu_total_gib(r, recs)) is not None]
+    if tried:
+        fig.add_trace(go.Bar(
+            y=[t[0] for t in tried], x=[t[1] for t in tried], base=[t[2] for t in tried],
+            name="allocation that failed (OOM)",
+            orientation="h", marker={"color": "rgba(0,0,0,0)", "line": {"color": "#d62728", "width": 2},
+                                     "pattern": {"shape": "x", "fgcolor": "#d62728"}},
+            hovertemplate="tried to allocate %{x:.2f} GiB<extra></extra>",
+        ))
+    totals = [(label, total) for label, r in zip(labels, chosen, strict=True)
+              if (total := gpu_total_gib(r, recs)) is not None]
+    if totals:
+        fig.add_trace(go.Scatter(
+            y=[t[0] for t in totals], x=[t[1] for t in totals], mode="markers", name="GPU total",
+            marker={"symbol": "line-ns-open", "size": 30, "color": "black", "line": {"width": 3}},
+            hovertemplate="GPU total: %{x:.2f} GiB<extra></extra>",
+        ))
+    peaks = [(label, float(r.memory["smi_peak_used_mib"]) / 1024) for label, r in zip(labels, chosen, strict=True)
+             if _is_number(r.memory.get("smi_peak_used_mib"))]
+    if peaks:
+        fig.add_trace(go.Scatter(
+            y=[p[0] for p in peaks], x=[p[1] for p in peaks], mode="markers", name="peak used under load",
+            marker={"symbol": "diamond", "size": 12, "color": "black"},
+            hovertemplate="peak used under load: %{x:.2f} GiB<extra></extra>",
+        ))
+    ooms = [(label, r) for label, r in zip(labels, chosen, strict=True) if r.label == "oom"]
+    for label, rec in ooms:
+        asked = rec.memory.get("tried_to_allocate_gib")
+        if _is_number(asked):
+            fig.add_annotation(y=label, x=0, xanchor="left", showarrow=False, yshift=-22,
+                               text=f"died in {rec.oom_phase or 'an unknown phase'}: "
+                                    f"tried to allocate {float(asked):.2f} GiB with "
+                                    f"{float(rec.memory.get('free_at_oom_gib') or 0):.2f} GiB free")
+    fig.update_layout(
+        barmode="stack", title=f"Memory ladder, GiB per GPU{_simulated(recs)}", xaxis_title="GiB per GPU",
+        legend={"orientation": "h", "yanchor": "top", "y": -0.2},
+    )
+    fig.update_yaxes(autorange="reversed", type="category")
+    return _styled(fig)
+
+
+def _ladder_trials(recs: Sequence[TrialFacts], numbers: Sequence[int] | None,
+                   direction: StudyDirection) -> list[TrialFacts]:
+    by_number = {r.number: r for r in recs}
+    if numbers is not None:
+        return [by_number[n] for n in numbers if n in by_number]
+    chosen: list[TrialFacts] = []
+    best = best_record(recs, direction)
+    if best is not None:
+        chosen.append(best)
+    died = [r for r in recs if r.label == "oom" and r.memory]
+    if died:
+        chosen.append(max(died, key=lambda r: r.number))
+    return chosen
+
+
+def _ladder_label(rec: TrialFacts, recs: Sequence[TrialFacts], direction: StudyDirection) -> str:
+    best = best_record(recs, direction)
+    tag = "best" if best is not None and best.number == rec.number else rec.label
+    if rec.label == "oom" and rec.oom_phase:
+        tag = f"OOM in {rec.oom_phase}"
+    return f"trial {rec.number} ({tag})"
+
+
+# ---- throughput and TPOT against concurrency --------------------------------------------------------
+
+
+def top_records(recs: Sequence[TrialFacts], direction: StudyDirection, k: int) -> list[TrialFacts]:
+    """The ``k`` best COMPLETE, feasible, measured (not reused) trials."""
+    ok = [r for r in recs if r.state == TrialState.COMPLETE and r.value is not None and r.feasible
+          and r.measured]
+    return sorted(ok, key=lambda r: r.value or 0.0, reverse=direction == StudyDirection.MAXIMIZE)[:k]
+
+
+def concurrency_curves(recs: Sequence[TrialFacts], *, k: int = 5,
+                       direction: StudyDirection = StudyDirection.MAXIMIZE) -> go.Figure:
+    """Output throughput (tok/s) and p99 TPOT (ms) against concurrency, one line per top configuration."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("output throughput (tok/s)", "p99 TPOT (ms)"))
+    palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+    for i, rec in enumerate(top_records(recs, direction, k)):
+        levels = sorted(rec.levels, key=lambda lv: lv.max_concurrency)
+        name = f"trial {rec.number}: " + ", ".join(f"{_short(p)}={_fmt(v)}" for p, v in sorted(rec.params.items()))
+        colour = palette[i % len(palette)]
+        for col, metric in ((1, "output_throughput"), (2, "p99_tpot_ms")):
+            pts = [(lv.max_concurrency, lv.figure(metric)) for lv in levels if _is_number(lv.figure(metric))]
+            fig.add_trace(go.Scatter(
+                x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name,
+                legendgroup=str(rec.number), showlegend=col == 1, line={"color": colour},
+                hovertemplate=f"trial {rec.number}, C=%{{x}}: %{{y:.1f}} {_unit(metric)}<extra></extra>",
+            ), row=1, col=col)
+    fig.update_xaxes(title_text="concurrency (requests in flight)", type="log")
+    fig.update_yaxes(title_text="tok/s", row=1, col=1)
+    fig.update_yaxes(title_text="ms", row=1, col=2)
+    fig.update_layout(title=f"Top configurations against concurrency{_simulated(recs)}",
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.25})
+    return _styled(fig)
+
+
+# ---- progress -----------------------------------------------------------------------------------------
+
+
+def progress_points(recs: Sequence[TrialFacts], direction: StudyDirection) -> list[dict[str, Any]]:
+    """One point per server launch (finished trials that ran, by number): its launch count, the GPU-minutes
+    spent so far, the best value so far, and whether it died."""
+    maximize = direction == StudyDirection.MAXIMIZE
+    best: float | None = None
+    gpu_minutes = 0.0
+    out: list[dict[str, Any]] = []
+    launched = [r for r in sorted(recs, key=lambda r: r.number)
+                if r.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) and r.measured
+                and r.label != "predicted_oom"]
+    for n, rec in enumerate(launched, start=1):
+        gpu_minutes += (rec.duration_s or 0.0) * gpus_used(rec) / 60
+        if rec.value is not None and rec.feasible and rec.state == TrialState.COMPLETE and (
+                best is None or (rec.value > best if maximize else rec.value < best)):
+            best = rec.value
+        out.append({"launch": n, "gpu_minutes": gpu_minutes, "best": best, "number": rec.number,
+                    "died": rec.state != TrialState.COMPLETE, "outcome": outcome_class(rec)})
+    return out
+
+
+_TP_FLAGS = ("--tp", "--tp-size", "--tensor-parallel-size", "-tp")
+
+
+def gpus_used(rec: TrialFacts) -> int:
+    """GPUs a trial's server held: its tensor-parallel size when the launch names one, else the host's GPU
+    count, else 1."""
+    launch = rec.launch_config or {}
+    args = [str(a) for a in launch.get("fixed_args") or ()]
+    for i, arg in enumerate(args):
+        flag, _, value = arg.partition("=")
+        if flag in _TP_FLAGS:
+            value = value or (args[i + 1] if i + 1 < len(args) else "")
+            if value.isdigit():
+                return int(value)
+    for name in ("tp", "tp_size", "tensor_parallel_size"):
+        knob = (launch.get("knobs") or {}).get(name)
+        if isinstance(knob, int) and knob > 0:
+            return knob
+    return rec.gpu_count if rec.gpu_count is not None and rec.gpu_count > 0 else 1
+
+
+def progress_figure(recs: Sequence[TrialFacts], *,
+                    direction: StudyDirection = StudyDirection.MAXIMIZE) -> go.Figure:
+    """Best-so-far against launches and against GPU-minutes; each launch that died is an x on the line."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    metric, level = _objective(recs)
+    points = progress_points(recs, direction)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("against server launches", "against GPU-minutes"))
+    for col, key in ((1, "launch"), (2, "gpu_minutes")):
+        fig.add_trace(go.Scatter(
+            x=[p[key] for p in points], y=[p["best"] for p in points], mode="lines+markers",
+            line={"shape": "hv", "color": "#1f77b4"}, name="best so far", showlegend=col == 1,
+            customdata=[p["number"] for p in points],
+            hovertemplate="trial %{customdata}: best %{y:.1f}<extra></extra>",
+        ), row=1, col=col)
+        dead = [p for p in points if p["died"]]
+        fig.add_trace(go.Scatter(
+            x=[p[key] for p in dead], y=[p["best"] if p["best"] is not None else 0.0 for p in dead],
+            mode="markers", marker={"symbol": "x", "size": 11, "color": "#d62728"}, name="launch that died",
+            showlegend=col == 1, customdata=[[p["number"], OUTCOME_CLASSES[p["outcome"]][0]] for p in dead],
+            hovertemplate="trial %{customdata[0]} died: %{customdata[1]}<extra></extra>",
+        ), row=1, col=col)
+    unit = _unit(metric)
+    at = f" at C={level}" if level is not None else ""
+    fig.update_xaxes(title_text="server launches", row=1, col=1)
+    fig.update_xaxes(title_text="GPU-minutes (trial wall time x GPUs it held)", row=1, col=2)
+    fig.update_yaxes(title_text=f"best {metric}{at}" + (f" ({unit})" if unit else ""), row=1, col=1)
+    fig.update_layout(title=f"Search progress{_simulated(recs)}",
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.25})
+    return _styled(fig)
+
+
+# ---- all of them, and where they go -----------------------------------------------------------------
+
+
+def study_figures(study: optuna.Study, *, boundary: Boundary | None = None,
+                  recs: Sequence[TrialFacts] | None = None) -> dict[str, go.Figure]:
+    """The study's figures keyed by :data:`FIGURE_IDS`."""
+    recs = list(recs) if recs is not None else records(study)
+    direction = study.direction
+    return {
+        "servetune-oom-map": oom_map(recs, boundary=boundary),
+        "servetune-memory-ladder": memory_ladder(recs, direction=direction),
+        "servetune-concurrency": concurrency_curves(recs, direction=direction),
+        "servetune-progress": progress_figure(recs, direction=direction),
+    }
+
+
+def save_to_dashboard(study: optuna.Study, figures: dict[str, go.Figure]) -> None:
+    """Store (replace) the figures in the study for optuna-dashboard, one graph object per id."""
+    # optuna_dashboard imports its web app (about a second): only when figures are saved.
+    from optuna_dashboard import save_plotly_graph_object
+
+    for graph_id, figure in figures.items():
+        save_plotly_graph_object(study, figure, graph_object_id=graph_id)
+
+
+class FiguresCallback:
+    """Optuna study callback that refreshes the dashboard figures after each finished trial.
+
+    Never raises: a figure is a convenience, the study goes on without it (one warning, then debug lines).
+    ``boundary`` is passed on to :func:`oom_map`. ``background=True`` draws on a worker thread, off the
+    trials' critical path (drawing and storing four figures takes a few tenths of a second); trials that
+    finish while it draws are coalesced into one redraw of the latest state. :meth:`close` waits for the
+    last redraw and stops the worker.
+    """
+
+    def __init__(self, boundary: Boundary | None = None, *, background: bool = False) -> None:
+        self.boundary = boundary
+        self.failures = 0
+        self.drawn = 0
+        self._lock = threading.Lock()
+        self._pending: tuple[optuna.Study, int] | None = None
+        self._closed = False
+        self._wake = threading.Event()
+        self._worker: threading.Thread | None = None
+        if background:
+            self._worker = threading.Thread(target=self._run, name="servetune-figures", daemon=True)
+            self._worker.start()
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if self._worker is None:
+            self._draw(study, trial.number)
+            return
+        with self._lock:
+            self._pending = (study, trial.number)
+        self._wake.set()
+
+    def close(self) -> None:
+        """Draw what is pending, then stop the worker (no-op without one)."""
+        if self._worker is None:
+            return
+        with self._lock:
+            self._closed = True
+        self._wake.set()
+        self._worker.join()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                item, self._pending = self._pending, None
+                closed = self._closed
+            if item is not None:
+                self._draw(*item)
+            if closed:
+                return
+
+    def _draw(self, study: optuna.Study, number: int) -> None:
+        try:
+            save_to_dashboard(study, study_figures(study, boundary=self.boundary))
+            self.drawn += 1
+        except Exception as exc:  # a figure is a convenience: the study goes on without it
+            self.failures += 1
+            log = logger.warning if self.failures == 1 else logger.debug
+            log("dashboard figures after trial %d not saved: %s", number, exc)
+
+
+# ---- small helpers --------------------------------------------------------------------------------------
+
+
+def _styled(fig: go.Figure) -> go.Figure:
+    """plotly_white's look, spelled out: a named template is copied into every figure's JSON (7 kB of its
+    10 kB), and optuna-dashboard stores a figure in the study in 2 kB pieces, one write each."""
+    grid = {"gridcolor": "#ebf0f8", "zerolinecolor": "#ebf0f8", "linecolor": "#ebf0f8", "showgrid": True,
+            "automargin": True}
+    fig.update_layout(template="none", plot_bgcolor="white", paper_bgcolor="white",
+                      font={"color": "#2a3f5f"}, hoverlabel={"align": "left"})
+    fig.update_xaxes(**grid)
+    fig.update_yaxes(**grid)
+    return fig
+
+
+def _is_number(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _short(name: str) -> str:
+    return {"mem_fraction_static": "mem", "cuda_graph_max_bs": "graph bs",
+            "num_continuous_decode_steps": "decode steps"}.get(name, name.removeprefix("nccl."))

@@ -1,0 +1,175 @@
+"""The figures of search/figures.py, built from the standard trials (tests/fixtures/trials.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from search.figures import (
+    FIGURE_IDS,
+    Boundary,
+    FiguresCallback,
+    concurrency_curves,
+    ladder_segments,
+    memory_ladder,
+    oom_map,
+    outcome_class,
+    progress_figure,
+    progress_points,
+    save_to_dashboard,
+    study_figures,
+)
+from search.records import TrialFacts, records
+from tests.fixtures.trials import build_study, level, make_trial, standard_trials
+
+
+def marks(figure) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
+    """Trial numbers of the OOM map's marks, by outcome class."""
+    return {t.meta["servetune_outcome"]: list(t.customdata) for t in figure.data
+            if isinstance(t.meta, dict) and "servetune_outcome" in t.meta}
+
+
+def test_oom_map_one_mark_per_trial_coloured_by_outcome(study: optuna.Study) -> None:
+    recs = records(study)
+    fig = oom_map(recs)
+    assert fig.layout.xaxis.title.text == "mem_fraction_static"
+    assert fig.layout.yaxis.title.text == "cuda_graph_max_bs"
+    assert marks(fig) == {"ok": [0, 1], "oom:cuda_graph": [2], "oom:decode": [3], "infra": [4], "running": [5]}
+    ok = next(t for t in fig.data if t.meta["servetune_outcome"] == "ok")
+    assert list(ok.x) == [0.8, 0.88] and list(ok.y) == [128, 256]
+    # The objective sets the size of a live mark: the best (trial 1, 2400) is the bigger one.
+    assert ok.marker.size[1] > ok.marker.size[0]
+    colours = {t.meta["servetune_outcome"]: t.marker.color for t in fig.data}
+    assert len(set(colours.values())) == len(colours)
+    assert "simulated" not in fig.layout.title.text
+
+
+def test_oom_map_any_pair_and_predicted_oom(tmp_path: Path) -> None:
+    st = build_study(f"sqlite:///{tmp_path / 'p.db'}", "p", standard_trials())
+    # A configuration the memory model refused to launch. Its outcome is read by label: it is not a
+    # FailureKind of this release (the memory-aware search adds it), so the record is built unvalidated.
+    predicted = TrialFacts.model_construct(
+        number=6, state=TrialState.PRUNED, outcome="predicted_oom",
+        params={"mem_fraction_static": 0.95, "cuda_graph_max_bs": 256, "nccl.NCCL_ALGO": "unset"},
+        reason="memory model: 1.2 GiB short in cuda_graph")
+    recs = [*records(st), predicted]
+    assert predicted.label == "predicted_oom" and outcome_class(recs[6]) == "predicted_oom"
+    fig = oom_map(recs, x="cuda_graph_max_bs", y="nccl.NCCL_ALGO")
+    assert fig.layout.xaxis.title.text == "cuda_graph_max_bs" and fig.layout.yaxis.title.text == "nccl.NCCL_ALGO"
+    assert marks(fig)["predicted_oom"] == [6]
+    assert sum(len(v) for v in marks(fig).values()) == 7
+
+
+def test_oom_map_draws_the_predicted_boundary(study: optuna.Study) -> None:
+    recs = records(study)
+    # A model that predicts death above mem 0.9 - bs/2560 (0.8 at bs 256).
+    fig = oom_map(recs, boundary=Boundary(lambda x, y: 0.9 - y / 2560 - x, label="model v1"))
+    contour = next(t for t in fig.data if t.type == "contour")
+    assert contour.name == "model v1"
+    assert contour.contours.start == 0.0 and contour.contours.end == 0.0
+    z = contour.z
+    assert z[0][0] > 0 > z[-1][-1]  # low fraction, small bs: alive; high fraction, big bs: dead
+    # A grid the model computed: the nearest point answers.
+    grid = Boundary.from_grid([0.8, 0.9], [128, 256], [[1.0, -1.0], [0.5, -2.0]])
+    assert grid.margin(0.81, 130) == 1.0 and grid.margin(0.89, 250) == -2.0
+    assert not [t for t in oom_map(recs).data if t.type == "contour"]
+
+
+def test_memory_ladder_of_the_best_and_the_last_oom(study: optuna.Study) -> None:
+    recs = records(study)
+    fig = memory_ladder(recs)
+    bars = {t.name: list(t.x) for t in fig.data if t.type == "bar"}
+    labels = list(fig.data[0].y)
+    assert labels == ["trial 1 (best)", "trial 3 (OOM in decode)"]
+    assert bars["KV pool"] == [46.0, 0.0] and bars["graph pool"] == [3.4, 0.0]
+    assert bars["free after capture"] == [0.82, 1.2]
+    total = next(t for t in fig.data if t.name == "GPU total")
+    assert list(total.x) == [79.19, 79.19]
+    peak = next(t for t in fig.data if t.name == "peak used under load")
+    assert list(peak.y) == ["trial 3 (OOM in decode)"] and peak.x[0] == pytest.approx(80900 / 1024)
+    # With every figure known, "other" is what the GPU's total leaves.
+    segments = ladder_segments(recs[0])
+    assert segments["other_gib"] == pytest.approx(79.19 - 15.3 - 40.2 - 2.1 - 4.1)
+    assert list(memory_ladder(recs, [0]).data[0].y) == ["trial 0 (ok)"]
+    # Trial 2 died in graph capture asking 3.94 GiB with 2.80 GiB free: the failed allocation starts where
+    # the free memory did and ends past the GPU's total.
+    failed = next(t for t in memory_ladder(recs, [2]).data if t.name == "allocation that failed (OOM)")
+    assert failed.base[0] == pytest.approx(79.19 - 2.8) and failed.x[0] == 3.94
+
+
+def test_concurrency_curves_of_the_top_configurations(study: optuna.Study) -> None:
+    fig = concurrency_curves(records(study), k=1)
+    lines = [t for t in fig.data if t.type == "scatter"]
+    assert len(lines) == 2 and all(t.name.startswith("trial 1:") for t in lines)
+    assert list(lines[0].x) == [1, 16] and list(lines[0].y) == [190.0, 2400.0]
+    assert list(lines[1].y) == [9.5, 17.0]  # p99 TPOT, ms
+    assert len([t for t in concurrency_curves(records(study)).data if t.showlegend]) == 2
+
+
+def test_progress_best_so_far_and_deaths(study: optuna.Study) -> None:
+    points = progress_points(records(study), study.direction)
+    assert [p["number"] for p in points] == [0, 1, 2, 3, 4]  # the RUNNING trial has not finished
+    assert [p["best"] for p in points] == [2100.0, 2400.0, 2400.0, 2400.0, 2400.0]
+    assert [p["died"] for p in points] == [False, False, True, True, True]
+    # GPU-minutes: wall time x the GPUs the server held (--tp 4 in the launch), not the host's count.
+    assert points[0]["gpu_minutes"] == pytest.approx(300 * 4 / 60)
+    assert points[-1]["gpu_minutes"] == pytest.approx((300 + 320 + 120 + 200 + 4) * 4 / 60)
+    fig = progress_figure(records(study))
+    dead = [t for t in fig.data if t.name == "launch that died"]
+    assert [list(t.x) for t in dead] == [[3, 4, 5], [p["gpu_minutes"] for p in points if p["died"]]]
+
+
+def test_simulated_figures_say_so(tmp_path: Path) -> None:
+    trial = make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=64, value=100.0, levels=[level(16, 100.0)],
+                       simulated=True)
+    recs = [TrialFacts.from_trial(trial)]
+    for fig in (oom_map(recs), memory_ladder(recs), concurrency_curves(recs), progress_figure(recs)):
+        assert "(simulated)" in fig.layout.title.text
+
+
+def test_figures_saved_for_the_dashboard_and_refreshed(tmp_path: Path) -> None:
+    from optuna_dashboard._custom_plot_data import get_plotly_graph_objects
+
+    st = build_study(f"sqlite:///{tmp_path / 'd.db'}", "d", standard_trials()[:2])
+    save_to_dashboard(st, study_figures(st))
+    stored = get_plotly_graph_objects(st._storage.get_study_system_attrs(st._study_id))
+    assert sorted(stored) == sorted(FIGURE_IDS)
+    before = json.loads(stored["servetune-oom-map"])
+    assert sum(len(t["customdata"]) for t in before["data"]) == 2
+    # A trial finishes: the callback replaces the figures (same ids), now with its mark.
+    st.add_trial(standard_trials()[2])
+    callback = FiguresCallback()
+    callback(st, st.trials[-1])
+    assert callback.failures == 0
+    stored = get_plotly_graph_objects(st._storage.get_study_system_attrs(st._study_id))
+    assert sorted(stored) == sorted(FIGURE_IDS)
+    after = json.loads(stored["servetune-oom-map"])
+    assert sum(len(t["customdata"]) for t in after["data"]) == 3
+
+
+def test_figures_callback_never_raises(tmp_path: Path) -> None:
+    st = build_study(f"sqlite:///{tmp_path / 'e.db'}", "e", standard_trials()[:1])
+    broken = Boundary(lambda x, y: 1 / 0)
+    callback = FiguresCallback(boundary=broken)
+    callback(st, st.trials[0])
+    assert callback.failures == 1
+
+
+def test_figures_callback_in_background_draws_the_latest_state(tmp_path: Path) -> None:
+    from optuna_dashboard._custom_plot_data import get_plotly_graph_objects
+
+    st = build_study(f"sqlite:///{tmp_path / 'b.db'}", "b", standard_trials()[:1])
+    callback = FiguresCallback(background=True)
+    for trial in standard_trials()[1:5]:
+        st.add_trial(trial)
+        callback(st, st.trials[-1])
+    callback.close()
+    assert callback.failures == 0 and 1 <= callback.drawn <= 4  # coalesced: never more draws than trials
+    stored = get_plotly_graph_objects(st._storage.get_study_system_attrs(st._study_id))
+    # After close, the figures show every trial that had finished when the last one was reported.
+    assert sum(len(t["customdata"]) for t in json.loads(stored["servetune-oom-map"])["data"]) == 5
+    callback.close()  # idempotent
