@@ -72,7 +72,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
-from runners.errors import HostMisconfigured, RunnerError, ServetuneError, StudyError
+from runners.errors import HostMisconfigured, RunnerError, ServetuneError, StudyError, first_line
 from runners.host import Host, HostInfo, Lease, new_controller_id
 from runners.telemetry import FailureKind
 from search._optuna_compat import enter_optimize_loop, study_id, trial_id
@@ -101,8 +101,7 @@ STORAGE_ERRORS = (SQLAlchemyError, StorageInternalError)
 def _storage_error(exc: BaseException) -> str:
     """The first line of what the database said (Optuna's wrapper names no cause)."""
     cause = exc.__cause__ if isinstance(exc, StorageInternalError) and exc.__cause__ is not None else exc
-    text = str(getattr(cause, "orig", None) or cause).strip()
-    return text.splitlines()[0] if text else type(cause).__name__
+    return first_line(getattr(cause, "orig", None) or cause)
 
 
 @dataclass

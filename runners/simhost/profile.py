@@ -106,6 +106,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from runners.errors import validation_line
+
 __all__ = [
     "HostSpec",
     "MemorySpec",
@@ -268,9 +270,8 @@ def load_profile(path: str | Path) -> SimProfile:
     try:
         return SimProfile.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise ProfileError(f"profile {p}: {where}: {first['msg']} ({exc.error_count()} error(s))") from exc
+        where, msg = validation_line(exc)
+        raise ProfileError(f"profile {p}: {where}: {msg} ({exc.error_count()} error(s))") from exc
 
 
 def shipped_profiles() -> list[Path]:
