@@ -95,7 +95,7 @@ def find_max_rate(measure: Measure, slo: Slo, plan: RateSearch) -> RateResult:
     while good is not None and bad is not None and len(result.steps) < plan.steps:  # bisection
         if (bad - good) / good <= plan.tolerance:
             break
-        mid = (good + bad) / 2
+        mid = float(f"{(good + bad) / 2:.6g}")  # the rate as the load generator is told it (``%g``)
         if step(mid):
             good = mid
         else:
