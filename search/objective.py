@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -29,7 +30,9 @@ from runners.errors import RunnerError, ServetuneError
 from runners.host import HostInfo
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
 from runners.telemetry import Failure, FailureKind, Phase
+from search.evaluate import Evaluator, level_order
 from search.hosts import preflight
+from search.memory import MARGIN_CONSTRAINT, PREDICTED_OOM, Candidate, MemoryModel, facts_from_attrs, record
 from search.pool import HostSlot
 from search.records import MEM_PREFIX
 from search.sampling import normal_params, sample
@@ -39,6 +42,10 @@ from spaces.schema import Space
 
 #: A host whose last server stopped less than this many seconds ago may still be releasing GPU memory.
 RELEASE_WINDOW_S = 30.0
+
+#: After this many skips in a row the next sampled configuration is launched whatever the model says
+#: (a wrong model must not starve the search).
+MAX_SKIPS_IN_A_ROW = 30
 
 ProgressHook = Callable[[int, str, Any], None]
 """``hook(trial_number, kind, value)``: kinds ``host``, ``phase``, ``level``, ``outcome``."""
@@ -67,23 +74,88 @@ class TrialEnv:
 
 
 class Objective:
-    """The objective bound to a :class:`TrialEnv`: :meth:`run` runs a trial on a host the caller holds."""
+    """The objective bound to a :class:`TrialEnv`: :meth:`run` runs a trial on a host the caller holds.
 
-    def __init__(self, env: TrialEnv) -> None:
+    A trial goes: sample -> reuse a measured twin -> the memory model's verdict (a configuration it
+    predicts dies, with certainty, is not launched: PRUNED ``predicted_oom``) -> the evaluator (by default
+    this objective's own server launch; :mod:`search.evaluate`) -> the margin as an Optuna constraint.
+    Confirmations (``confirmation_of``) and the probe skip the reuse and the verdict.
+    """
+
+    def __init__(self, env: TrialEnv, evaluator: Evaluator | None = None, *, memory_gate: bool = True) -> None:
         self.env = env
+        self.evaluator: Evaluator = evaluator or _ServerEvaluator(self)
+        self.memory_gate = memory_gate
 
-    def run(self, trial: optuna.Trial, slot: HostSlot) -> float:
+    def run(self, trial: optuna.Trial, slot: HostSlot | None) -> float:
         """Run the trial on a host the caller holds (and gives back)."""
         env = self.env
         params = sample(trial, env.space)
-        reused = _reuse(trial, params, abort=env.abort)
-        if reused is not None:
-            return reused
+        attrs = trial.user_attrs
+        fixed = attrs.get("confirmation_of") is not None or attrs.get("probe")
+        if not fixed:
+            reused = _reuse(trial, params, abort=env.abort)
+            if reused is not None:
+                return reused
         launch = LaunchConfig.from_params(env.space, params)
         trial.set_user_attr("engine", launch.engine)
         trial.set_user_attr("objective_metric", env.space.objective.metric)
         trial.set_user_attr("objective_level", env.space.target_level)
-        return self._run(trial, launch, slot)
+        model = self._model(trial) if self.memory_gate else None
+        if model is not None and not fixed:
+            self._verdict(trial, params, model)
+        try:
+            value = self.evaluator.evaluate(trial, launch, slot)
+        except optuna.TrialPruned:
+            self._measured(trial, params, model)
+            raise
+        self._measured(trial, params, model)
+        return value
+
+    # ---- the memory model ----------------------------------------------------------------------
+
+    def _model(self, trial: optuna.Trial) -> MemoryModel | None:
+        """The study's memory model, refitted from every finished trial (so a launch that contradicts a
+        prediction counts at once). SGLang-style engines only."""
+        if self.env.space.engine.kind not in ("sglang", "sim"):
+            return None
+        past = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        return MemoryModel.from_trials(past, target=self.env.space.target_level)
+
+    def _candidate(self, params: dict[str, Any]) -> Candidate:
+        mfs = params.get("mem_fraction_static")
+        bs = params.get("cuda_graph_max_bs")
+        return Candidate(mfs=float(mfs) if isinstance(mfs, float) else None,
+                         max_bs=int(bs) if isinstance(bs, int) else None,
+                         concurrency=self.env.space.target_level)
+
+    def _verdict(self, trial: optuna.Trial, params: dict[str, Any], model: MemoryModel) -> None:
+        pred = model.predict(self._candidate(params))
+        if pred is None:
+            return
+        facts = {"predicted_margin_gib": round(pred.margin_gib, 3), "predicted_sd_gib": round(pred.sd_gib, 3),
+                 "predicted_phase": pred.tightest, "prediction_rests_on": list(pred.rests_on)}
+        if not pred.certain_death or _skips_in_a_row(trial) >= MAX_SKIPS_IN_A_ROW:
+            record(trial, facts)
+            return
+        record(trial, {**facts, "outcome": PREDICTED_OOM, "phase": pred.tightest,
+                       "reason": f"predicted to die in {pred.tightest}: margin {pred.margin_gib:+.2f} GiB "
+                                 f"(sd {pred.sd_gib:.2f}), from trials {list(pred.rests_on)}"})
+        trial.set_constraint(MARGIN_CONSTRAINT, max(-pred.margin_gib, 0.01))
+        self._emit(trial, "outcome", PREDICTED_OOM)
+        raise optuna.TrialPruned(f"predicted OOM in {pred.tightest} (margin {pred.margin_gib:+.2f} GiB)")
+
+    def _measured(self, trial: optuna.Trial, params: dict[str, Any], model: MemoryModel | None) -> None:
+        """The launch's margin as the memory constraint: an OOM's deficit, else its predicted headroom."""
+        if model is None:
+            return
+        facts = facts_from_attrs(trial.number, trial.user_attrs, params, target=self.env.space.target_level)
+        if facts is None or facts.outcome not in ("ok", "oom"):
+            return
+        model.facts.append(facts)
+        margin = model.measured_margin(facts)
+        record(trial, {"measured_margin_gib": round(margin, 3)})
+        trial.set_constraint(MARGIN_CONSTRAINT, -margin)
 
     # ------------------------------------------------------------------------------------------
 
@@ -116,7 +188,8 @@ class Objective:
         host.require_free(info)
         return info
 
-    def _run(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot) -> float:
+    def _run(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot | None) -> float:
+        assert slot is not None, "a server launch needs a host"
         env = self.env
         space = env.space
         # What the host's inventory entry overrides: the port the server binds, the engine's python.
@@ -177,6 +250,7 @@ class Objective:
                     model=launch.model_path,
                     timeout=space.budget.benchmark_timeout,
                 )
+                plan = dataclasses.replace(plan, **_fail_fast(plan, space.target_level))
                 bench_started = time.monotonic()
                 bench = self._benchmark(session, plan)
                 trial.set_user_attr("bench_s", round(time.monotonic() - bench_started, 3))
@@ -311,6 +385,33 @@ class Objective:
         raise TrialFailed(failure)
 
 
+class _ServerEvaluator:
+    """The real evaluator: launch the server on the host, wait, sweep, stop (:meth:`Objective._run`)."""
+
+    def __init__(self, objective: Objective) -> None:
+        self._objective = objective
+
+    def evaluate(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot | None) -> float:
+        return self._objective._run(trial, launch, slot)
+
+
+def _fail_fast(plan: BenchPlan, target: int) -> dict[str, tuple[int, ...]]:
+    """The sweep's levels in fail-fast order (target first), with their request counts."""
+    per_level = dict(zip(plan.levels, plan.requests, strict=True))
+    order = level_order(plan.levels, target)
+    return {"levels": order, "requests": tuple(per_level[c] for c in order)}
+
+
+def _skips_in_a_row(trial: optuna.Trial) -> int:
+    n = 0
+    for past in sorted(trial.study.get_trials(deepcopy=False, states=(TrialState.PRUNED, TrialState.COMPLETE)),
+                       key=lambda t: t.number, reverse=True):
+        if past.user_attrs.get("outcome") != PREDICTED_OOM:
+            break
+        n += 1
+    return n
+
+
 _SLIM_KEYS = (
     "max_concurrency", "completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
     "request_throughput", "input_throughput", "output_throughput", "total_throughput",
@@ -338,6 +439,8 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], *, abort: threading.Even
         for past in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
             if past.number == trial.number or normal_params(past.params) != params:
                 continue
+            if past.user_attrs.get("outcome") == PREDICTED_OOM:
+                continue  # a prediction, not a measurement: the model may have learnt better since
             origin = past.user_attrs.get("duplicate_of", past.number)
             for key, value in past.user_attrs.items():
                 if key not in ("duplicate_of", "artifact_ids", "retried_from"):

@@ -56,8 +56,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from runners.errors import RunnerError, ServetuneError
 from runners.host import Host
+from search.confirm import CONFIRM_K, CONFIRM_REPEATS, confirmation_plan, search_launches
 from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
 from search.pool import HostPool, HostSlot, NoHostsLeft
+from search.sampling import probe_params
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL
 from search.study import artifact_store, create_or_load, fail_stale, open_storage
 from spaces.schema import Space
@@ -68,6 +70,9 @@ StudyCallback = Callable[[optuna.Study, FrozenTrial], None]
 
 #: Seconds between two looks at the study while the budget is reserved by running trials.
 BUDGET_POLL = 0.5
+
+#: A study stops once it holds this many trials per launch of its budget (skips and reuses included).
+MAX_TRIALS_PER_LAUNCH = 20
 
 
 @dataclass
@@ -85,6 +90,8 @@ class RunOptions:
     grace_period: int = GRACE_PERIOD
     callbacks: list[StudyCallback] = field(default_factory=list)
     hook: ProgressHook | None = None
+    confirm_k: int = CONFIRM_K
+    confirm_repeats: int = CONFIRM_REPEATS
 
 
 @dataclass
@@ -166,18 +173,22 @@ class _Budget:
     WAIT = "wait"
 
     def __init__(self, study: optuna.Study, n_trials: int | None, lock: _StudyLock,
-                 storage: RDBStorage) -> None:
+                 storage: RDBStorage, space: Space, *, confirm_k: int = CONFIRM_K,
+                 confirm_repeats: int = CONFIRM_REPEATS) -> None:
         self.study = study
         self.n_trials = n_trials
         self.lock = lock
         self.storage = storage
+        self.space = space
+        self.confirm_k = confirm_k
+        self.confirm_repeats = confirm_repeats
 
     def counts(self) -> tuple[int, int]:
-        """(COMPLETE+PRUNED, RUNNING) of the whole study."""
+        """(finished, running) launches of the search proper: skips (``predicted_oom``), reused
+        duplicates and confirmations are not counted (:func:`search.confirm.search_launches`)."""
         trials = self.study.get_trials(deepcopy=False,
                                        states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
-        running = sum(1 for t in trials if t.state == TrialState.RUNNING)
-        return len(trials) - running, running
+        return search_launches(trials)
 
     def done(self) -> bool:
         return self.n_trials is not None and self.counts()[0] >= self.n_trials
@@ -189,9 +200,20 @@ class _Budget:
             if self.n_trials is not None:
                 finished, running = self.counts()
                 if finished >= self.n_trials:
-                    return self.DONE
-                if finished + running >= self.n_trials:
+                    trials = self.study.get_trials(deepcopy=False)
+                    plan = confirmation_plan(trials, self.study.direction, k=self.confirm_k,
+                                             repeats=self.confirm_repeats)
+                    if not plan:
+                        return self.DONE if not any(t.state == TrialState.RUNNING for t in trials) else self.WAIT
+                    origin, params = plan[0]
+                    self.study.enqueue_trial(params, user_attrs={"confirmation_of": origin},
+                                             skip_if_exists=False)
+                elif finished + running >= self.n_trials:
                     return self.WAIT
+                elif len(self.study.get_trials(deepcopy=False)) >= self.n_trials * MAX_TRIALS_PER_LAUNCH:
+                    return self.DONE  # the sampler keeps proposing skips and twins: stop rather than spin
+            if not self.study.get_trials(deepcopy=False):
+                self.study.enqueue_trial(probe_params(self.space), user_attrs={"probe": True})
             trial = self.study.ask()
             self.storage.record_heartbeat(trial._trial_id)
             return trial
@@ -359,11 +381,18 @@ class _Run:
             raise fatal
 
 
+def make_sampler(seed: int | None, n_trials: int | None) -> optuna.samplers.BaseSampler:
+    """servetune's sampler: Optuna's TPE, which learns the feasible region from the trials' constraints
+    (the memory margin, the SLOs), over fewer random start-up trials than launches."""
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(1, (n_trials or 10) // 4)),
+                                      multivariate=True)
+
+
 def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunSummary:
     """Run (or resume) the study for ``space`` on ``hosts`` until the budget, timeout or a signal."""
     storage = open_storage(options.storage_url, heartbeat_interval=options.heartbeat_interval,
                            grace_period=options.grace_period)
-    sampler = optuna.samplers.TPESampler(seed=options.seed, n_startup_trials=min(8, options.n_trials or 8))
+    sampler = make_sampler(options.seed, options.n_trials)
     study = create_or_load(storage, options.study_name, sampler=sampler)
     study.set_user_attr("space_name", space.name)
     study.set_user_attr("engine", space.engine.kind)
@@ -383,7 +412,8 @@ def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunS
         smi_interval=options.smi_interval,
     )
     lock = _StudyLock(storage, study._study_id, options.storage_url)
-    budget = _Budget(study, options.n_trials, lock, storage)
+    budget = _Budget(study, options.n_trials, lock, storage, space, confirm_k=options.confirm_k,
+                     confirm_repeats=options.confirm_repeats)
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():
         lock.close()

@@ -1,4 +1,9 @@
-"""Turn a space's knobs into Optuna suggestions (the only place that maps knobs to distributions)."""
+"""Turn a space's knobs into Optuna suggestions (the only place that maps knobs to distributions).
+
+Knobs the engine version ignores are not searched (:func:`inert_knobs`): they are held at the engine's
+default unless the space insists (``search_inert``). The first launch of a study is a safe probe
+(:func:`probe_params`), so the memory model has a launch's figures early.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,51 @@ from typing import Any
 
 import optuna
 
-from spaces.schema import BoolChoices, FloatRange, IntChoices, Space
+from spaces.schema import UNSET, BoolChoices, FloatRange, IntChoices, Space
 
 #: Sampled floats are rounded to this many decimals, so that ``0.6100000000000001`` is ``0.61``.
 FLOAT_DIGITS = 6
 
+# (engine kinds, knob, first version, last version, why): the knob is read by nothing in those releases.
+_INERT: tuple[tuple[frozenset[str], str, tuple[int, ...], tuple[int, ...], str], ...] = (
+    (frozenset({"sglang", "sim"}), "num_continuous_decode_steps", (0, 5, 2), (0, 5, 23),
+     "SGLang 0.5.2-0.5.23 defines --num-continuous-decode-steps and reads it nowhere"),
+)
+
+
+def _version(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(int(p) for p in text.split("+")[0].split(".")[:3])
+    except ValueError:
+        return None
+
+
+def inert_knobs(engine_kind: str, version: str | None) -> dict[str, str]:
+    """Knob -> why, for the knobs ``engine_kind`` at ``version`` ignores. An unknown version (detected on
+    the host later) counts as every release the table covers. (The lead points this at the engines' table.)"""
+    v = _version(version)
+    out: dict[str, str] = {}
+    for kinds, knob, first, last, why in _INERT:
+        if engine_kind in kinds and (v is None or first <= v <= last):
+            out[knob] = why
+    return out
+
+
+def held_inert(space: Space) -> dict[str, str]:
+    """Knobs of ``space`` that are not searched because its engine version ignores them (knob -> why)."""
+    inert = inert_knobs(space.engine.kind, space.engine.version)
+    insist = set(getattr(space, "search_inert", []) or [])
+    return {k: why for k, why in inert.items() if k in space.knobs.searched() and k not in insist}
+
 
 def distributions(space: Space) -> dict[str, optuna.distributions.BaseDistribution]:
+    held = held_inert(space)
     out: dict[str, optuna.distributions.BaseDistribution] = {}
     for name, spec in space.knobs.searched().items():
+        if name in held:
+            continue
         if isinstance(spec, FloatRange):
             out[name] = optuna.distributions.FloatDistribution(spec.low, spec.high, step=spec.step)
         elif isinstance(spec, IntChoices | BoolChoices):
@@ -26,7 +67,7 @@ def distributions(space: Space) -> dict[str, optuna.distributions.BaseDistributi
 
 
 def sample(trial: optuna.Trial, space: Space) -> dict[str, Any]:
-    """Suggest every knob of the space; NCCL variables are named ``nccl.NAME``."""
+    """Suggest every searched knob of the space; NCCL variables are named ``nccl.NAME``."""
     params: dict[str, Any] = {}
     for name, dist in distributions(space).items():
         if isinstance(dist, optuna.distributions.FloatDistribution):
@@ -35,6 +76,30 @@ def sample(trial: optuna.Trial, space: Space) -> dict[str, Any]:
         else:
             assert isinstance(dist, optuna.distributions.CategoricalDistribution)
             params[name] = trial.suggest_categorical(name, list(dist.choices))
+    return params
+
+
+def probe_params(space: Space) -> dict[str, Any]:
+    """The study's first launch: the safe end of the memory knobs, the engine's defaults elsewhere.
+
+    The lowest static-memory fraction in range (``mem_fraction_static``, ``gpu_memory_utilization``)
+    leaves the most memory to graphs and activations; the largest graph batch size keeps the target
+    level's decode in graphs (no eager step); NCCL variables unset; any other knob at its first choice.
+    Survivors and deaths alike give the memory model its figures.
+    """
+    params: dict[str, Any] = {}
+    for name, dist in distributions(space).items():
+        if isinstance(dist, optuna.distributions.FloatDistribution):
+            params[name] = round(dist.low, FLOAT_DIGITS)
+            continue
+        assert isinstance(dist, optuna.distributions.CategoricalDistribution)
+        choices = list(dist.choices)
+        if name in ("cuda_graph_max_bs", "cuda_graph_sizes") and all(isinstance(c, int) for c in choices):
+            params[name] = max(choices)  # type: ignore[type-var]
+        elif UNSET in choices:
+            params[name] = UNSET
+        else:
+            params[name] = choices[0]
     return params
 
 

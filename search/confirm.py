@@ -1,0 +1,118 @@
+"""Confirming the winner over run-to-run noise, and counting launches.
+
+One lucky run must not win a study. Before a study finishes, the ``k`` best distinct configurations are
+launched ``repeats`` more times each (real trials, tagged ``confirmation_of``; a repeat is never reused
+from an earlier value). :func:`confirmed_best` then picks the best on the repeated measurements (the
+median; a configuration that died on a repeat is out) and reports the spread.
+
+The budget counts *launches*: a skip (``predicted_oom``) and a reused duplicate cost no GPU time and do
+not count; confirmations are launched on top of the search budget.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from search.sampling import normal_params
+
+__all__ = ["CONFIRM_K", "CONFIRM_REPEATS", "Confirmed", "confirmation_plan", "confirmed_best",
+           "is_launch", "search_launches"]
+
+CONFIRM_K = 3
+CONFIRM_REPEATS = 2
+CONFIRMATION = "confirmation_of"
+
+
+def is_launch(trial: FrozenTrial) -> bool:
+    """True for a trial that launched (or is launching) a server: not a skip, not a reuse."""
+    attrs = trial.user_attrs
+    return attrs.get("outcome") != "predicted_oom" and attrs.get("duplicate_of") is None
+
+
+def search_launches(trials: Iterable[FrozenTrial]) -> tuple[int, int]:
+    """(finished, running) launches of the search proper (confirmations not counted)."""
+    done = running = 0
+    for t in trials:
+        if t.user_attrs.get(CONFIRMATION) is not None or not is_launch(t):
+            continue
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            done += 1
+        elif t.state == TrialState.RUNNING:
+            running += 1
+    return done, running
+
+
+def _feasible(t: FrozenTrial) -> bool:
+    return all(float(v) <= 0 for v in t.constraints.values())
+
+
+def _origin(t: FrozenTrial) -> int:
+    return int(t.user_attrs.get(CONFIRMATION, t.user_attrs.get("duplicate_of", t.number)))
+
+
+def confirmation_plan(trials: Sequence[FrozenTrial], direction: StudyDirection, *, k: int = CONFIRM_K,
+                      repeats: int = CONFIRM_REPEATS) -> list[tuple[int, dict[str, Any]]]:
+    """(origin trial, params) of the confirmation launches still to make, best configuration first."""
+    if k <= 0 or repeats <= 0:
+        return []
+    firsts = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and _feasible(t)
+              and t.user_attrs.get(CONFIRMATION) is None and t.user_attrs.get("duplicate_of") is None]
+    firsts.sort(key=lambda t: t.value or 0.0, reverse=direction == StudyDirection.MAXIMIZE)
+    top: list[FrozenTrial] = []
+    seen: list[dict[str, Any]] = []
+    for t in firsts:
+        params = normal_params(t.params)
+        if params not in seen:
+            seen.append(params)
+            top.append(t)
+        if len(top) == k:
+            break
+    made: dict[int, int] = {}
+    for t in trials:
+        origin = t.user_attrs.get(CONFIRMATION)
+        if origin is not None and t.state != TrialState.FAIL:
+            made[int(origin)] = made.get(int(origin), 0) + 1
+    plan = []
+    for t in top:
+        plan += [(t.number, normal_params(t.params))] * max(0, repeats - made.get(t.number, 0))
+    return plan
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """The configuration chosen on repeated measurements."""
+
+    trial: int  # the first launch of the configuration
+    median: float
+    values: tuple[float, ...]
+    spread: float  # (max - min) / median over its launches
+    launches: int
+
+
+def confirmed_best(trials: Sequence[FrozenTrial], direction: StudyDirection) -> Confirmed | None:
+    """The best configuration by the median of its launches; among those with repeats when there are
+    any. A configuration that died on any launch is excluded."""
+    groups: dict[int, list[FrozenTrial]] = {}
+    for t in trials:
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_launch(t):
+            groups.setdefault(_origin(t), []).append(t)
+    rows: list[Confirmed] = []
+    for origin, ts in groups.items():
+        if any(t.state != TrialState.COMPLETE or t.value is None or not _feasible(t) for t in ts):
+            continue
+        values = tuple(float(t.value) for t in ts if t.value is not None)
+        med = statistics.median(values)
+        spread = (max(values) - min(values)) / med if med else 0.0
+        rows.append(Confirmed(origin, med, values, spread, len(values)))
+    if not rows:
+        return None
+    most = max(r.launches for r in rows)
+    pool = [r for r in rows if r.launches == most] if most > 1 else rows
+    sign = 1.0 if direction == StudyDirection.MAXIMIZE else -1.0
+    return max(pool, key=lambda r: sign * r.median)
