@@ -48,7 +48,7 @@ from search.confirm import CONFIRM_K, CONFIRM_REPEATS, confirmation_plan, confir
 from search.evaluate import SimEvaluator
 from search.objective import Objective, TrialEnv, TrialFailed
 from search.run import MAX_TRIALS_PER_LAUNCH, make_sampler
-from search.sampling import distributions, inert_knobs, normal_params, probe_params, sample
+from search.sampling import distributions, enqueue_start, inert_knobs, normal_params
 from spaces.launch import LaunchConfig
 from spaces.schema import Space, load_space
 
@@ -119,7 +119,8 @@ class Run:
         self.land = land
         self.seed = seed
         self.evaluator = SimEvaluator(land.space, seed=seed)
-        self.launched: list[tuple[dict[str, Any], float | None, float | None, bool]] = []  # params, true, measured, died
+        # (params, true value, measured value, died) per launch
+        self.launched: list[tuple[dict[str, Any], float | None, float | None, bool]] = []
         self.skips = 0
 
     def launch(self, objective: Objective, study: optuna.Study, trial: optuna.Trial) -> None:
@@ -148,7 +149,7 @@ def run_servetune(land: Landscape, seed: int, launches: int) -> Run:
     run = Run(land, seed)
     objective = Objective(_env(land.space), run.evaluator)
     study = optuna.create_study(direction="maximize", sampler=make_sampler(seed, launches))
-    study.enqueue_trial(probe_params(land.space), user_attrs={"probe": True})
+    enqueue_start(study, land.space)
     search_budget = launches - CONFIRM_K * CONFIRM_REPEATS
     while len(run.launched) < launches and len(study.trials) < launches * MAX_TRIALS_PER_LAUNCH:
         done, _ = search_launches(study.get_trials(deepcopy=False))

@@ -231,8 +231,9 @@ class MemoryModel:
         return statistics.fmean(seen), 0.05 + (statistics.pstdev(seen) if len(seen) > 1 else 0.0)
 
     def _graph_points(self) -> list[tuple[int, float, int]]:
+        # Only a finished capture says what the graphs hold (a failed one reports what it had so far).
         return [(f.graph_bs, f.graph, f.number) for f in self.facts
-                if f.graph is not None and f.graph_bs is not None and f.graph_bs > 0]
+                if f.graph is not None and f.free_cap is not None and f.graph_bs is not None and f.graph_bs > 0]
 
     def graph_fit(self) -> tuple[float, float, float, float] | None:
         """(a, c, sd_c, sd0) of ``g(bs) = a + c * bs``: least squares over the distinct batch sizes seen;
@@ -287,6 +288,10 @@ class MemoryModel:
         mfs, bs = self.resolve(cand)
         if pre is None or mfs is None or bs is None:
             return None
+        same = [f.free_cap for f in self.facts if f.free_cap is not None and f.mfs is not None
+                and abs(f.mfs - mfs) < 1e-6 and f.graph_bs == bs]
+        if same:  # launched before: its own figure
+            return statistics.median(same), 0.02
         s, sd_s = self._static(pre[0])
         graph = self._graph_at(bs)
         if graph is None:
@@ -372,7 +377,8 @@ class MemoryModel:
             return None
         bounds = self.bounds()
         _, bs = self.resolve(cand)
-        rests: set[int] = set(self._pre()[1]) if self._pre() else set()
+        pre = self._pre()
+        rests: set[int] = set(pre[1]) if pre is not None else set()
         options: list[tuple[float, float, str, bool]] = []  # margin, sd, phase, certain death
         if kv is not None:
             b = bounds["kv_pool"]
@@ -389,6 +395,15 @@ class MemoryModel:
                 options.append((cap[0] - need, math.hypot(sd, cap[1]), p, certain))
                 rests.update(b.lower_from)
             rests.update(n for _, _, n in self._graph_points())
+        # A death that is certain under the proven bounds, or a margin below zero with confidence.
+        options = [(m, d, p, c or m + Z * d < 0) for m, d, p, c in options]
+        mfs, _ = self.resolve(cand)
+        for f in self.facts:  # the same configuration died of OOM: memory does not vary between runs
+            if (f.outcome == "oom" and f.mfs is not None and mfs is not None and abs(f.mfs - mfs) < 1e-6
+                    and f.graph_bs == bs and self._phase_of(f) is not None):
+                died = self._phase_of(f) or "oom"
+                options.append((self.measured_margin(f), 0.02, died, True))
+                rests.add(f.number)
         margin, sd, phase, _ = min(options, key=lambda o: o[0])
         certain = any(o[3] for o in options)
         if certain:

@@ -250,7 +250,8 @@ class Objective:
                     model=launch.model_path,
                     timeout=space.budget.benchmark_timeout,
                 )
-                plan = dataclasses.replace(plan, **_fail_fast(plan, space.target_level))
+                levels_, requests_ = _fail_fast(plan, space.target_level)
+                plan = dataclasses.replace(plan, levels=levels_, requests=requests_)
                 bench_started = time.monotonic()
                 bench = self._benchmark(session, plan)
                 trial.set_user_attr("bench_s", round(time.monotonic() - bench_started, 3))
@@ -395,11 +396,11 @@ class _ServerEvaluator:
         return self._objective._run(trial, launch, slot)
 
 
-def _fail_fast(plan: BenchPlan, target: int) -> dict[str, tuple[int, ...]]:
+def _fail_fast(plan: BenchPlan, target: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The sweep's levels in fail-fast order (target first), with their request counts."""
     per_level = dict(zip(plan.levels, plan.requests, strict=True))
     order = level_order(plan.levels, target)
-    return {"levels": order, "requests": tuple(per_level[c] for c in order)}
+    return order, tuple(per_level[c] for c in order)
 
 
 def _skips_in_a_row(trial: optuna.Trial) -> int:

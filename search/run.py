@@ -59,7 +59,7 @@ from runners.host import Host
 from search.confirm import CONFIRM_K, CONFIRM_REPEATS, confirmation_plan, search_launches
 from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
 from search.pool import HostPool, HostSlot, NoHostsLeft
-from search.sampling import probe_params
+from search.sampling import enqueue_start
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL
 from search.study import artifact_store, create_or_load, fail_stale, open_storage
 from spaces.schema import Space
@@ -213,7 +213,7 @@ class _Budget:
                 elif len(self.study.get_trials(deepcopy=False)) >= self.n_trials * MAX_TRIALS_PER_LAUNCH:
                     return self.DONE  # the sampler keeps proposing skips and twins: stop rather than spin
             if not self.study.get_trials(deepcopy=False):
-                self.study.enqueue_trial(probe_params(self.space), user_attrs={"probe": True})
+                enqueue_start(self.study, self.space)
             trial = self.study.ask()
             self.storage.record_heartbeat(trial._trial_id)
             return trial

@@ -107,3 +107,36 @@ def normal_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """Params as :func:`sample` returns them (floats rounded), so that a stored trial's
     ``0.6100000000000001`` and a sampled ``0.61`` are the same configuration."""
     return {k: round(v, FLOAT_DIGITS) if isinstance(v, float) else v for k, v in params.items()}
+
+
+def startup_design(space: Space) -> list[dict[str, Any]]:
+    """The launches after the probe, before the sampler models anything: one knob moved at a time from
+    the probe (every other choice of a categorical knob, fewest choices first; a float range at a third
+    and two thirds), so each knob's effect is seen once. The memory model still skips the ones it
+    predicts die."""
+    probe = probe_params(space)
+    dists = distributions(space)
+    moves: list[tuple[int, list[dict[str, Any]]]] = []
+    for name, dist in dists.items():
+        if isinstance(dist, optuna.distributions.FloatDistribution):
+            span = dist.high - dist.low
+            values = [dist.low + span / 3, dist.low + 2 * span / 3]
+            if dist.step:
+                values = [dist.low + round((v - dist.low) / dist.step) * dist.step for v in values]
+            points = [{**probe, name: round(v, FLOAT_DIGITS)} for v in values]
+            moves.append((1 << 20, points))
+        else:
+            assert isinstance(dist, optuna.distributions.CategoricalDistribution)
+            points = [{**probe, name: c} for c in dist.choices if c != probe[name]]
+            moves.append((len(points), points))
+    out: list[dict[str, Any]] = []
+    for _, points in sorted(moves, key=lambda m: m[0]):
+        out += [p for p in points if p not in out]
+    return out
+
+
+def enqueue_start(study: optuna.Study, space: Space) -> None:
+    """Queue a new study's first launches: the probe (user attr ``probe``), then :func:`startup_design`."""
+    study.enqueue_trial(probe_params(space), user_attrs={"probe": True})
+    for point in startup_design(space):
+        study.enqueue_trial(point)
