@@ -69,6 +69,10 @@ def run(
     host_cooldown: Annotated[str, typer.Option(
         "--host-cooldown", help="How long a host that keeps failing is set aside, e.g. 5m.")] = "5m",
     live: Annotated[bool, typer.Option("--live/--no-live", help="Live display.")] = True,
+    confirm_top: Annotated[int, typer.Option(
+        "--confirm-top", min=0, help="Best distinct configurations launched again before the end.")] = 3,
+    confirm_repeats: Annotated[int, typer.Option(
+        "--confirm-repeats", min=0, help="More launches of each of them.")] = 2,
 ) -> None:
     """Run (or resume) a search: launch, benchmark and record one trial after another.
 
@@ -107,8 +111,9 @@ def run(
         n_trials=trials_budget, timeout=seconds, seed=seed, smi_interval=settings.smi_interval,
         cooldown=_duration("--host-cooldown", host_cooldown),
         heartbeat_interval=settings.heartbeat_interval, grace_period=settings.heartbeat_grace,
-        callbacks=callbacks, hook=progress.hook,
+        callbacks=callbacks, hook=progress.hook, confirm_k=confirm_top, confirm_repeats=confirm_repeats,
     )
+    _print_held(space)
     console.print(f"study [bold]{name}[/] on {', '.join(h.name for h in hosts)} "
                   f"(storage {settings.storage}; budget {trials_budget or 'unlimited'} trials)")
     try:
@@ -131,6 +136,9 @@ def run(
     if set_aside:
         console.print("hosts set aside: " + "; ".join(set_aside))
     console.print(f"ran {summary.ran} trial(s) in this run; stopped by: {summary.stopped_by}")
+    from search.confirm import skip_summary
+
+    console.print(skip_summary(summary.study.get_trials(deepcopy=False)))
     from search.records import best_record
 
     best = best_record(recs, summary.study.direction)
@@ -163,6 +171,18 @@ def validate(space_file: Annotated[Path, typer.Argument(help="Space file (YAML).
                   f"target C={space.target_level}")
     for name, dist in distributions(space).items():
         console.print(f"  {name}: {dist}")
+    _print_held(space)
+
+
+def _print_held(space: Any) -> None:
+    """One line per knob the engine version ignores: held at the engine default, not searched."""
+    from rich.markup import escape
+
+    from search.sampling import held_inert
+
+    for knob, why in held_inert(space).items():
+        console.print(escape(f"  {knob}: not searched, held at the engine default ({why}; "
+                             f"search_inert: [{knob}] in the space searches it anyway)"))
 
 
 @app.command()

@@ -5,8 +5,8 @@ launched ``repeats`` more times each (real trials, tagged ``confirmation_of``; a
 from an earlier value). :func:`confirmed_best` then picks the best on the repeated measurements (the
 median; a configuration that died on a repeat is out) and reports the spread.
 
-The budget counts *launches*: a skip (``predicted_oom``) and a reused duplicate cost no GPU time and do
-not count; confirmations are launched on top of the search budget.
+The budget counts launches: a skip (``predicted_oom``) costs no GPU time and holds no slot (a reused
+duplicate still holds one, as it always has); confirmations are launched on top of the search budget.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 from search.sampling import normal_params
 
 __all__ = ["CONFIRM_K", "CONFIRM_REPEATS", "Confirmed", "confirmation_plan", "confirmed_best",
-           "is_launch", "search_launches"]
+           "is_launch", "search_launches", "skip_summary"]
 
 CONFIRM_K = 3
 CONFIRM_REPEATS = 2
@@ -36,16 +36,35 @@ def is_launch(trial: FrozenTrial) -> bool:
 
 
 def search_launches(trials: Iterable[FrozenTrial]) -> tuple[int, int]:
-    """(finished, running) launches of the search proper (confirmations not counted)."""
+    """(finished, running) trials of the search proper that hold a budget slot: launches, and reuses of
+    a measured configuration (cheap, but a sampler that keeps proposing measured configurations must
+    still end). Skips (``predicted_oom``) and confirmations hold none."""
     done = running = 0
     for t in trials:
-        if t.user_attrs.get(CONFIRMATION) is not None or not is_launch(t):
+        if t.user_attrs.get(CONFIRMATION) is not None or t.user_attrs.get("outcome") == "predicted_oom":
             continue
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
             done += 1
         elif t.state == TrialState.RUNNING:
             running += 1
     return done, running
+
+
+def skip_summary(trials: Sequence[FrozenTrial]) -> str:
+    """One line: how many configurations were skipped as predicted OOMs, and the phases why."""
+    skips = [t for t in trials if t.user_attrs.get("outcome") == "predicted_oom"]
+    launched = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_launch(t)]
+    ooms = sum(1 for t in launched if t.user_attrs.get("outcome") == "oom")
+    if not skips:
+        return f"{len(launched)} launches, {ooms} died of OOM; no configuration skipped as a predicted OOM"
+    phases: dict[str, int] = {}
+    for t in skips:
+        phase = str(t.user_attrs.get("predicted_phase") or t.user_attrs.get("phase") or "?")
+        phases[phase] = phases.get(phase, 0) + 1
+    why = ", ".join(f"{n} in {p}" for p, n in sorted(phases.items(), key=lambda x: -x[1]))
+    rests = sorted({n for t in skips for n in t.user_attrs.get("prediction_rests_on", [])})
+    return (f"{len(launched)} launches, {ooms} died of OOM; {len(skips)} configurations not launched: "
+            f"predicted to die of OOM ({why}), from the memory figures of trials {rests}")
 
 
 def _feasible(t: FrozenTrial) -> bool:

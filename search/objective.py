@@ -92,8 +92,11 @@ class Objective:
         env = self.env
         params = sample(trial, env.space)
         attrs = trial.user_attrs
-        fixed = attrs.get("confirmation_of") is not None or attrs.get("probe")
-        if not fixed:
+        repeat = attrs.get("confirmation_of") is not None
+        # A configuration someone queued (the probe, a retry, a person's enqueue_trial) is launched as
+        # asked; the start-up design's points are ours and the model may skip them.
+        queued = "fixed_params" in trial.storage.get_trial_system_attrs(trial._trial_id) and not attrs.get("design")
+        if not repeat:
             reused = _reuse(trial, params, abort=env.abort)
             if reused is not None:
                 return reused
@@ -102,7 +105,7 @@ class Objective:
         trial.set_user_attr("objective_metric", env.space.objective.metric)
         trial.set_user_attr("objective_level", env.space.target_level)
         model = self._model(trial) if self.memory_gate else None
-        if model is not None and not fixed:
+        if model is not None and not repeat and not queued:
             self._verdict(trial, params, model)
         try:
             value = self.evaluator.evaluate(trial, launch, slot)

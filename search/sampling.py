@@ -139,4 +139,4 @@ def enqueue_start(study: optuna.Study, space: Space) -> None:
     """Queue a new study's first launches: the probe (user attr ``probe``), then :func:`startup_design`."""
     study.enqueue_trial(probe_params(space), user_attrs={"probe": True})
     for point in startup_design(space):
-        study.enqueue_trial(point)
+        study.enqueue_trial(point, user_attrs={"design": True})
