@@ -161,7 +161,7 @@ def run_servetune(land: Landscape, seed: int, launches: int) -> Run:
             study.enqueue_trial(params, user_attrs={"confirmation_of": origin}, skip_if_exists=False)
         run.launch(objective, study, study.ask())
     best = confirmed_best(study.get_trials(deepcopy=False), study.direction)
-    run.pick = None if best is None else (normal_params(study.trials[best.trial].params), best.median)  # type: ignore[attr-defined]
+    run.pick = None if best is None else (normal_params(study.trials[best.trial].params), best.reported)  # type: ignore[attr-defined]
     return run
 
 

@@ -108,15 +108,17 @@ class Confirmed:
     """The configuration chosen on repeated measurements."""
 
     trial: int  # the first launch of the configuration
-    median: float
+    median: float  # over all its launches: what it is ranked by
     values: tuple[float, ...]
     spread: float  # (max - min) / median over its launches
     launches: int
+    reported: float  # the median of the repeats alone: the first launch was picked for being high
 
 
 def confirmed_best(trials: Sequence[FrozenTrial], direction: StudyDirection) -> Confirmed | None:
     """The best configuration by the median of its launches; among those with repeats when there are
-    any. A configuration that died on any launch is excluded."""
+    any. A configuration that died on any launch is excluded. Its ``reported`` figure is the median of
+    the repeats alone (the first launch was chosen for being high: counting it inflates the figure)."""
     groups: dict[int, list[FrozenTrial]] = {}
     for t in trials:
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_launch(t):
@@ -125,10 +127,13 @@ def confirmed_best(trials: Sequence[FrozenTrial], direction: StudyDirection) -> 
     for origin, ts in groups.items():
         if any(t.state != TrialState.COMPLETE or t.value is None or not _feasible(t) for t in ts):
             continue
+        ts = sorted(ts, key=lambda t: t.number)
         values = tuple(float(t.value) for t in ts if t.value is not None)
+        repeats = [float(t.value) for t in ts if t.value is not None and t.user_attrs.get(CONFIRMATION) is not None]
         med = statistics.median(values)
         spread = (max(values) - min(values)) / med if med else 0.0
-        rows.append(Confirmed(origin, med, values, spread, len(values)))
+        reported = statistics.median(repeats) if repeats else med
+        rows.append(Confirmed(origin, med, values, spread, len(values), reported))
     if not rows:
         return None
     most = max(r.launches for r in rows)

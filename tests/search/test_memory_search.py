@@ -98,6 +98,7 @@ def test_confirmed_best_is_chosen_on_the_median_not_one_lucky_run() -> None:
     assert best is not None and best.trial == 1 and best.launches == 3
     assert best.median == pytest.approx(12.0)
     assert best.spread == pytest.approx(0.2 / 12.0)
+    assert best.reported == pytest.approx(12.0)  # the repeats' median: 12.1 and 11.9
 
 
 def test_a_configuration_that_died_on_a_repeat_is_not_chosen() -> None:
