@@ -22,7 +22,8 @@ from optuna.trial import FrozenTrial, TrialState
 from search.sampling import normal_params
 
 __all__ = ["CONFIRM_K", "CONFIRM_REPEATS", "Confirmed", "confirmation_plan", "confirmed_best",
-           "is_launch", "search_launches", "skip_summary"]
+           "is_launch", "launches_of", "search_launches",
+           "skip_summary"]
 
 CONFIRM_K = 3
 CONFIRM_REPEATS = 2
@@ -140,3 +141,9 @@ def confirmed_best(trials: Sequence[FrozenTrial], direction: StudyDirection) -> 
     pool = [r for r in rows if r.launches == most] if most > 1 else rows
     sign = 1.0 if direction == StudyDirection.MAXIMIZE else -1.0
     return max(pool, key=lambda r: sign * r.median)
+
+
+def launches_of(trials: Sequence[FrozenTrial], number: int) -> list[FrozenTrial]:
+    """Every finished launch of the configuration first launched as trial ``number`` (it, its repeats)."""
+    return sorted((t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_launch(t)
+                   and _origin(t) == number), key=lambda t: t.number)
