@@ -83,7 +83,8 @@ def confirmation_plan(trials: Sequence[FrozenTrial], direction: StudyDirection, 
         return []
     firsts = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and _feasible(t)
               and t.user_attrs.get(CONFIRMATION) is None and t.user_attrs.get("duplicate_of") is None]
-    firsts.sort(key=lambda t: t.value or 0.0, reverse=direction == StudyDirection.MAXIMIZE)
+    pooled = pooled_estimates(trials)
+    firsts.sort(key=lambda t: pooled.get(t.number, t.value or 0.0), reverse=direction == StudyDirection.MAXIMIZE)
     top: list[FrozenTrial] = []
     seen: list[dict[str, Any]] = []
     for t in firsts:
@@ -102,6 +103,45 @@ def confirmation_plan(trials: Sequence[FrozenTrial], direction: StudyDirection, 
     for t in top:
         plan += [(t.number, normal_params(t.params))] * max(0, repeats - made.get(t.number, 0))
     return plan
+
+
+def pooled_estimates(trials: Sequence[FrozenTrial], *, ridge: float = 1.0) -> dict[int, float]:
+    """Each COMPLETE launch's value as an additive model of its knobs predicts it (ridge regression on
+    one-hot categorical knobs and linear numeric ones, fitted on every COMPLETE launch).
+
+    One launch of a configuration is one noisy draw; the knob values it shares with other launches are
+    measured many times. Ranking the candidates for confirmation on the pooled estimate instead of their
+    single draw keeps a lucky run from taking a confirmation slot. Empty with fewer than 4 launches.
+    """
+    import numpy as np
+
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and is_launch(t)]
+    if len(done) < 4:
+        return {}
+    names = sorted({k for t in done for k in t.params})
+    columns: list[tuple[str, Any]] = []
+    for name in names:
+        values = [t.params.get(name) for t in done]
+        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values) and len(set(values)) > 3:
+            columns.append((name, None))
+        else:
+            columns += [(name, v) for v in sorted({repr(v) for v in values})]
+
+    def row(t: FrozenTrial) -> list[float]:
+        out = []
+        for name, level in columns:
+            v = t.params.get(name)
+            out.append(float(v) if level is None and isinstance(v, int | float) else float(repr(v) == level))
+        return out
+
+    x = np.array([row(t) for t in done], dtype=float)
+    y = np.array([float(t.value) for t in done if t.value is not None])
+    mean, scale = x.mean(axis=0), x.std(axis=0)
+    scale[scale == 0] = 1.0
+    z = (x - mean) / scale
+    coef = np.linalg.solve(z.T @ z + ridge * np.eye(z.shape[1]), z.T @ (y - y.mean()))
+    fitted = y.mean() + z @ coef
+    return {t.number: float(f) for t, f in zip(done, fitted, strict=True)}
 
 
 @dataclass(frozen=True)
@@ -140,7 +180,15 @@ def confirmed_best(trials: Sequence[FrozenTrial], direction: StudyDirection) -> 
     most = max(r.launches for r in rows)
     pool = [r for r in rows if r.launches == most] if most > 1 else rows
     sign = 1.0 if direction == StudyDirection.MAXIMIZE else -1.0
-    return max(pool, key=lambda r: sign * r.median)
+    # Ranked on the configuration's own launches, averaged with what the rest of the study says about
+    # its knobs (the pooled estimate): with a few noisy launches each, neither alone is reliable.
+    pooled = pooled_estimates(trials)
+
+    def score(r: Confirmed) -> float:
+        own = pooled.get(r.trial)
+        return sign * (r.median if own is None else (r.median + own) / 2)
+
+    return max(pool, key=score)
 
 
 def launches_of(trials: Sequence[FrozenTrial], number: int) -> list[FrozenTrial]:
