@@ -80,6 +80,8 @@ def run(
     ``--storage``) each controller runs its own hosts and the budget is shared. First Ctrl-C/SIGTERM:
     finish the running trials and stop; second: abort them.
     """
+    from rich.markup import escape
+
     from search.hosts import build_hosts
     from search.progress import Progress, summary_table
     from search.records import records
@@ -141,8 +143,18 @@ def run(
     console.print(skip_summary(summary.study.get_trials(deepcopy=False)))
     from search.records import best_record
 
+    from search.confirm import confirmed_best
+
     best = best_record(recs, summary.study.direction)
-    if best is not None:
+    confirmed = confirmed_best(summary.study.get_trials(deepcopy=False), summary.study.direction)
+    if confirmed is not None and confirmed.launches > 1:
+        best = next(r for r in recs if r.number == confirmed.trial)
+        params = ", ".join(f"{k}={v}" for k, v in best.params.items())
+        console.print(f"[green]best[/] (confirmed over {confirmed.launches} launches, spread "
+                      f"{confirmed.spread:.1%}): trial {best.number}, {space.objective.metric}="
+                      f"{confirmed.reported:.1f} (median of the repeats) at C={space.target_level}  "
+                      f"[{escape(params)}]")
+    elif best is not None:
         params = ", ".join(f"{k}={v}" for k, v in best.params.items())
         console.print(f"[green]best[/]: trial {best.number}, {space.objective.metric}={best.value:.1f} "
                       f"at C={space.target_level}  [{params}]")
