@@ -141,9 +141,8 @@ def run(
     from search.confirm import skip_summary
 
     console.print(skip_summary(summary.study.get_trials(deepcopy=False)))
-    from search.records import best_record
-
     from search.confirm import confirmed_best
+    from search.records import best_record
 
     best = best_record(recs, summary.study.direction)
     confirmed = confirmed_best(summary.study.get_trials(deepcopy=False), summary.study.direction)
