@@ -184,8 +184,10 @@ def _schema_ready(storage: str) -> bool:
 
 
 def counted(ts: list[FrozenTrial]) -> list[FrozenTrial]:
-    """The trials the budget counts: COMPLETE and PRUNED."""
-    return [t for t in ts if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    """The trials the budget counts: COMPLETE and PRUNED, but for skips (``predicted_oom``) and the
+    confirmation launches made after the budget (``search.confirm.search_launches``)."""
+    return [t for t in ts if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and t.user_attrs.get("outcome") != "predicted_oom" and t.user_attrs.get("confirmation_of") is None]
 
 
 # ---- a real `mlflow server` -----------------------------------------------------------------------
