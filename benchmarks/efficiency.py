@@ -149,7 +149,6 @@ def run_servetune(land: Landscape, seed: int, launches: int) -> Run:
     run = Run(land, seed)
     objective = Objective(_env(land.space), run.evaluator)
     study = optuna.create_study(direction="maximize", sampler=make_sampler(seed, launches))
-    enqueue_start(study, land.space)
     search_budget = launches - CONFIRM_K * CONFIRM_REPEATS
     while len(run.launched) < launches and len(study.trials) < launches * MAX_TRIALS_PER_LAUNCH:
         # The benchmark's budget is launches made (a reuse costs none), confirmations included.
@@ -159,6 +158,8 @@ def run_servetune(land: Landscape, seed: int, launches: int) -> Run:
                 break
             origin, params = plan[0]
             study.enqueue_trial(params, user_attrs={"confirmation_of": origin}, skip_if_exists=False)
+        else:
+            enqueue_start(study, land.space)
         run.launch(objective, study, study.ask())
     best = confirmed_best(study.get_trials(deepcopy=False), study.direction)
     run.pick = None if best is None else (normal_params(study.trials[best.trial].params), best.reported)  # type: ignore[attr-defined]

@@ -212,8 +212,7 @@ class _Budget:
                     return self.WAIT
                 elif len(self.study.get_trials(deepcopy=False)) >= self.n_trials * MAX_TRIALS_PER_LAUNCH:
                     return self.DONE  # the sampler keeps proposing skips and twins: stop rather than spin
-            if not self.study.get_trials(deepcopy=False):
-                enqueue_start(self.study, self.space)
+            enqueue_start(self.study, self.space)
             trial = self.study.ask()
             self.storage.record_heartbeat(trial._trial_id)
             return trial

@@ -135,8 +135,22 @@ def startup_design(space: Space) -> list[dict[str, Any]]:
     return out
 
 
-def enqueue_start(study: optuna.Study, space: Space) -> None:
-    """Queue a new study's first launches: the probe (user attr ``probe``), then :func:`startup_design`."""
-    study.enqueue_trial(probe_params(space), user_attrs={"probe": True})
-    for point in startup_design(space):
-        study.enqueue_trial(point, user_attrs={"design": True})
+def enqueue_start(study: optuna.Study, space: Space) -> bool:
+    """Queue the study's next start-up launch, one at a time so that no backlog waits in the study: the
+    probe (user attr ``probe``) for a new study, then the points of :func:`startup_design` (``design``).
+    False once they have all been asked for (or the study did not start with a probe: a resumed study
+    or one whose first trials someone queued)."""
+    trials = study.get_trials(deepcopy=False)
+    if not trials:
+        study.enqueue_trial(probe_params(space), user_attrs={"probe": True})
+        return True
+    if not any(t.user_attrs.get("probe") for t in trials):
+        return False
+    if any(t.state == optuna.trial.TrialState.WAITING for t in trials):
+        return False  # something already queued goes first
+    asked = sum(1 for t in trials if t.user_attrs.get("design"))
+    design = startup_design(space)
+    if asked >= len(design):
+        return False
+    study.enqueue_trial(design[asked], user_attrs={"design": True})
+    return True
