@@ -25,7 +25,8 @@ from tests.fixtures.procs import wait_for as poll
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "runners/simhost/profiles/dsv4-flash-nvfp4-tp4-rtxpro6000.yaml"
-BASE = {"num_continuous_decode_steps": 1, "nccl.NCCL_PROTO": "unset", "nccl.NCCL_ALGO": "unset"}
+# num_continuous_decode_steps is not searched: SGLang 0.5.10 ignores it (search.sampling.inert_knobs).
+BASE = {"nccl.NCCL_PROTO": "unset", "nccl.NCCL_ALGO": "unset"}
 DIES = {**BASE, "mem_fraction_static": 0.70, "cuda_graph_max_bs": 32}  # seed 003: eager decode OOM at C=64
 SURVIVES = {**BASE, "mem_fraction_static": 0.62, "cuda_graph_max_bs": 64}
 #: A fast workload: a trial is about 1.5 s at sim speed 1000.
