@@ -74,7 +74,9 @@ def test_eager_decode_oom_is_pruned_with_telemetry(searched: tuple[Path, optuna.
     assert attrs["phase"] == "decode"
     assert attrs["mem.oom_phase"] == "decode"
     assert attrs["mem.tried_to_allocate_gib"] == pytest.approx(3.94, rel=0.1)
-    assert attrs["mem.free_at_oom_gib"] == pytest.approx(2.8, rel=0.1)
+    # Seed 003 saw 2.8 GiB free after C=1 and C=16; with C=64 first on a fresh server it reads 2.8-3.3
+    # (how the 64 requests batch depends on their arrival).
+    assert 2.5 <= attrs["mem.free_at_oom_gib"] <= 3.6
     assert attrs["mem.free_after_capture_gib"] > 0
     assert attrs["mem.kv_tokens"] > 0
     assert attrs["level_reached"] == 0  # fail fast: C=64, the target, runs first and kills it

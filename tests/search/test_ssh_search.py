@@ -122,7 +122,8 @@ def search(wd: Path, space_path: Path, hosts: list[Host], enqueue: list[dict[str
     for params in enqueue:
         st.enqueue_trial(params)
     options = RunOptions(study_name=study, storage_url=url, artifacts_dir=wd / "artifacts", n_trials=n_trials,
-                         timeout=None, seed=3, smi_interval=0.2, hook=hook)
+                         timeout=None, seed=3, smi_interval=0.2, hook=hook,
+                         confirm_k=0)  # exactly the queued trials: no confirmation launches
     try:
         summary = run_search(load_space(space_path), hosts, options)
     finally:
@@ -159,7 +160,7 @@ def test_search_over_ssh_prunes_the_oom_and_completes_the_survivor(
     oom, ok = trials[0], trials[1]
     assert oom.state == TrialState.PRUNED
     assert oom.user_attrs["outcome"] == "oom" and oom.user_attrs["mem.oom_phase"] == "decode"
-    assert oom.user_attrs["level_reached"] == 16  # C=1 and C=16 served over SSH before C=64 killed it
+    assert oom.user_attrs["level_reached"] == 0  # fail fast: C=64, the target, runs first and kills it
     assert oom.user_attrs["mem.tried_to_allocate_gib"] > 0
     assert "CUDA out of memory" in oom.user_attrs["log_tail"]
     assert ok.state == TrialState.COMPLETE
