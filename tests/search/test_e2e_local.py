@@ -83,7 +83,7 @@ def test_eager_decode_oom_is_pruned_with_telemetry(searched: tuple[Path, optuna.
     assert [lv["max_concurrency"] for lv in attrs["levels"]] == [64]
     assert "CUDA out of memory" in attrs["log_tail"]
     assert attrs["simulated"] is True
-    assert t.intermediate_values == {}
+    assert set(t.intermediate_values) <= {64} and not any(t.intermediate_values.values())  # nothing served
 
 
 def test_surviving_config_completes_with_the_objective(searched: tuple[Path, optuna.Study]) -> None:
