@@ -347,7 +347,7 @@ def test_cli_run_over_ssh_then_export(sshd_b: SshServer, tmp_path: Path, boxes: 
 
     res = cli("run", str(space_path), "--study", "cli-ssh", "--storage", storage, "--inventory", str(inv),
               "--n-trials", "1", "--no-mlflow", "--no-live", "--artifacts-dir", str(tmp_path / "art"),
-              cwd=tmp_path)
+              "--confirm-top", "0", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "on gpu-box" in res.stdout and "best" in res.stdout
     study = optuna.load_study(study_name="cli-ssh", storage=storage)
