@@ -172,7 +172,7 @@ def test_cli_trials_export_and_resume(searched: tuple[Path, optuna.Study]) -> No
     assert "--mem-fraction-static 0.62" in out.read_text()
     # The same command again resumes the study: one more trial, numbered after the others.
     res = cli("run", str(wd / "space.yaml"), "--study", "e2e", "--storage", storage, "--n-trials", "5",
-              "--no-mlflow", "--no-live", "--artifacts-dir", str(wd / "artifacts"), cwd=wd)
+              "--no-mlflow", "--no-live", "--artifacts-dir", str(wd / "artifacts"), "--confirm-top", "0", cwd=wd)
     assert res.returncode == 0, res.stderr + res.stdout
     study = optuna.load_study(study_name="e2e", storage=storage)
     assert len(study.trials) >= 5
