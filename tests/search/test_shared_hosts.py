@@ -35,6 +35,7 @@ from runners.errors import HostMisconfigured
 from runners.host import Lease
 from runners.inventory import HostSpec, open_host
 from search.hosts import local_host
+from search.records import TrialFacts
 from search.run import RunOptions, run_search
 from spaces.schema import load_space
 from tests.fixtures.mlflow_server import group_alive
@@ -316,7 +317,7 @@ def test_the_simulated_host_over_ssh_needs_no_set_up(tmp_path: Path, sshd: SshSe
     summary = run_search(space, [host], opts)
     assert [t.state for t in summary.study.trials] == [TrialState.COMPLETE]
     assert list((tmp_path / "runs" / ".servetune" / "simhost").glob("*/bin/nvidia-smi"))
-    assert summary.study.trials[0].user_attrs["gpu_count"] == 8  # the profile's simulated host
+    assert TrialFacts.from_trial(summary.study.trials[0]).gpu_count == 8  # the profile's simulated host
 
 
 # ---- who holds a host ---------------------------------------------------------------------------
