@@ -237,11 +237,15 @@ def test_status_while_running_and_the_morning_summary(tmp_path: Path) -> None:
 
     final = status()
     assert final["trials"]["done"] == 3 and final["trials"]["running"] == 0
-    assert final["best"]["number"] == 1 and final["eta_s"] == 0
+    # The best is the survivor (trial 1) or the sampled third trial, whichever measured higher: their
+    # simulated throughputs are close and the simulated host's timings are real (a loaded machine reorders them).
+    done = [t for t in create_or_load(open_storage(storage), STUDY).trials if t.state == TrialState.COMPLETE]
+    best = max(done, key=lambda t: t.value or 0.0).number
+    assert final["best"]["number"] == best and best in (1, 2) and final["eta_s"] == 0
     report = tmp_path / "artifacts" / STUDY / "report.md"
     text = report.read_text()
     assert "morningsummary" in squash(ctl.output())
-    for needle in ("## Best configuration", "Trial 1:", "## OOM boundary", "## Failures by cause", "| oom |",
+    for needle in ("## Best configuration", f"Trial {best}:", "## OOM boundary", "## Failures by cause", "| oom |",
                    "decode"):
         assert needle in text, needle
     res = cli("report", "--study", STUDY, "--storage", storage, cwd=tmp_path)
