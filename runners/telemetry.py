@@ -49,6 +49,9 @@ class FailureKind(StrEnum):
     STOPPED_FROM_OUTSIDE = "stopped_from_outside"
     INTERRUPTED = "interrupted"
     INFRA = "infra"
+    PREDICTED_OOM = "predicted_oom"
+    """Not launched: the study's memory model says the configuration dies of OOM (a prediction, never a
+    measured OOM)."""
 
     @property
     def config_caused(self) -> bool:
@@ -71,6 +74,7 @@ CONFIG_CAUSED: dict[FailureKind, bool] = {
     FailureKind.STOPPED_FROM_OUTSIDE: False,  # a signal servetune did not send, or an unasked exit 0
     FailureKind.INTERRUPTED: False,
     FailureKind.INFRA: False,
+    FailureKind.PREDICTED_OOM: True,  # PRUNED without a launch: the sampler learns the region is infeasible
 }
 assert set(CONFIG_CAUSED) == set(FailureKind), "every FailureKind says whether the configuration caused it"
 

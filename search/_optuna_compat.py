@@ -28,6 +28,7 @@ __all__ = [
     "storage_of",
     "study_id",
     "trial_id",
+    "was_enqueued",
 ]
 
 
@@ -50,6 +51,12 @@ def trial_id(trial: optuna.Trial | FrozenTrial) -> int:
 
     Heartbeats and dashboard notes are keyed by it."""
     return int(_attr(trial, "_trial_id"))
+
+
+def was_enqueued(trial: optuna.Trial) -> bool:
+    """The trial was queued with fixed params (``study.enqueue_trial``, a retry of a stale trial) rather than
+    sampled: Optuna marks it with the system attr ``fixed_params`` and has no public way to ask."""
+    return "fixed_params" in trial.storage.get_trial_system_attrs(trial_id(trial))
 
 
 def study_id(study: optuna.Study) -> int:

@@ -93,6 +93,10 @@ def run(
     host_cooldown: Annotated[str, typer.Option(
         "--host-cooldown", help="How long a host that keeps failing is set aside, e.g. 5m.")] = "5m",
     live: Annotated[bool, typer.Option("--live/--no-live", help="Live display.")] = True,
+    confirm_top: Annotated[int, typer.Option(
+        "--confirm-top", min=0, help="Best distinct configurations launched again before the end.")] = 3,
+    confirm_repeats: Annotated[int, typer.Option(
+        "--confirm-repeats", min=0, help="More launches of each of them.")] = 2,
 ) -> None:
     """Run (or resume) a search: launch, benchmark and record one trial after another.
 
@@ -107,13 +111,17 @@ def run(
     space = load_space(space_file)
     settings = _settings(storage=storage, mlflow_uri=mlflow_uri, artifacts_dir=artifacts_dir)
 
+    def on_start(plan: Any) -> None:
+        _print_held(space)
+        print_plan(console, plan)
+
     summary = run_study(
         space, settings, study_name=study, n_trials=n_trials,
         timeout=_duration("--timeout", timeout) if timeout else None, hosts=host or [], inventory=inventory,
         accept_new_host_key=accept_new_host_key, mlflow=not no_mlflow, seed=seed,
         cooldown=_duration("--host-cooldown", host_cooldown),
         progress=Progress(console, n_trials=None, metric=space.objective.scored_by, live=live),
-        on_start=lambda plan: print_plan(console, plan),
+        on_start=on_start, confirm_k=confirm_top, confirm_repeats=confirm_repeats,
     )
     print_run(console, err_console, summary, space)
     name = summary.study.study_name
@@ -133,20 +141,39 @@ app.command(name="worker", help="Join a (shared) study as one more controller; s
 @app.command()
 def validate(space_file: Annotated[Path, typer.Argument(help="Space file (YAML).")]) -> None:
     """Check a space file and print what would be searched."""
-    from runners.engines import get_engine
     from search.sampling import distributions
-    from spaces.launch import engine_options
 
     space = load_space(space_file)
     console.print(f"{space_file}: ok — study {space.name}, engine {space.engine.kind}, "
                   f"target C={space.target_level}")
     for name, dist in distributions(space).items():
         console.print(f"  {name}: {dist}")
-    inert = get_engine(space.engine.kind, engine_options(space)).inert_knobs(space.engine.version)
-    for knob in sorted(set(inert) & set(space.knobs.searched())):
-        console.print(f"  warning: {knob} has no effect: {inert[knob]}", markup=False, soft_wrap=True)
+    _print_inert(space)
     for line in space.warnings():
         console.print(f"  warning: {line}", markup=False, soft_wrap=True)
+
+
+def _print_held(space: Any) -> None:
+    """One line per knob the engine version ignores: held at the engine default, not searched."""
+    from search.sampling import held_inert
+
+    for knob, why in held_inert(space).items():
+        console.print(f"  {knob}: not searched, held at the engine default ({why}; "
+                      f"search_inert: [{knob}] in the space searches it anyway)", markup=False, soft_wrap=True)
+
+
+def _print_inert(space: Any) -> None:
+    """One line per searched knob the engine version ignores: held at the engine default (not searched),
+    or searched anyway where the space's ``search_inert`` names it."""
+    from search.sampling import held_inert, inert_knobs
+    from spaces.launch import engine_options
+
+    inert = inert_knobs(space.engine.kind, space.engine.version, engine_options(space))
+    held = held_inert(space)
+    for knob in sorted(set(inert) & set(space.knobs.searched())):
+        then = (f"not searched, held at the engine default (search_inert: [{knob}] in the space searches it "
+                "anyway)" if knob in held else "searched anyway (search_inert)")
+        console.print(f"  warning: {knob} has no effect: {inert[knob]}; {then}", markup=False, soft_wrap=True)
 
 
 @app.command()

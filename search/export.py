@@ -9,6 +9,7 @@ level, the free GPU memory after CUDA graph capture, and a WARNING when that hea
 
 from __future__ import annotations
 
+import statistics
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 from runners.engines import engine_for
 from runners.engines.script import render_script
 from runners.errors import ConfigError, validation_line
+from search.confirm import confirmed_best, launches_of
 from search.files import write_file
 from search.records import LevelResult, TrialFacts, best_record, records
 from search.report import THIN_HEADROOM_GIB
@@ -80,7 +82,7 @@ def pick_record(study: optuna.Study, *, trial: int | None = None,
         return rec
     if min_free_gib is not None and min_free_gib < 0:
         raise ConfigError(f"--min-free-gib must be 0 or more, got {min_free_gib:g}")
-    best = best_record(recs, study.direction, min_free_gib=min_free_gib)
+    best = _confirmed(recs, study, min_free_gib) or best_record(recs, study.direction, min_free_gib=min_free_gib)
     if best is not None:
         return best
     complete = [r for r in recs if r.state == TrialState.COMPLETE and r.feasible and r.value is not None]
@@ -111,6 +113,7 @@ def _header(study: optuna.Study, rec: TrialFacts, version: str, bar: float, now:
     at = f" at concurrency {level}" if level is not None else ""
     value = f"{rec.value:.2f}" if rec.value is not None else "?"
     lines.append(f"objective: {metric}{at} = {value} ({study.direction.name.lower()})")
+    lines.append(_launches_line(study, rec.number))
     lines.append("measured" + (" (simulated)" if rec.simulated else "") + " per concurrency level:")
     for level_row in sorted(rec.levels, key=lambda lv: lv.max_concurrency or 0):
         lines.append("  " + _level_line(level_row))
@@ -127,6 +130,30 @@ def _header(study: optuna.Study, rec: TrialFacts, version: str, bar: float, now:
                          "cuda_graph_max_bs")
     # Host and GPU names come from remote output: keep every header entry on one comment line.
     return [" ".join(line.splitlines()) for line in lines]
+
+
+def _confirmed(recs: list[TrialFacts], study: optuna.Study, min_free_gib: float | None) -> TrialFacts | None:
+    """The configuration confirmed best over repeated launches (None without repeats, or below the bar)."""
+    confirmed = confirmed_best(recs, study.direction)
+    if confirmed is None or confirmed.launches <= 1:
+        return None
+    rec = next(r for r in recs if r.number == confirmed.trial)
+    free = rec.free_after_capture_gib
+    return rec if min_free_gib is None or (free is not None and free >= min_free_gib) else None
+
+
+def _launches_line(study: optuna.Study, number: int) -> str:
+    """Over how many launches the figures hold (the trial and its confirmation repeats)."""
+    runs = launches_of(records(study), number)
+    values = [t.value for t in runs if t.value is not None]
+    if len(runs) <= 1:
+        return "launches of this configuration: 1 (not confirmed by repeats; figures below are that launch's)"
+    died = sum(1 for t in runs if t.state != TrialState.COMPLETE)
+    med = statistics.median(values) if values else float("nan")
+    spread = (max(values) - min(values)) / med if values and med else 0.0
+    return (f"launches of this configuration: {len(runs)} (trials {', '.join(str(t.number) for t in runs)}), "
+            f"{died} died; objective median {med:.2f}, run-to-run spread {spread:.1%}; levels below are "
+            f"trial {number}'s")
 
 
 def _level_line(level: LevelResult) -> str:

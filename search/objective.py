@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -31,10 +32,12 @@ from runners.errors import RunnerError, ServetuneError
 from runners.host import HostInfo
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
 from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
-from search._optuna_compat import ArtifactStore
+from search._optuna_compat import ArtifactStore, was_enqueued
+from search.evaluate import Evaluator, level_order
 from search.hosts import preflight
+from search.memory import MARGIN_CONSTRAINT, Candidate, MemoryModel, facts_from_record
 from search.pool import HostSlot
-from search.records import LevelResult, TrialFacts, note_waiting, write_facts
+from search.records import LevelResult, TrialFacts, note_waiting, records, write_facts
 from search.sampling import normal_params, sample
 from search.slo import find_max_rate
 from search.study import fail_stale
@@ -44,6 +47,14 @@ from spaces.schema import Space
 
 #: A host whose last server stopped less than this many seconds ago may still be releasing GPU memory.
 RELEASE_WINDOW_S = 30.0
+
+#: After this many skips in a row the next sampled configuration is launched whatever the model says
+#: (a wrong model must not starve the search).
+MAX_SKIPS_IN_A_ROW = 30
+
+#: The phase a skip is recorded at, for the need the memory model found short.
+_SKIP_PHASE = {"kv_pool": Phase.KV_POOL, "cuda_graph": Phase.CUDA_GRAPH, "serve": Phase.SERVING,
+               "eager": Phase.DECODE}
 
 ProgressHook = Callable[[int, str, Any], None]
 """``hook(trial_number, kind, value)``: kinds ``host``, ``phase``, ``level``, ``outcome``."""
@@ -74,28 +85,103 @@ class TrialEnv:
 
 
 class Objective:
-    """The objective bound to a :class:`TrialEnv`: :meth:`run` runs a trial on a host the caller holds."""
+    """The objective bound to a :class:`TrialEnv`: :meth:`run` runs a trial on a host the caller holds.
 
-    def __init__(self, env: TrialEnv) -> None:
+    A trial goes: sample -> reuse a measured twin -> the memory model's verdict (a configuration it
+    predicts dies, with certainty, is not launched: PRUNED ``predicted_oom``) -> the evaluator (by default
+    this objective's own server launch; :mod:`search.evaluate`) -> the margin as an Optuna constraint.
+    Confirmations (``confirmation_of``) and the probe skip the reuse and the verdict.
+    """
+
+    def __init__(self, env: TrialEnv, evaluator: Evaluator | None = None, *, memory_gate: bool = True) -> None:
         self.env = env
+        self.evaluator: Evaluator = evaluator or _ServerEvaluator(self)
+        self.memory_gate = memory_gate
 
-    def run(self, trial: optuna.Trial, slot: HostSlot) -> float:
+    def run(self, trial: optuna.Trial, slot: HostSlot | None) -> float:
         """Run the trial on a host the caller holds (and gives back)."""
         env = self.env
         params = sample(trial, env.space)
-        facts = TrialFacts()
+        facts = TrialFacts.for_trial(trial)
         try:
-            reused = _reuse(trial, params, facts, abort=env.abort)
-            if reused is not None:
-                return reused
-            launch = LaunchConfig.from_params(env.space, params)
-            facts.engine = launch.engine
-            facts.objective_metric = env.space.objective.scored_by
-            facts.objective_level = env.space.target_level
-            return self._run(trial, launch, slot, facts)
+            return self._evaluate(trial, params, slot, facts)
         finally:
             # The one write of the trial's record, however it ended.
             write_facts(trial, facts)
+
+    def _evaluate(self, trial: optuna.Trial, params: dict[str, Any], slot: HostSlot | None,
+                  facts: TrialFacts) -> float:
+        env = self.env
+        repeat = facts.confirmation_of is not None
+        # A configuration someone queued (the probe, a retry, a person's enqueue_trial) is launched as
+        # asked; the start-up design's points are ours and the model may skip them.
+        queued = was_enqueued(trial) and not facts.design
+        if not repeat:
+            reused = _reuse(trial, params, facts, abort=env.abort)
+            if reused is not None:
+                return reused
+        launch = LaunchConfig.from_params(env.space, params)
+        facts.engine = launch.engine
+        facts.objective_metric = env.space.objective.scored_by
+        facts.objective_level = env.space.target_level
+        model = self._model(trial) if self.memory_gate else None
+        if model is not None and not repeat and not queued:
+            self._verdict(trial, params, model, facts)
+        try:
+            value = self.evaluator.evaluate(trial, launch, slot, facts)
+        except optuna.TrialPruned:
+            self._measured(trial, params, model, facts)
+            raise
+        self._measured(trial, params, model, facts)
+        return value
+
+    # ---- the memory model ----------------------------------------------------------------------
+
+    def _model(self, trial: optuna.Trial) -> MemoryModel | None:
+        """The study's memory model, refitted from every finished trial (so a launch that contradicts a
+        prediction counts at once). SGLang-style engines only."""
+        if self.env.space.engine.kind not in ("sglang", "sim"):
+            return None
+        past = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        return MemoryModel.from_trials([TrialFacts.from_trial(t) for t in past], target=self.env.space.target_level)
+
+    def _candidate(self, params: dict[str, Any]) -> Candidate:
+        mfs = params.get("mem_fraction_static")
+        bs = params.get("cuda_graph_max_bs")
+        return Candidate(mfs=float(mfs) if isinstance(mfs, float) else None,
+                         max_bs=int(bs) if isinstance(bs, int) else None,
+                         concurrency=self.env.space.target_level)
+
+    def _verdict(self, trial: optuna.Trial, params: dict[str, Any], model: MemoryModel, facts: TrialFacts) -> None:
+        pred = model.predict(self._candidate(params))
+        if pred is None:
+            return
+        facts.predicted_margin_gib = round(pred.margin_gib, 3)
+        facts.predicted_sd_gib = round(pred.sd_gib, 3)
+        facts.predicted_phase = pred.tightest
+        facts.prediction_rests_on = list(pred.rests_on)
+        if not pred.certain_death or _skips_in_a_row(trial) >= MAX_SKIPS_IN_A_ROW:
+            return
+        facts.outcome, facts.phase = FailureKind.PREDICTED_OOM, _SKIP_PHASE.get(pred.tightest)
+        facts.reason = (f"predicted to die in {pred.tightest}: margin {pred.margin_gib:+.2f} GiB "
+                        f"(sd {pred.sd_gib:.2f}), from trials {list(pred.rests_on)}")
+        trial.set_constraint(MARGIN_CONSTRAINT, max(-pred.margin_gib, 0.01))
+        self._emit(trial, "outcome", FailureKind.PREDICTED_OOM.value)
+        raise optuna.TrialPruned(f"predicted OOM in {pred.tightest} (margin {pred.margin_gib:+.2f} GiB)")
+
+    def _measured(self, trial: optuna.Trial, params: dict[str, Any], model: MemoryModel | None,
+                  facts: TrialFacts) -> None:
+        """The launch's margin as the memory constraint: an OOM's deficit, else its predicted headroom."""
+        if model is None:
+            return
+        record = facts.model_copy(update={"number": trial.number, "params": params})
+        launch = facts_from_record(record, target=self.env.space.target_level)
+        if launch is None or launch.outcome not in ("ok", "oom"):
+            return
+        model.facts.append(launch)
+        margin = model.measured_margin(launch)
+        facts.measured_margin_gib = round(margin, 3)
+        trial.set_constraint(MARGIN_CONSTRAINT, -margin)
 
     # ------------------------------------------------------------------------------------------
 
@@ -128,7 +214,8 @@ class Objective:
         host.require_free(info)
         return info
 
-    def _run(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot, facts: TrialFacts) -> float:
+    def _run(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot | None, facts: TrialFacts) -> float:
+        assert slot is not None, "a server launch needs a host"
         env = self.env
         space = env.space
         # What the host's inventory entry overrides: the port the server binds, the engine's python.
@@ -183,8 +270,9 @@ class Objective:
                 if space.objective.kind == "max_rate_under_slo":
                     bench = self._rate_search(session, engine.bench_api, launch.model_path, facts)
                 else:
-                    bench = self._benchmark(session, bench_plan(space, api=engine.bench_api,
-                                                                model=launch.model_path))
+                    plan = _fail_fast(bench_plan(space, api=engine.bench_api, model=launch.model_path),
+                                      space.target_level)
+                    bench = self._benchmark(session, plan)
                 facts.bench_s = round(time.monotonic() - bench_started, 3)
                 levels, failure = bench.levels, bench.failure
         finally:
@@ -364,6 +452,35 @@ class Objective:
         raise TrialFailed(failure)
 
 
+class _ServerEvaluator:
+    """The real evaluator: launch the server on the host, wait, sweep, stop (:meth:`Objective._run`)."""
+
+    def __init__(self, objective: Objective) -> None:
+        self._objective = objective
+
+    def evaluate(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot | None,
+                 facts: TrialFacts) -> float:
+        return self._objective._run(trial, launch, slot, facts)
+
+
+def _fail_fast(plan: BenchPlan, target: int) -> BenchPlan:
+    """The plan with its levels in fail-fast order (target first), each with its request count."""
+    per_level = dict(zip(plan.levels, plan.requests, strict=True))
+    order = level_order(plan.levels, target)
+    return dataclasses.replace(plan, levels=order, requests=tuple(per_level[c] for c in order))
+
+
+def _skips_in_a_row(trial: optuna.Trial) -> int:
+    """How many of the study's latest finished trials in a row were predicted-OOM skips."""
+    n = 0
+    done = [r for r in records(trial.study) if r.state in (TrialState.PRUNED, TrialState.COMPLETE)]
+    for past in sorted(done, key=lambda r: r.number, reverse=True):
+        if not past.predicted_oom:
+            break
+        n += 1
+    return n
+
+
 def _reuse(trial: optuna.Trial, params: dict[str, Any], facts: TrialFacts, *,
            abort: threading.Event | None = None, poll: float = 0.5) -> float | None:
     """If these params were already measured (COMPLETE or PRUNED), reuse that result instead of rerunning:
@@ -380,6 +497,8 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], facts: TrialFacts, *,
             if past.number == trial.number or normal_params(past.params) != params:
                 continue
             measured = TrialFacts.from_trial(past)
+            if measured.predicted_oom:
+                continue  # a prediction, not a measurement: the model may have learnt better since
             origin = measured.duplicate_of if measured.duplicate_of is not None else past.number
             for name in TrialFacts.model_fields:
                 if name not in _NOT_REUSED:
@@ -408,5 +527,6 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], facts: TrialFacts, *,
 #: What a reused trial does not take over from the trial it repeats: Optuna's own facts (its number,
 #: state, params, times...), where it came from, and the measured trial's artifact ids.
 _NOT_REUSED = frozenset(
-    {name for name, f in TrialFacts.model_fields.items() if f.exclude} | {"duplicate_of", "artifact_ids"}
+    {name for name, f in TrialFacts.model_fields.items() if f.exclude}
+    | {"duplicate_of", "artifact_ids", "probe", "design", "confirmation_of"}
 )

@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from search.confirm import confirmed_best, skip_summary
 from search.records import TrialFacts, best_record, records
 
 if TYPE_CHECKING:
@@ -169,8 +170,17 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
     if set_aside:
         console.print("hosts set aside: " + "; ".join(set_aside))
     console.print(f"ran {summary.ran} trial(s) in this run; stopped by: {summary.stopped_by}")
+    console.print(skip_summary(recs), markup=False, soft_wrap=True)
     best = best_record(recs, summary.study.direction)
-    if best is not None:
+    confirmed = confirmed_best(recs, summary.study.direction)
+    if confirmed is not None and confirmed.launches > 1:
+        best = next(r for r in recs if r.number == confirmed.trial)
+        params = ", ".join(f"{k}={v}" for k, v in best.params.items())
+        console.print(f"[green]best[/] (confirmed over {confirmed.launches} launches, spread "
+                      f"{confirmed.spread:.1%}): trial {best.number}, {space.objective.scored_by}="
+                      f"{confirmed.reported:.1f} (median of the repeats) at C={space.target_level}  "
+                      f"{escape('[' + params + ']')}")
+    elif best is not None:
         params = ", ".join(f"{k}={v}" for k, v in best.params.items())
         sim = " (simulated)" if best.simulated else ""
         console.print(f"[green]best[/]: trial {best.number}, {space.objective.scored_by}={best.value:.1f}{sim} "

@@ -16,6 +16,8 @@ How it is stored (Optuna user attrs, JSON values):
 ``reason``, ``duplicate_of``
 ``retried_from``          written by Optuna's stale-trial retry onto the re-queued trial
 ``waiting_for``           while a trial waits for a twin that another host is running
+``probe``, ``design``,    tags set when the trial is queued (``enqueue_trial(user_attrs=...)``): the study's
+``confirmation_of``       first launch, a start-up design point, a repeat of that trial's configuration
 ========================  ==================================================================================
 
 Studies stored by servetune 0.1.0 hold the same facts as ~38 separate user attrs (``mem.<figure>``,
@@ -41,6 +43,7 @@ from search.sampling import normal_params
 
 __all__ = [
     "FACTS_ATTR",
+    "QUEUED_TAGS",
     "LevelResult",
     "Outcome",
     "TrialFacts",
@@ -214,6 +217,25 @@ class TrialFacts(BaseModel):
     artifacts_error: str | None = None
     """Why the trial's files could not be written (its result is recorded all the same)."""
 
+    # ---- the memory-aware search (search.memory, search.confirm) -------------------------------------
+    probe: bool = False
+    """The study's first launch, at the safe end of the memory knobs (tag set when it was queued)."""
+    design: bool = False
+    """A start-up design point (one knob moved from the probe; tag set when it was queued)."""
+    confirmation_of: int | None = None
+    """This launch repeats the configuration first launched as that trial (tag set when it was queued)."""
+    predicted_margin_gib: float | None = None
+    """The memory model's margin for the configuration before it was launched (negative: a deficit)."""
+    predicted_sd_gib: float | None = None
+    predicted_phase: str | None = None
+    """The phase the predicted margin is taken at (kv_pool, cuda_graph, serve, eager)."""
+    prediction_rests_on: list[int] = Field(default_factory=list)
+    """The trials whose memory figures the prediction uses."""
+    measured_margin_gib: float | None = None
+    """The margin the launch showed (an OOM's deficit, else the headroom the model gives it)."""
+    sim_seconds: float | None = None
+    """Simulated GPU seconds of a launch evaluated in-process (the efficiency benchmark)."""
+
     # ---- reading ------------------------------------------------------------------------------------
 
     @classmethod
@@ -228,6 +250,7 @@ class TrialFacts(BaseModel):
         for key in ("outcome", "reason"):  # a RUNNING trial marked interrupted by a recovering controller
             if data.get(key) in (None, "") and attrs.get(key) not in (None, ""):
                 data[key] = attrs[key]
+        data.update(_queued_tags(attrs, data))
         data.update(
             number=trial.number,
             state=trial.state,
@@ -240,6 +263,12 @@ class TrialFacts(BaseModel):
             waiting_for=attrs.get("waiting_for"),
         )
         return cls.model_validate(data)
+
+    @classmethod
+    def for_trial(cls, trial: optuna.Trial) -> TrialFacts:
+        """A new record for a live trial, with the tags it was queued with (``probe``, ``design``,
+        ``confirmation_of``): what the objective starts from."""
+        return cls.model_validate(_queued_tags(trial.user_attrs, {}))
 
     def stored(self) -> dict[str, Any]:
         """The record as written to the trial (JSON-friendly; Optuna's own fields left out)."""
@@ -260,6 +289,16 @@ class TrialFacts(BaseModel):
     @property
     def oom(self) -> bool:
         return self.outcome == FailureKind.OOM
+
+    @property
+    def predicted_oom(self) -> bool:
+        """Not launched: skipped because the memory model predicts an OOM."""
+        return self.outcome == FailureKind.PREDICTED_OOM
+
+    @property
+    def launched(self) -> bool:
+        """A server was (or is being) launched for it: not a predicted-OOM skip, not a reused duplicate."""
+        return not self.predicted_oom and self.duplicate_of is None
 
     @property
     def ok(self) -> bool:
@@ -392,6 +431,15 @@ def best_record(recs: Iterable[TrialFacts], direction: StudyDirection, *,
     return best
 
 
+#: Tags a trial is queued with (``study.enqueue_trial(params, user_attrs=...)``), read back into the record.
+QUEUED_TAGS = ("probe", "design", "confirmation_of")
+
+
+def _queued_tags(attrs: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+    """The queued tags in ``attrs`` that ``data`` (a record) does not already hold."""
+    return {key: attrs[key] for key in QUEUED_TAGS if attrs.get(key) is not None and not data.get(key)}
+
+
 # ---- servetune 0.1.0 ------------------------------------------------------------------------------
 
 #: User attrs of servetune 0.1.0 that map one to one onto a field of the record.
@@ -400,6 +448,9 @@ _LEGACY_FIELDS = (
     "simulated", "launch_config", "argv", "env", "run_id", "levels", "level_reached", "log_tail",
     "objective_metric", "objective_level", "duplicate_of", "startup_s", "bench_s", "stop_method", "stop_s",
     "stop_error", "artifacts_dir", "artifact_ids",
+    # the memory-aware search's facts, for studies stored by its first version
+    "predicted_margin_gib", "predicted_sd_gib", "predicted_phase", "prediction_rests_on", "measured_margin_gib",
+    "sim_seconds",
 )
 
 

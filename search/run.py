@@ -76,10 +76,12 @@ from runners.errors import HostMisconfigured, RunnerError, ServetuneError, Study
 from runners.host import Host, HostInfo, Lease, new_controller_id
 from runners.telemetry import FailureKind
 from search._optuna_compat import enter_optimize_loop, study_id, trial_id
+from search.confirm import CONFIRM_K, CONFIRM_REPEATS, confirmation_plan, search_launches
 from search.hosts import preflight
 from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
 from search.pool import HostPool, HostSlot, HostStatus, NoHostsLeft
-from search.records import TrialFacts, mark_interrupted, note_controller, note_host, write_facts
+from search.records import TrialFacts, mark_interrupted, note_controller, note_host, records, write_facts
+from search.sampling import enqueue_start
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL, study_name
 from search.study import artifact_store, create_or_load, fail_stale, open_storage, redact, sqlite_file
 from spaces.schema import Space
@@ -90,6 +92,8 @@ StudyCallback = Callable[[optuna.Study, FrozenTrial], None]
 
 #: Seconds between two looks at the study while the budget is reserved by running trials.
 BUDGET_POLL = 0.5
+#: A study stops once it holds this many trials per launch of its budget (skips and reuses included).
+MAX_TRIALS_PER_LAUNCH = 20
 #: Seconds a host held by another controller is left alone before it is tried again.
 HELD_POLL = 2.0
 #: How long a lease lasts without a heartbeat (a controller that dies leaves its servers this long).
@@ -120,6 +124,8 @@ class RunOptions:
     callbacks: list[StudyCallback] = field(default_factory=list)
     hook: ProgressHook | None = None
     lease_ttl: float = LEASE_TTL
+    confirm_k: int = CONFIRM_K
+    confirm_repeats: int = CONFIRM_REPEATS
 
 
 class StopReason(StrEnum):
@@ -282,21 +288,35 @@ class _Budget:
     WAIT = "wait"
 
     def __init__(self, study: optuna.Study, n_trials: int | None, lock: _StudyLock,
-                 storage: RDBStorage) -> None:
+                 storage: RDBStorage, space: Space, *, confirm_k: int = CONFIRM_K,
+                 confirm_repeats: int = CONFIRM_REPEATS) -> None:
         self.study = study
         self.n_trials = n_trials
         self.lock = lock
         self.storage = storage
+        self.space = space
+        self.confirm_k = confirm_k
+        self.confirm_repeats = confirm_repeats
 
     def counts(self) -> tuple[int, int]:
-        """(COMPLETE+PRUNED, RUNNING) of the whole study."""
+        """(finished, running) launches of the search proper: skips (``predicted_oom``), reused
+        duplicates and confirmations are not counted (:func:`search.confirm.search_launches`)."""
         trials = self.study.get_trials(deepcopy=False,
                                        states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
-        running = sum(1 for t in trials if t.state == TrialState.RUNNING)
-        return len(trials) - running, running
+        return search_launches(TrialFacts.from_trial(t) for t in trials)
 
     def done(self) -> bool:
         return self.n_trials is not None and self.counts()[0] >= self.n_trials
+
+    def _queue_confirmation(self) -> str | None:
+        """Queue the next confirmation launch (None), or say the study is DONE (or must WAIT for running ones)."""
+        trials = records(self.study)
+        plan = confirmation_plan(trials, self.study.direction, k=self.confirm_k, repeats=self.confirm_repeats)
+        if not plan:
+            return self.DONE if not any(t.state == TrialState.RUNNING for t in trials) else self.WAIT
+        origin, params = plan[0]
+        self.study.enqueue_trial(params, user_attrs={"confirmation_of": origin}, skip_if_exists=False)
+        return None
 
     def reserve(self, host: str) -> optuna.Trial | str:
         """A new (or re-queued) trial for ``host``, with its first heartbeat recorded; or DONE; or WAIT."""
@@ -305,9 +325,14 @@ class _Budget:
             if self.n_trials is not None:
                 finished, running = self.counts()
                 if finished >= self.n_trials:
-                    return self.DONE
-                if finished + running >= self.n_trials:
+                    ended = self._queue_confirmation()
+                    if ended is not None:
+                        return ended
+                elif finished + running >= self.n_trials:
                     return self.WAIT
+                elif len(self.study.get_trials(deepcopy=False)) >= self.n_trials * MAX_TRIALS_PER_LAUNCH:
+                    return self.DONE  # the sampler keeps proposing skips and twins: stop rather than spin
+            enqueue_start(self.study, self.space)
             trial = self.study.ask()
             # Named at once: `servetune status` and a recovering controller see which host runs it.
             note_host(trial, host)
@@ -548,6 +573,13 @@ class _Run:
             self.end(StopReason.ARTIFACTS)
 
 
+def make_sampler(seed: int | None, n_trials: int | None) -> optuna.samplers.BaseSampler:
+    """servetune's sampler: Optuna's TPE, which learns the feasible region from the trials' constraints
+    (the memory margin, the SLOs), over fewer random start-up trials than launches."""
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(1, (n_trials or 10) // 4)),
+                                      multivariate=True)
+
+
 def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunSummary:
     """Run (or resume) the study for ``space`` on ``hosts`` until the budget, timeout or a signal.
 
@@ -565,7 +597,7 @@ def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunS
 def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunSummary:
     storage = open_storage(options.storage_url, heartbeat_interval=options.heartbeat_interval,
                            grace_period=options.grace_period)
-    sampler = optuna.samplers.TPESampler(seed=options.seed, n_startup_trials=min(8, options.n_trials or 8))
+    sampler = make_sampler(options.seed, options.n_trials)
     study = create_or_load(storage, options.study_name, sampler=sampler)
     study.set_user_attr("space_name", space.name)
     study.set_user_attr("engine", space.engine.kind)
@@ -600,7 +632,8 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
     pool = HostPool(list(hosts), max_consecutive_failures=space.budget.max_consecutive_failures,
                     cooldown=options.cooldown, max_set_asides=options.max_set_asides)
     lock = _StudyLock(storage, study_id(study), options.storage_url)
-    budget = _Budget(study, options.n_trials, lock, storage)
+    budget = _Budget(study, options.n_trials, lock, storage, space, confirm_k=options.confirm_k,
+                     confirm_repeats=options.confirm_repeats)
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():
         lock.close()

@@ -548,6 +548,8 @@ class Space(_Strict):
     budget: Budget = Field(default_factory=Budget)
     memory_limit: str | None = None
     """Run every server in a memory cgroup of this size (e.g. ``48GiB``); None: no limit."""
+    search_inert: list[str] = Field(default_factory=list)
+    """Knobs to search even where the engine version ignores them (otherwise held at the default)."""
 
     @field_validator("name")
     @classmethod

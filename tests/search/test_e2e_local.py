@@ -62,7 +62,8 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, optuna.Stu
     tracker = MlflowTracker(f"sqlite:///{wd}/mlruns/mlflow.db", artifact_root=str(wd / "mlruns" / "artifacts"))
     host = local_host(space, runs_root=str(wd / "runs"), sim_dir=wd / "sim")
     options = RunOptions(study_name="e2e", storage_url=url, artifacts_dir=wd / "artifacts", n_trials=4,
-                         timeout=None, seed=3, callbacks=[tracker.callback()], smi_interval=0.2)
+                         timeout=None, seed=3, callbacks=[tracker.callback()], smi_interval=0.2,
+                         confirm_k=0)  # the confirmation launches have tests of their own
     summary = run_search(space, [host], options)
     return wd, summary.study
 
@@ -81,15 +82,17 @@ def test_eager_decode_oom_is_pruned_with_telemetry(searched: tuple[Path, optuna.
     assert facts.phase == Phase.DECODE
     assert facts.oom_phase == "decode" and facts.memory["oom_phase"] == "decode"
     assert facts.memory["tried_to_allocate_gib"] == pytest.approx(3.94, rel=0.1)
-    assert facts.memory["free_at_oom_gib"] == pytest.approx(2.8, rel=0.1)
+    # Seed 003 saw 2.8 GiB free after C=1 and C=16; with C=64 first on a fresh server it reads 2.8-3.3
+    # (how the 64 requests batch depends on their arrival).
+    assert 2.5 <= facts.memory["free_at_oom_gib"] <= 3.6
     assert facts.free_after_capture_gib is not None and facts.free_after_capture_gib > 0
     assert facts.memory["max_total_num_tokens"] > 0  # DSv4 logs no "KV Cache is allocated" (engine-audit item 9)
-    assert facts.level_reached == 16  # C=1 and C=16 were served before C=64 killed it
-    assert [lv.max_concurrency for lv in facts.levels][:2] == [1, 16]
+    assert facts.level_reached == 0  # fail fast: C=64, the target, runs first and kills it
+    assert [lv.max_concurrency for lv in facts.levels] == [64]
     assert "CUDA out of memory" in (facts.log_tail or "")
     assert facts.simulated is True
     assert t.user_attrs["outcome"] == "oom"  # shown in the dashboard's attribute table
-    assert t.intermediate_values[1] > 0 and t.intermediate_values[16] > 0
+    assert set(t.intermediate_values) <= {64} and not any(t.intermediate_values.values())  # nothing served
 
 
 @pytest.mark.slow  # the module fixture runs a real search (about 10 s)
@@ -169,7 +172,7 @@ def test_cli_trials_export_and_resume(searched: tuple[Path, optuna.Study]) -> No
     assert "--mem-fraction-static 0.62" in out.read_text()
     # The same command again resumes the study: one more trial, numbered after the others.
     res = cli("run", str(wd / "space.yaml"), "--study", "e2e", "--storage", storage, "--n-trials", "5",
-              "--no-mlflow", "--no-live", "--artifacts-dir", str(wd / "artifacts"), cwd=wd)
+              "--no-mlflow", "--no-live", "--artifacts-dir", str(wd / "artifacts"), "--confirm-top", "0", cwd=wd)
     assert res.returncode == 0, res.stderr + res.stdout
     study = optuna.load_study(study_name="e2e", storage=storage)
     assert len(study.trials) >= 5

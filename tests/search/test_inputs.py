@@ -338,7 +338,7 @@ def test_a_run_with_a_broken_mlflow_says_so_once_and_goes_on(tmp_path: Path) -> 
     garbage.write_text("not a database " * 50)
     space = make_space(wd / "space.yaml")
     res = cli("run", str(space), "--study", "mlf", "--mlflow-uri", f"sqlite:///{garbage}", "--no-live", "-n", "2",
-              cwd=wd)
+              "--confirm-top", "0", cwd=wd)  # exactly the two trials: no confirmation launches
     assert res.returncode == 0, res.stderr
     mlflow_lines = [line for line in res.stderr.splitlines() if "mlflow" in line.lower()]
     assert len(mlflow_lines) == 1, res.stderr

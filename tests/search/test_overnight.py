@@ -173,7 +173,8 @@ def test_busy_gpu_is_fail_host_busy_and_that_host_is_set_aside(tmp_path: Path) -
                       server_port=free_port())
     hog = start_hog(tmp_path / "sim-a/state", 30000, "0,1")
     try:
-        summary = run_search(space, [busy, good], options(tmp_path, n_trials=4, cooldown=120))
+        # No confirmation launches: the test counts each host's trials.
+        summary = run_search(space, [busy, good], options(tmp_path, n_trials=4, cooldown=120, confirm_k=0))
     finally:
         stop_hog(hog)
     ts = summary.study.get_trials()
@@ -215,7 +216,7 @@ def test_status_while_running_and_the_morning_summary(tmp_path: Path) -> None:
     study = create_or_load(open_storage(storage), STUDY)
     study.enqueue_trial(DIES)
     study.enqueue_trial(SURVIVES)
-    ctl = start_cli(*run_args(space, storage, "--n-trials", "3", "--seed", "2"), cwd=tmp_path)
+    ctl = start_cli(*run_args(space, storage, "--n-trials", "3", "--seed", "2", "--confirm-top", "0"), cwd=tmp_path)
     try:
         def status() -> dict[str, Any]:
             res = cli("status", "--study", STUDY, "--storage", storage, "--json", cwd=tmp_path)
@@ -236,11 +237,15 @@ def test_status_while_running_and_the_morning_summary(tmp_path: Path) -> None:
 
     final = status()
     assert final["trials"]["done"] == 3 and final["trials"]["running"] == 0
-    assert final["best"]["number"] == 1 and final["eta_s"] == 0
+    # The best is the survivor (trial 1) or the sampled third trial, whichever measured higher: their
+    # simulated throughputs are close and the simulated host's timings are real (a loaded machine reorders them).
+    done = [t for t in create_or_load(open_storage(storage), STUDY).trials if t.state == TrialState.COMPLETE]
+    best = max(done, key=lambda t: t.value or 0.0).number
+    assert final["best"]["number"] == best and best in (1, 2) and final["eta_s"] == 0
     report = tmp_path / "artifacts" / STUDY / "report.md"
     text = report.read_text()
     assert "morningsummary" in squash(ctl.output())
-    for needle in ("## Best configuration", "Trial 1:", "## OOM boundary", "## Failures by cause", "| oom |",
+    for needle in ("## Best configuration", f"Trial {best}:", "## OOM boundary", "## Failures by cause", "| oom |",
                    "decode"):
         assert needle in text, needle
     res = cli("report", "--study", STUDY, "--storage", storage, cwd=tmp_path)

@@ -98,8 +98,10 @@ def test_the_new_record_makes_what_the_old_attrs_made(rewritten: optuna.Study) -
     assert all(set(t.user_attrs) <= {FACTS_ATTR, "host", "outcome", "phase", "reason", "duplicate_of"} for t in trials)
     assert without_added_sections(report_markdown(rewritten)) == expected["report"].replace(
         f"report: {STUDY}", "report: rewritten")
+    # The export names how many launches its figures hold (a 0.1.0 study has no confirmation repeats).
+    launches = "# launches of this configuration: 1 (not confirmed by repeats; figures below are that launch's)\n"
     assert export_script(rewritten, now=EXPORTED_AT) == expected["export"].replace(
-        f"study {STUDY},", "study rewritten,")
+        f"study {STUDY},", "study rewritten,").replace("# measured", launches + "# measured", 1)
     assert [note_markdown(t) for t in trials] == expected["notes"]
     recs = records(rewritten)
     assert json.loads(json.dumps([r.summary() for r in recs], default=str)) == expected["trials_json"]

@@ -56,7 +56,9 @@ from tests.search.overnight_kit import (
 
 
 def run_args(space: Path, study: str, storage: str, *extra: str) -> tuple[str, ...]:
-    return ("run", str(space), "--study", study, "--storage", storage, "--no-mlflow", "--no-live", *extra)
+    # No confirmation launches: these tests count the trials of a budget (search.confirm has its own).
+    return ("run", str(space), "--study", study, "--storage", storage, "--no-mlflow", "--no-live",
+            "--confirm-top", "0", *extra)
 
 
 def killed_from_outside(ts: list[Any]) -> list[Any]:
@@ -283,7 +285,8 @@ def test_a_host_without_sftp_is_dropped_and_the_run_goes_on(tmp_path: Path, ssh_
         known = write_known_hosts(tmp_path / "known_hosts", bare)
         space = load_space(make_space(tmp_path / "space.yaml", budget={"n_trials": 1}))
         opts = RunOptions(study_name="nosftp", storage_url=f"sqlite:///{tmp_path}/s.db",
-                          artifacts_dir=tmp_path / "artifacts", n_trials=1, timeout=None, smi_interval=0.5)
+                          artifacts_dir=tmp_path / "artifacts", n_trials=1, timeout=None, smi_interval=0.5,
+                          confirm_k=0)
         bad = open_host(bare.spec(known, name="no-sftp", runs_root=str(tmp_path / "runs-bad")), ssh_config=None)
         started = time.monotonic()
         with pytest.raises(HostMisconfigured, match=r"no-sftp: the SSH server has no SFTP subsystem.*fix:"):
@@ -310,7 +313,8 @@ def test_the_simulated_host_over_ssh_needs_no_set_up(tmp_path: Path, sshd: SshSe
     host = open_host(sshd.spec(known_hosts, name="sim-ssh", runs_root=str(tmp_path / "runs")), ssh_config=None)
     assert "PATH" not in host.env
     opts = RunOptions(study_name="bare", storage_url=f"sqlite:///{tmp_path}/s.db",
-                      artifacts_dir=tmp_path / "artifacts", n_trials=1, timeout=None, smi_interval=0.5)
+                      artifacts_dir=tmp_path / "artifacts", n_trials=1, timeout=None, smi_interval=0.5,
+                      confirm_k=0)
     summary = run_search(space, [host], opts)
     assert [t.state for t in summary.study.trials] == [TrialState.COMPLETE]
     assert list((tmp_path / "runs" / ".servetune" / "simhost").glob("*/bin/nvidia-smi"))

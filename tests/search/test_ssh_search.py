@@ -123,7 +123,8 @@ def search(wd: Path, space_path: Path, hosts: list[Host], enqueue: list[dict[str
     for params in enqueue:
         st.enqueue_trial(params)
     options = RunOptions(study_name=study, storage_url=url, artifacts_dir=wd / "artifacts", n_trials=n_trials,
-                         timeout=None, seed=3, smi_interval=0.2, hook=hook)
+                         timeout=None, seed=3, smi_interval=0.2, hook=hook,
+                         confirm_k=0)  # exactly the queued trials: no confirmation launches
     try:
         summary = run_search(load_space(space_path), hosts, options)
     finally:
@@ -160,9 +161,9 @@ def test_search_over_ssh_prunes_the_oom_and_completes_the_survivor(
     oom, ok = trials[0], trials[1]
     assert oom.state == TrialState.PRUNED
     assert TrialFacts.from_trial(oom).outcome == "oom" and TrialFacts.from_trial(oom).oom_phase == "decode"
-    assert TrialFacts.from_trial(oom).level_reached == 16  # C=1 and C=16 served over SSH before C=64 killed it
+    assert TrialFacts.from_trial(oom).level_reached == 0  # fail fast: C=64, the target, runs first and kills it
     assert TrialFacts.from_trial(oom).memory["tried_to_allocate_gib"] > 0
-    assert "CUDA out of memory" in TrialFacts.from_trial(oom).log_tail
+    assert "CUDA out of memory" in (TrialFacts.from_trial(oom).log_tail or "")
     assert ok.state == TrialState.COMPLETE
     c64 = next(lv.stored() for lv in TrialFacts.from_trial(ok).levels if lv.max_concurrency == 64)
     assert c64["completed"] == 64 and c64["failed"] == 0 and ok.value == pytest.approx(c64["output_throughput"])
@@ -347,7 +348,7 @@ def test_cli_run_over_ssh_then_export(sshd_b: SshServer, tmp_path: Path, boxes: 
 
     res = cli("run", str(space_path), "--study", "cli-ssh", "--storage", storage, "--inventory", str(inv),
               "--n-trials", "1", "--no-mlflow", "--no-live", "--artifacts-dir", str(tmp_path / "art"),
-              cwd=tmp_path)
+              "--confirm-top", "0", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "on gpu-box" in res.stdout and "best" in res.stdout
     study = optuna.load_study(study_name="cli-ssh", storage=storage)

@@ -1,0 +1,194 @@
+"""Confirming the winner over run-to-run noise, and counting launches.
+
+One lucky run must not win a study. Before a study finishes, the ``k`` best distinct configurations are
+launched ``repeats`` more times each (real trials, queued with the tag ``confirmation_of``; a repeat is never reused
+from an earlier value). :func:`confirmed_best` then picks the best on the repeated measurements (the
+median; a configuration that died on a repeat is out) and reports the spread.
+
+The budget counts launches: a skip (``predicted_oom``) costs no GPU time and holds no slot (a reused
+duplicate still holds one, as it always has); confirmations are launched on top of the search budget.
+
+Everything here reads a study's trials as :class:`~search.records.TrialFacts` (``records(study)``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from optuna.study import StudyDirection
+from optuna.trial import TrialState
+
+from search.records import TrialFacts
+
+__all__ = ["CONFIRM_K", "CONFIRM_REPEATS", "Confirmed", "confirmation_plan", "confirmed_best",
+           "is_launch", "launches_of", "search_launches",
+           "skip_summary"]
+
+CONFIRM_K = 3
+CONFIRM_REPEATS = 2
+
+
+def is_launch(trial: TrialFacts) -> bool:
+    """True for a trial that launched (or is launching) a server: not a skip, not a reuse."""
+    return trial.launched
+
+
+def search_launches(trials: Iterable[TrialFacts]) -> tuple[int, int]:
+    """(finished, running) trials of the search proper that hold a budget slot: launches, and reuses of
+    a measured configuration (cheap, but a sampler that keeps proposing measured configurations must
+    still end). Skips (``predicted_oom``) and confirmations hold none."""
+    done = running = 0
+    for t in trials:
+        if t.confirmation_of is not None or t.predicted_oom:
+            continue
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            done += 1
+        elif t.state == TrialState.RUNNING:
+            running += 1
+    return done, running
+
+
+def skip_summary(trials: Sequence[TrialFacts]) -> str:
+    """One line: how many configurations were skipped as predicted OOMs, and the phases why."""
+    skips = [t for t in trials if t.predicted_oom]
+    launched = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_launch(t)]
+    ooms = sum(1 for t in launched if t.oom)
+    if not skips:
+        return f"{len(launched)} launches, {ooms} died of OOM; no configuration skipped as a predicted OOM"
+    phases: dict[str, int] = {}
+    for t in skips:
+        phase = t.predicted_phase or (t.phase.value if t.phase else "?")
+        phases[phase] = phases.get(phase, 0) + 1
+    why = ", ".join(f"{n} in {p}" for p, n in sorted(phases.items(), key=lambda x: -x[1]))
+    rests = sorted({n for t in skips for n in t.prediction_rests_on})
+    return (f"{len(launched)} launches, {ooms} died of OOM; {len(skips)} configurations not launched: "
+            f"predicted to die of OOM ({why}), from the memory figures of trials {rests}")
+
+
+def _origin(t: TrialFacts) -> int:
+    if t.confirmation_of is not None:
+        return t.confirmation_of
+    return t.duplicate_of if t.duplicate_of is not None else t.number
+
+
+def confirmation_plan(trials: Sequence[TrialFacts], direction: StudyDirection, *, k: int = CONFIRM_K,
+                      repeats: int = CONFIRM_REPEATS) -> list[tuple[int, dict[str, Any]]]:
+    """(origin trial, params) of the confirmation launches still to make, best configuration first."""
+    if k <= 0 or repeats <= 0:
+        return []
+    firsts = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and t.feasible
+              and t.confirmation_of is None and t.duplicate_of is None]
+    pooled = pooled_estimates(trials)
+    firsts.sort(key=lambda t: pooled.get(t.number, t.value or 0.0), reverse=direction == StudyDirection.MAXIMIZE)
+    top: list[TrialFacts] = []
+    seen: list[dict[str, Any]] = []
+    for t in firsts:
+        if t.params not in seen:
+            seen.append(t.params)
+            top.append(t)
+        if len(top) == k:
+            break
+    made: dict[int, int] = {}
+    for t in trials:
+        origin = t.confirmation_of
+        if origin is not None and t.state != TrialState.FAIL:
+            made[origin] = made.get(origin, 0) + 1
+    plan = []
+    for t in top:
+        plan += [(t.number, dict(t.params))] * max(0, repeats - made.get(t.number, 0))
+    return plan
+
+
+def pooled_estimates(trials: Sequence[TrialFacts], *, ridge: float = 1.0) -> dict[int, float]:
+    """Each COMPLETE launch's value as an additive model of its knobs predicts it (ridge regression on
+    one-hot categorical knobs and linear numeric ones, fitted on every COMPLETE launch).
+
+    One launch of a configuration is one noisy draw; the knob values it shares with other launches are
+    measured many times. Ranking the candidates for confirmation on the pooled estimate instead of their
+    single draw keeps a lucky run from taking a confirmation slot. Empty with fewer than 4 launches.
+    """
+    import numpy as np
+
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and is_launch(t)]
+    if len(done) < 4:
+        return {}
+    names = sorted({k for t in done for k in t.params})
+    columns: list[tuple[str, Any]] = []
+    for name in names:
+        values = [t.params.get(name) for t in done]
+        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values) and len(set(values)) > 3:
+            columns.append((name, None))
+        else:
+            columns += [(name, v) for v in sorted({repr(v) for v in values})]
+
+    def row(t: TrialFacts) -> list[float]:
+        out = []
+        for name, level in columns:
+            v = t.params.get(name)
+            out.append(float(v) if level is None and isinstance(v, int | float) else float(repr(v) == level))
+        return out
+
+    x = np.array([row(t) for t in done], dtype=float)
+    y = np.array([float(t.value) for t in done if t.value is not None])
+    mean, scale = x.mean(axis=0), x.std(axis=0)
+    scale[scale == 0] = 1.0
+    z = (x - mean) / scale
+    coef = np.linalg.solve(z.T @ z + ridge * np.eye(z.shape[1]), z.T @ (y - y.mean()))
+    fitted = y.mean() + z @ coef
+    return {t.number: float(f) for t, f in zip(done, fitted, strict=True)}
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """The configuration chosen on repeated measurements."""
+
+    trial: int  # the first launch of the configuration
+    median: float  # over all its launches: what it is ranked by
+    values: tuple[float, ...]
+    spread: float  # (max - min) / median over its launches
+    launches: int
+    reported: float  # the median of the repeats alone: the first launch was picked for being high
+
+
+def confirmed_best(trials: Sequence[TrialFacts], direction: StudyDirection) -> Confirmed | None:
+    """The best configuration by the median of its launches; among those with repeats when there are
+    any. A configuration that died on any launch is excluded. Its ``reported`` figure is the median of
+    the repeats alone (the first launch was chosen for being high: counting it inflates the figure)."""
+    groups: dict[int, list[TrialFacts]] = {}
+    for t in trials:
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_launch(t):
+            groups.setdefault(_origin(t), []).append(t)
+    rows: list[Confirmed] = []
+    for origin, ts in groups.items():
+        if any(t.state != TrialState.COMPLETE or t.value is None or not t.feasible for t in ts):
+            continue
+        ts = sorted(ts, key=lambda t: t.number)
+        values = tuple(float(t.value) for t in ts if t.value is not None)
+        repeats = [float(t.value) for t in ts if t.value is not None and t.confirmation_of is not None]
+        med = statistics.median(values)
+        spread = (max(values) - min(values)) / med if med else 0.0
+        reported = statistics.median(repeats) if repeats else med
+        rows.append(Confirmed(origin, med, values, spread, len(values), reported))
+    if not rows:
+        return None
+    most = max(r.launches for r in rows)
+    pool = [r for r in rows if r.launches == most] if most > 1 else rows
+    sign = 1.0 if direction == StudyDirection.MAXIMIZE else -1.0
+    # Ranked on the configuration's own launches, averaged with what the rest of the study says about
+    # its knobs (the pooled estimate): with a few noisy launches each, neither alone is reliable.
+    pooled = pooled_estimates(trials)
+
+    def score(r: Confirmed) -> float:
+        own = pooled.get(r.trial)
+        return sign * (r.median if own is None else (r.median + own) / 2)
+
+    return max(pool, key=score)
+
+
+def launches_of(trials: Sequence[TrialFacts], number: int) -> list[TrialFacts]:
+    """Every finished launch of the configuration first launched as trial ``number`` (it, its repeats)."""
+    return sorted((t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_launch(t)
+                   and _origin(t) == number), key=lambda t: t.number)

@@ -1,0 +1,462 @@
+"""The memory model of one study: what a configuration leaves free, fitted from every launched trial.
+
+A study fixes the host, the model, the engine version and the fixed args, so the memory a server uses
+is a small set of figures that every launch reports in its log (the ``mem.*`` facts), dead or alive.
+SGLang's start-up arithmetic (sglang-facts §1.3, §2) per GPU, in GiB::
+
+    pre                                 free before the weights (``Load weight begin. avail mem``): the
+                                        card less the driver, the CUDA context, NCCL, other processes
+    weights W                           ``Load weight end. mem usage``
+    KV(mfs)      = pre * mfs - W        the pool: ``rest = (pre - W) - pre * (1 - mfs)``
+    free_pool    = pre * (1 - mfs) - s  ``Memory pool end. avail mem`` (s: req_to_token table, buffers)
+    free_cap     = free_pool - g(bs)    after CUDA-graph capture; ``g(bs) = a + c * bs`` over the
+                                        largest captured batch size (bs <= max running requests)
+
+Everything after capture (the capture workspace, the warm-up's first forward, a chunked prefill's
+activations, an eager decode step when the target concurrency exceeds the largest graph) must fit in
+``free_cap`` less fragmentation. Those needs are *thresholds* on ``free_cap``, one per phase, and each
+launch bounds them: a server that died there says the need exceeded its ``free_cap`` (and, from the OOM
+line, at least what it held plus what it tried to allocate); one that got through says the need was at
+most its ``free_cap``. The KV pool has its own threshold on ``KV(mfs)``.
+
+:meth:`MemoryModel.predict` gives, for a candidate, the margin in GiB (``free_cap`` less the largest
+need, or the KV pool less its need) with a standard deviation that shrinks as launches come in, and
+whether the configuration dies *for certain* under the model: its free memory, even at the optimistic end
+of the fit, is below a need some launch has already proved. Only then does the search skip a launch.
+
+vLLM (:class:`VllmMemoryModel`) has the same shape: ``gpu_memory_utilization * total`` less the
+non-KV memory (weights, activations, graphs) is the KV budget, and its KV check refuses a start when
+that budget is below what ``max_model_len`` needs (the refusal says both figures).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from runners.telemetry import FailureKind
+from search.records import TrialFacts
+
+__all__ = [
+    "Bound",
+    "Candidate",
+    "LaunchFacts",
+    "MemoryModel",
+    "Prediction",
+    "VllmFacts",
+    "VllmMemoryModel",
+    "facts_from_record",
+    "facts_from_trial",
+]
+
+#: What a skip's outcome says (a :class:`~runners.telemetry.FailureKind`; its facts are fields of
+#: :class:`~search.records.TrialFacts`: ``predicted_margin_gib``, ``predicted_sd_gib``, ``predicted_phase``,
+#: ``prediction_rests_on``, ``measured_margin_gib``).
+PREDICTED_OOM = FailureKind.PREDICTED_OOM
+MARGIN_CONSTRAINT = "memory_margin_gib"
+
+#: One-sided z for "the optimistic end of the fit" (95%).
+Z = 1.645
+
+#: Prior needs after capture (GiB) and their spread, before any launch has bounded them.
+PRIOR_NEED = {"kv_pool": (0.05, 0.5), "cuda_graph": (2.0, 1.5), "serve": (1.0, 1.0), "eager": (3.0, 3.0)}
+
+_SERVE_PHASES = {"warmup", "prefill", "serving", "ready"}
+
+
+@dataclass(frozen=True)
+class LaunchFacts:
+    """What one launched trial says about memory (GiB unless named otherwise); None = not seen."""
+
+    number: int
+    outcome: str  # ok | oom | ... (a launch, never predicted_oom)
+    phase: str | None  # where it died
+    mfs: float | None  # the resolved --mem-fraction-static
+    max_bs: int | None  # the --cuda-graph-max-bs it ran with (resolved)
+    pre: float | None = None
+    weights: float | None = None
+    free_pool: float | None = None
+    graph: float | None = None
+    free_cap: float | None = None
+    max_running: int | None = None
+    tried: float | None = None
+    free_at_oom: float | None = None
+    total: float | None = None
+    target_served: bool = False
+
+    @property
+    def graph_bs(self) -> int | None:
+        """The largest captured batch size: the max, cut at the running-request limit."""
+        if self.max_bs is None:
+            return None
+        return min(self.max_bs, self.max_running) if self.max_running else self.max_bs
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A configuration to predict: the resolved memory knobs and the target concurrency."""
+
+    mfs: float | None
+    max_bs: int | None
+    concurrency: int
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Interval-censored threshold of one phase's need: ``lower < need <= upper``."""
+
+    lower: float | None = None
+    upper: float | None = None
+    lower_from: tuple[int, ...] = ()
+    upper_from: tuple[int, ...] = ()
+
+    def estimate(self, prior: tuple[float, float]) -> tuple[float, float]:
+        """(need, sd): the middle of the interval, or the prior pushed inside a one-sided one."""
+        mean, sd = prior
+        lo, hi = self.lower, self.upper
+        if lo is not None and hi is not None:
+            return (lo + hi) / 2, max((hi - lo) / 4, 0.05)
+        if hi is not None:
+            return min(mean, hi - 0.5 * sd) if mean > hi - 0.5 * sd else mean, sd
+        if lo is not None:
+            return max(mean, lo + 0.25), sd
+        return mean, sd
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The model's verdict on a candidate."""
+
+    margin_gib: float  # free memory left at the tightest phase (negative: a deficit)
+    sd_gib: float
+    kv_gib: float | None
+    free_after_capture_gib: float | None
+    tightest: str  # the phase the margin is taken at
+    certain_death: bool  # even the optimistic figure is below a need a launch has proved
+    rests_on: tuple[int, ...]  # the trials whose figures the prediction uses
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "margin_gib": round(self.margin_gib, 3),
+            "sd_gib": round(self.sd_gib, 3),
+            "kv_gib": None if self.kv_gib is None else round(self.kv_gib, 3),
+            "free_after_capture_gib": None if self.free_after_capture_gib is None
+            else round(self.free_after_capture_gib, 3),
+            "phase": self.tightest,
+            "rests_on": list(self.rests_on),
+        }
+
+
+def _num(memory: Mapping[str, Any], key: str) -> float | None:
+    value = memory.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def facts_from_trial(trial: FrozenTrial | TrialFacts, *, target: int) -> LaunchFacts | None:
+    """The memory facts of a finished, launched trial (None for a skip, a reuse, a FAIL, a waiting one)."""
+    rec = trial if isinstance(trial, TrialFacts) else TrialFacts.from_trial(trial)
+    if rec.state not in (TrialState.COMPLETE, TrialState.PRUNED):
+        return None
+    return facts_from_record(rec, target=target)
+
+
+def facts_from_record(rec: TrialFacts, *, target: int) -> LaunchFacts | None:
+    """The memory facts in a trial's record and params (None when it was not launched)."""
+    if rec.outcome is None or not rec.launched:
+        return None
+    memory, params = rec.memory, rec.params
+    mfs = _num(memory, "mem_fraction_static")
+    if mfs is None and isinstance(params.get("mem_fraction_static"), float):
+        mfs = float(params["mem_fraction_static"])
+    max_bs_f = _num(memory, "cuda_graph_max_bs")
+    if max_bs_f is None and isinstance(params.get("cuda_graph_max_bs"), int):
+        max_bs_f = float(params["cuda_graph_max_bs"])
+    running = _num(memory, "max_running_requests")
+    served = any(lv.max_concurrency == target and lv.served for lv in rec.levels)
+    return LaunchFacts(
+        number=rec.number, outcome=str(rec.outcome), phase=rec.phase.value if rec.phase else None, mfs=mfs,
+        max_bs=None if max_bs_f is None else int(max_bs_f),
+        pre=_num(memory, "avail_before_weights_gib"), weights=_num(memory, "weights_gib"),
+        free_pool=_num(memory, "avail_after_kv_gib"), graph=_num(memory, "graph_gib"),
+        free_cap=_num(memory, "free_after_capture_gib"),
+        max_running=None if running is None else int(running),
+        tried=_num(memory, "tried_to_allocate_gib"), free_at_oom=_num(memory, "free_at_oom_gib"),
+        total=_num(memory, "gpu_total_gib"), target_served=served or rec.outcome == "ok",
+    )
+
+
+@dataclass
+class MemoryModel:
+    """SGLang's memory arithmetic fitted to a study's launches (see the module docstring)."""
+
+    target: int
+    facts: list[LaunchFacts] = field(default_factory=list)
+
+    @classmethod
+    def from_trials(cls, trials: Iterable[FrozenTrial | TrialFacts], *, target: int) -> MemoryModel:
+        facts = [f for f in (facts_from_trial(t, target=target) for t in trials) if f is not None]
+        return cls(target=target, facts=facts)
+
+    # ---- the static fit ---------------------------------------------------------------------------
+
+    def _pre(self) -> tuple[float, tuple[int, ...]] | None:
+        seen = [(f.pre, f.number) for f in self.facts if f.pre is not None]
+        if not seen:
+            return None
+        return statistics.median(p for p, _ in seen), tuple(n for _, n in seen)
+
+    def _weights(self) -> float | None:
+        seen = [f.weights for f in self.facts if f.weights is not None]
+        return statistics.median(seen) if seen else None
+
+    def _static(self, pre: float) -> tuple[float, float]:
+        """(s, sd): memory taken with the pool besides the KV cache, from ``Memory pool end``."""
+        seen = [pre * (1 - f.mfs) - f.free_pool for f in self.facts if f.free_pool is not None and f.mfs is not None]
+        if not seen:
+            return 0.3, 0.5
+        return statistics.fmean(seen), 0.05 + (statistics.pstdev(seen) if len(seen) > 1 else 0.0)
+
+    def _graph_points(self) -> list[tuple[int, float, int]]:
+        # Only a finished capture says what the graphs hold (a failed one reports what it had so far).
+        return [(f.graph_bs, f.graph, f.number) for f in self.facts
+                if f.graph is not None and f.free_cap is not None and f.graph_bs is not None and f.graph_bs > 0]
+
+    def graph_fit(self) -> tuple[float, float, float, float] | None:
+        """(a, c, sd_c, sd0) of ``g(bs) = a + c * bs``: least squares over the distinct batch sizes seen;
+        with one, the slope is only known to lie between 0 and g/bs."""
+        pts = self._graph_points()
+        if not pts:
+            return None
+        by_bs: dict[int, list[float]] = {}
+        for bs, g, _ in pts:
+            by_bs.setdefault(bs, []).append(g)
+        xs = sorted(by_bs)
+        ys = [statistics.fmean(by_bs[x]) for x in xs]
+        if len(xs) == 1:
+            c = ys[0] / xs[0] / 2
+            return ys[0] - c * xs[0], c, c, 0.05
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        c = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+        a = my - c * mx
+        resid = [y - (a + c * x) for x, y in zip(xs, ys, strict=True)]
+        rms = math.sqrt(sum(r * r for r in resid) / max(len(xs) - 2, 1)) if len(xs) > 2 else 0.0
+        return a, c, rms / math.sqrt(sxx) if sxx else 0.0, 0.05 + rms
+
+    def _graph_at(self, bs: int) -> tuple[float, float] | None:
+        fit = self.graph_fit()
+        if fit is None:
+            return None
+        a, c, sd_c, sd0 = fit
+        near = min((abs(bs - p[0]) for p in self._graph_points()), default=0)
+        return a + c * bs, sd0 + sd_c * near
+
+    def _default(self, attr: str) -> float | None:
+        seen = [getattr(f, attr) for f in self.facts if getattr(f, attr) is not None]
+        return statistics.median(seen) if seen else None
+
+    def _running(self) -> int | None:
+        seen = [f.max_running for f in self.facts if f.max_running is not None]
+        return int(statistics.median(seen)) if seen else None
+
+    def resolve(self, cand: Candidate) -> tuple[float | None, int | None]:
+        """The candidate's mfs and largest captured batch size (knobs not searched: as launched)."""
+        mfs = cand.mfs if cand.mfs is not None else self._default("mfs")
+        max_bs = cand.max_bs if cand.max_bs is not None else self._default("max_bs")
+        if max_bs is None:
+            return mfs, None
+        running = self._running()
+        return mfs, int(min(max_bs, running) if running else max_bs)
+
+    def free_after_capture(self, cand: Candidate) -> tuple[float, float] | None:
+        """(GiB, sd) free after capture for the candidate, or None before the model has the figures."""
+        pre = self._pre()
+        mfs, bs = self.resolve(cand)
+        if pre is None or mfs is None or bs is None:
+            return None
+        same = [f.free_cap for f in self.facts if f.free_cap is not None and f.mfs is not None
+                and abs(f.mfs - mfs) < 1e-6 and f.graph_bs == bs]
+        if same:  # launched before: its own figure
+            return statistics.median(same), 0.02
+        s, sd_s = self._static(pre[0])
+        graph = self._graph_at(bs)
+        if graph is None:
+            return None
+        return pre[0] * (1 - mfs) - s - graph[0], math.hypot(sd_s, graph[1])
+
+    def kv(self, cand: Candidate) -> float | None:
+        pre, w = self._pre(), self._weights()
+        mfs, _ = self.resolve(cand)
+        if pre is None or w is None or mfs is None:
+            return None
+        return pre[0] * mfs - w
+
+    # ---- the needs ------------------------------------------------------------------------------
+
+    def _phase_of(self, f: LaunchFacts) -> str | None:
+        """Which need a death bounds from below: kv_pool, cuda_graph, serve, eager (None: other cause)."""
+        if f.outcome != "oom" or f.phase is None:
+            return None
+        if f.phase == "kv_pool":
+            return "kv_pool"
+        if f.phase == "cuda_graph":
+            return "cuda_graph"
+        if f.phase == "decode":
+            bs = self.resolve(Candidate(f.mfs, f.max_bs, self.target))[1]
+            return "eager" if bs is not None and self.target > bs else "serve"
+        if f.phase in _SERVE_PHASES:
+            return "serve"
+        return None
+
+    def bounds(self) -> dict[str, Bound]:
+        """Each phase's need, bounded by the launches that died there and those that got through."""
+        lower: dict[str, list[tuple[float, int]]] = {p: [] for p in PRIOR_NEED}
+        upper: dict[str, list[tuple[float, int]]] = {p: [] for p in PRIOR_NEED}
+        for f in self.facts:
+            self._bound(f, lower, upper)
+        out: dict[str, Bound] = {}
+        for p in PRIOR_NEED:
+            ups = upper[p]
+            hi = min(ups) if ups else None
+            # A death above a proven survival was something else (noise, another process): dropped.
+            lows = [x for x in lower[p] if hi is None or x[0] < hi[0]]
+            lo = max(lows) if lows else None
+            out[p] = Bound(lower=lo[0] if lo else None, upper=hi[0] if hi else None,
+                           lower_from=tuple(n for _, n in lows), upper_from=tuple(n for _, n in ups))
+        return out
+
+    def _bound(self, f: LaunchFacts, lower: dict[str, list[tuple[float, int]]],
+               upper: dict[str, list[tuple[float, int]]]) -> None:
+        """Add what launch ``f`` says to the phases' lower (died there) and upper (got through) bounds."""
+        cand = Candidate(f.mfs, f.max_bs, self.target)
+        kv = self.kv(cand)
+        cap = f.free_cap
+        if cap is None:
+            pred = self.free_after_capture(cand)
+            cap = pred[0] if pred is not None else None
+        _, bs = self.resolve(cand)
+        eager = bs is not None and self.target > bs
+        died = self._phase_of(f)
+        if died == "kv_pool":
+            if kv is not None:
+                lower["kv_pool"].append((kv, f.number))
+            return
+        if kv is not None and f.phase != "load_weights" and (f.outcome == "ok" or f.free_pool is not None):
+            upper["kv_pool"].append((kv, f.number))
+        if cap is None:
+            return
+        if died == "cuda_graph":
+            lower["cuda_graph"].append((cap, f.number))
+            return
+        if f.free_cap is not None:  # capture finished
+            upper["cuda_graph"].append((cap, f.number))
+        if died in ("serve", "eager"):
+            held = (cap - f.free_at_oom + f.tried) if f.free_at_oom is not None and f.tried is not None else cap
+            lower[died].append((max(cap, held), f.number))
+        elif f.target_served:
+            upper["serve"].append((cap, f.number))
+            if eager:
+                upper["eager"].append((cap, f.number))
+
+    # ---- prediction -----------------------------------------------------------------------------
+
+    def predict(self, cand: Candidate) -> Prediction | None:
+        """The margin of ``cand`` in GiB with its sd, or None while no launch has given the figures."""
+        kv = self.kv(cand)
+        cap = self.free_after_capture(cand)
+        if kv is None and cap is None:
+            return None
+        bounds = self.bounds()
+        _, bs = self.resolve(cand)
+        pre = self._pre()
+        rests: set[int] = set(pre[1]) if pre is not None else set()
+        options: list[tuple[float, float, str, bool]] = []  # margin, sd, phase, certain death
+        if kv is not None:
+            b = bounds["kv_pool"]
+            need, sd = b.estimate(PRIOR_NEED["kv_pool"])
+            options.append((kv - need, math.hypot(sd, 0.05), "kv_pool",
+                            b.lower is not None and kv + Z * 0.05 < b.lower))
+            rests.update(b.lower_from)
+        if cap is not None:
+            phases = ["cuda_graph", "serve"] + (["eager"] if bs is not None and self.target > bs else [])
+            for p in phases:
+                b = bounds[p]
+                need, sd = b.estimate(PRIOR_NEED[p])
+                certain = b.lower is not None and cap[0] + Z * cap[1] < b.lower
+                options.append((cap[0] - need, math.hypot(sd, cap[1]), p, certain))
+                rests.update(b.lower_from)
+            rests.update(n for _, _, n in self._graph_points())
+        # A death that is certain under the proven bounds, or a margin below zero with confidence.
+        options = [(m, d, p, c or m + Z * d < 0) for m, d, p, c in options]
+        mfs, _ = self.resolve(cand)
+        for f in self.facts:  # the same configuration died of OOM: memory does not vary between runs
+            if (f.outcome == "oom" and f.mfs is not None and mfs is not None and abs(f.mfs - mfs) < 1e-6
+                    and f.graph_bs == bs and self._phase_of(f) is not None):
+                died = self._phase_of(f) or "oom"
+                options.append((self.measured_margin(f), 0.02, died, True))
+                rests.add(f.number)
+        margin, sd, phase, _ = min(options, key=lambda o: o[0])
+        certain = any(o[3] for o in options)
+        if certain:
+            margin, sd, phase, _ = min((o for o in options if o[3]), key=lambda o: o[0])
+        return Prediction(margin_gib=margin, sd_gib=sd, kv_gib=kv,
+                          free_after_capture_gib=cap[0] if cap else None, tightest=phase,
+                          certain_death=certain, rests_on=tuple(sorted(rests)))
+
+    def measured_margin(self, f: LaunchFacts) -> float:
+        """The margin a launch showed: an OOM's deficit (negative), else what it had free after capture
+        less the needs the model knows (never below zero: it survived)."""
+        if f.outcome == "oom":
+            if f.tried is not None and f.free_at_oom is not None:
+                return min(f.free_at_oom - f.tried, -0.01)
+            return -0.01
+        pred = self.predict(Candidate(f.mfs, f.max_bs, self.target))
+        if pred is None:
+            return f.free_cap if f.free_cap is not None else 0.0
+        return max(pred.margin_gib, 0.0)
+
+
+# ---- vLLM ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VllmFacts:
+    """One vLLM launch: its ``--gpu-memory-utilization`` and ``--max-model-len``, the card, and what the
+    KV check said (``available`` KV memory; ``requested`` for one max-length request) when it refused."""
+
+    number: int
+    utilization: float
+    max_model_len: int
+    total_gib: float
+    available_kv_gib: float | None
+    requested_kv_gib: float | None
+    refused: bool
+
+
+@dataclass
+class VllmMemoryModel:
+    """``available(u) = u * total - non_kv``; ``needed(len) = len * bytes_per_token``; the margin is
+    their difference. ``non_kv`` and the bytes per token come from any launch's KV figures."""
+
+    facts: Sequence[VllmFacts]
+
+    def non_kv_gib(self) -> float | None:
+        seen = [f.utilization * f.total_gib - f.available_kv_gib for f in self.facts if f.available_kv_gib is not None]
+        return statistics.fmean(seen) if seen else None
+
+    def gib_per_token(self) -> float | None:
+        seen = [f.requested_kv_gib / f.max_model_len for f in self.facts if f.requested_kv_gib is not None]
+        return statistics.fmean(seen) if seen else None
+
+    def predict(self, utilization: float, max_model_len: int) -> float | None:
+        """Margin in GiB of the KV check (negative: vLLM refuses to start), or None without figures."""
+        non_kv, per_token = self.non_kv_gib(), self.gib_per_token()
+        total = next((f.total_gib for f in self.facts), None)
+        if non_kv is None or per_token is None or total is None:
+            return None
+        return utilization * total - non_kv - per_token * max_model_len
