@@ -203,7 +203,10 @@ def summary_table(records: list[TrialFacts], metric: str) -> Table:
         knobs += [k for k in rec.params if k not in knobs]
     simulated = any(r.simulated for r in records)
     table = Table(title="servetune trials" + (" (simulated host: every figure is simulated)" if simulated else ""))
-    for col in ("#", "state", "outcome", metric, *(_short(k) for k in knobs), "free after capture"):
+    # The trial's number, state and value never break; knob values and reasons wrap at their spaces.
+    for col in ("#", "state"):
+        table.add_column(col, no_wrap=True)
+    for col in ("outcome", metric, *(_short(k) for k in knobs), "free after capture"):
         table.add_column(col, overflow="fold")
     for rec in records:
         free = rec.free_after_capture_gib
