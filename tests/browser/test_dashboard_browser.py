@@ -70,8 +70,9 @@ def study_id(board: Dashboard, name: str) -> int:
 def test_demo_study_and_where_its_figures_went(demo: DemoStudy, study: optuna.Study, board: Dashboard) -> None:
     trials = study.get_trials(deepcopy=False)
     assert len(trials) == 5 and trials[0].state == TrialState.PRUNED and trials[1].state == TrialState.COMPLETE
-    # The trial that died at C=64 reported intermediate values for the levels it finished only.
-    assert sorted(trials[0].intermediate_values) == [1, 16]
+    # The trial that died at C=64 reports intermediate values for the levels it finished only: the sweep runs
+    # the target level first (fail fast), so it finished none and shows no 0 where it died.
+    assert sorted(trials[0].intermediate_values) == []
     assert "(simulated)" in demo.run_output
     detail = board.get(f"/api/studies/{study_id(board, demo.name)}?after=0")
     assert sorted(g["id"] for g in detail["plotly_graph_objects"]) == sorted(FIGURE_IDS)
@@ -84,7 +85,7 @@ def test_demo_study_and_where_its_figures_went(demo: DemoStudy, study: optuna.St
     files = sorted(f.path for d in ("figures", "report") for f in client.list_artifacts(parent.info.run_id, d))
     assert files == sorted([f"figures/{g}.html" for g in FIGURE_IDS] + ["report/report.html"])
     died = client.search_runs([experiment.experiment_id], "tags.`servetune.trial` = '0'")[0].data.metrics
-    assert died["c16.output_throughput"] > 0 and died["c64.completed"] == 0
+    assert died["c64.completed"] == 0  # the level it died in: what failed, no throughput
     assert "c64.output_throughput" not in died and "output_throughput" not in died
 
 

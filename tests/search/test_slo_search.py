@@ -38,7 +38,7 @@ def test_the_shipped_slo_space_finds_a_rate_per_trial(tmp_path: Path) -> None:
     study.enqueue_trial({"mem_fraction_static": 0.63, "cuda_graph_max_bs": 64})
     host = local_host(space, runs_root=str(tmp_path / "runs"), sim_dir=tmp_path / "sim")
     options = RunOptions(study_name="slo", storage_url=url, artifacts_dir=tmp_path / "artifacts", n_trials=1,
-                         timeout=None, seed=1, smi_interval=0.2)
+                         timeout=None, seed=1, smi_interval=0.2, confirm_k=0)
     summary = run_search(space, [host], options)
     (rec,) = records(summary.study)
     assert rec.state == TrialState.COMPLETE, rec.reason
