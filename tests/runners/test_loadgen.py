@@ -34,6 +34,7 @@ class FakeServer(ThreadingHTTPServer):
         self.sim_speed: float | None = None
         self.fail_every: int = 0
         self.bodies: list[tuple[str, dict[str, Any]]] = []
+        self.arrivals: list[float] = []
         self.in_flight = 0
         self.max_in_flight = 0
         self.lock = threading.Lock()
@@ -75,6 +76,7 @@ class Handler(BaseHTTPRequestHandler):
         srv = self.server
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with srv.lock:
+            srv.arrivals.append(time.perf_counter())
             srv.bodies.append((self.path, body))
             count = len(srv.bodies)
             srv.in_flight += 1

@@ -6,9 +6,6 @@ import itertools
 import json
 import random
 import statistics
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,37 +127,10 @@ def test_dataset_and_prefix_exclude_each_other(capsys: pytest.CaptureFixture[str
 # ---- open loop against a real HTTP server ---------------------------------------------------------
 
 
-class StampServer(FakeServer):
-    def __init__(self) -> None:
-        super().__init__()
-        self.arrivals: list[float] = []
-
-
-@pytest.fixture
-def stamp_server() -> Iterator[StampServer]:
-    srv = StampServer()
-    original = srv.RequestHandlerClass.do_POST
-
-    def do_post(handler: Any) -> None:
-        with srv.lock:
-            srv.arrivals.append(time.perf_counter())
-        original(handler)
-
-    srv.RequestHandlerClass = type("Stamp", (srv.RequestHandlerClass,), {"do_POST": do_post})
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        thread.join(timeout=5)
-
-
 @pytest.mark.parametrize("api", ["sglang", "openai"])
-def test_open_loop_sends_at_the_rate_and_records_the_workload(api: str, stamp_server: StampServer,
+def test_open_loop_sends_at_the_rate_and_records_the_workload(api: str, server: FakeServer,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    args = common(stamp_server.url, api, **{"--levels": "64", "--requests": "120", "--warmup": "0",
+    args = common(server.url, api, **{"--levels": "64", "--requests": "120", "--warmup": "0",
                                             "--output-len": "3", "--seed": "9"})
     code, records = run_main([*args, "--request-rate", "40"], capsys)
     assert code == 0
@@ -169,27 +139,27 @@ def test_open_loop_sends_at_the_rate_and_records_the_workload(api: str, stamp_se
     assert rec["dataset_name"] == "random" and list(rec) == list(loadgen.RECORD_KEYS)
     # The requests left on the seeded schedule (120 arrivals at 40/s: ~3 s), not all at once.
     expected = loadgen.arrival_offsets(random.Random(9), 120, 40.0)
-    seen = sorted(stamp_server.arrivals)
+    seen = sorted(server.arrivals)
     span = seen[-1] - seen[0]
     assert span == pytest.approx(expected[-1], rel=0.15)
 
 
-def test_open_loop_respects_the_concurrency_cap(stamp_server: StampServer,
+def test_open_loop_respects_the_concurrency_cap(server: FakeServer,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    stamp_server.gap = 0.05
-    args = common(stamp_server.url, "sglang", **{"--levels": "2", "--requests": "12", "--warmup": "0",
+    server.gap = 0.05
+    args = common(server.url, "sglang", **{"--levels": "2", "--requests": "12", "--warmup": "0",
                                                  "--output-len": "4"})
     code, records = run_main([*args, "--request-rate", "1000"], capsys)
     assert code == 0 and records[0]["completed"] == 12
-    assert stamp_server.max_in_flight == 2
+    assert server.max_in_flight == 2
 
 
-def test_sharegpt_end_to_end_sends_the_dataset_lengths(stamp_server: StampServer,
+def test_sharegpt_end_to_end_sends_the_dataset_lengths(server: FakeServer,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    args = common(stamp_server.url, "sglang", **{"--levels": "4", "--requests": "10", "--warmup": "0"})
+    args = common(server.url, "sglang", **{"--levels": "4", "--requests": "10", "--warmup": "0"})
     code, records = run_main([*args, "--dataset", str(SHAREGPT)], capsys)
     assert code == 0 and records[0]["dataset_name"] == "sharegpt"
-    asked = sorted(body["sampling_params"]["max_new_tokens"] for _, body in stamp_server.bodies)
+    asked = sorted(body["sampling_params"]["max_new_tokens"] for _, body in server.bodies)
     pairs = loadgen.load_sharegpt(str(SHAREGPT))
     assert set(asked) <= {len(r.split()) for _, r in pairs}
     assert records[0]["total_output_tokens"] == sum(asked)

@@ -35,9 +35,10 @@ def predict(
     out: int = 128,
     env: dict[str, str] | None = None,
     version: str = "0.5.10",
+    trust_remote_code: bool = True,
     **wl: Any,
 ) -> Outcome:
-    argv = ["--model-path", "m", "--trust-remote-code", *flags]
+    argv = ["--model-path", "m", *(["--trust-remote-code"] if trust_remote_code else []), *flags]
     workload = Workload(input_len=inp, output_len=out, concurrency=conc, **wl)
     return predict_from_argv(prof(name), argv, env or {}, workload, version=version)
 

@@ -16,9 +16,11 @@ import pytest
 from runners.simhost import texts
 from runners.simhost.engine import BatchEngine, SimRequest
 from runners.simhost.launch import SimLaunch
-from runners.simhost.model import Outcome, Workload, evaluate, plan_startup, predict_from_argv
+from runners.simhost.model import Outcome, Workload, evaluate, plan_startup
 from runners.simhost.nccl import allreduce_us
-from runners.simhost.profile import SimProfile, load_profile, shipped_profile
+from runners.simhost.profile import shipped_profile
+from tests.simhost.test_model import predict as model_predict
+from tests.simhost.test_model import prof
 
 NVFP4 = "dsv4-flash-nvfp4-tp4-rtxpro6000"
 KIMI = "kimi-k25-tp8-rtxpro6000"
@@ -28,23 +30,9 @@ QWEN = "qwen3-32b-b200"
 NEW_PROFILES = (LLAMA, DSV3, QWEN)
 
 
-def prof(name: str) -> SimProfile:
-    return load_profile(shipped_profile(name))
-
-
-def predict(
-    name: str,
-    *flags: str,
-    conc: tuple[int, ...] = (1,),
-    inp: int = 256,
-    out: int = 128,
-    env: dict[str, str] | None = None,
-    version: str = "0.5.10",
-    **wl: Any,
-) -> Outcome:
-    argv = ["--model-path", "m", *flags]
-    workload = Workload(input_len=inp, output_len=out, concurrency=conc, **wl)
-    return predict_from_argv(prof(name), argv, env or {}, workload, version=version)
+def predict(name: str, *flags: str, **kwargs: Any) -> Outcome:
+    """The pure model's outcome for ``flags`` on a shipped profile (no ``--trust-remote-code``)."""
+    return model_predict(name, *flags, trust_remote_code=False, **kwargs)
 
 
 # -- engine knowledge in the simulated host (§1) ---------------------------------------------------------------
