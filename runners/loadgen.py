@@ -629,15 +629,24 @@ def _time_scale(text: str) -> str:
 
 
 def _positive(kind: type) -> Any:
+    return _number(kind, "a number > 0", lambda v: v > 0)
+
+
+def _number(kind: type, allowed: str, ok: Callable[[Any], bool]) -> Any:
+    """An argparse type: ``kind(text)`` when ``ok`` says so, else one error naming what is ``allowed``."""
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}")
         return value
     return parse
+
+
+_ratio = _number(float, "a number in [0, 1]", lambda v: 0.0 <= v <= 1.0)
+_non_negative = _number(int, "an integer >= 0", lambda v: v >= 0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -668,26 +677,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--burstiness", type=_positive(float), default=1.0,
                    help="gamma shape of the arrival gaps (1 = Poisson; lower = burstier)")
     return p
-
-
-def _ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
