@@ -70,7 +70,7 @@ def _search(space: Space, host: Host, wd: Path, name: str, trials: list[dict[str
     for params in trials:
         study.enqueue_trial(params)
     options = RunOptions(study_name=name, storage_url=url, artifacts_dir=wd / "artifacts",
-                         n_trials=len(trials), timeout=None, seed=0, smi_interval=0.0)
+                         n_trials=len(trials), timeout=None, seed=0, smi_interval=0.0, confirm_k=0)
     return list(run_search(space, [host], options).study.trials)
 
 
@@ -143,7 +143,7 @@ def _trial_line(t: Any) -> str:
                 f"{facts.memory.get('cgroup_oom_kill')}")
     levels = "; ".join(
         f"C={lv.max_concurrency}: {lv.output_throughput:.0f} tok/s, median TTFT {lv.median_ttft_ms:.1f} ms, "
-        f"mean TPOT {lv.mean_tpot_ms:.2f} ms" for lv in facts.levels)
+        f"mean TPOT {lv.mean_tpot_ms:.2f} ms" for lv in sorted(facts.levels, key=lambda lv: lv.max_concurrency))
     return (f"{head}; spawn to /health {facts.startup_s} s, stop {facts.stop_method} "
             f"{facts.stop_s} s; {levels}")
 
