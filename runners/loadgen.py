@@ -267,11 +267,11 @@ def _read_chunk(api: str, chunk: dict[str, Any],
         completion = c if isinstance(c, int) else None
         prompt_tokens = p if isinstance(p, int) else None
     choices = chunk.get("choices")
-    text = ""
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        text = choices[0].get("text") or ""
-    # OpenAI chunks do not say how many tokens they carry (vLLM may coalesce); the usage chunk does.
-    return (1 if text else 0), False, completion, prompt_tokens
+    # OpenAI chunks do not say how many tokens they carry (vLLM may coalesce); the usage chunk does. A chunk
+    # with a choice counts as an arrival even when its text is empty, as vLLM's bench counts it: tokens that
+    # decode to part of a character arrive with no text, and a reply made only of them is still a reply.
+    has_choice = isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict)
+    return (1 if has_choice else 0), False, completion, prompt_tokens
 
 
 # ---- statistics ------------------------------------------------------------------------------------

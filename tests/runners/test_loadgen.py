@@ -33,6 +33,8 @@ class FakeServer(ThreadingHTTPServer):
         self.cut_after: int | None = None
         self.sim_speed: float | None = None
         self.fail_every: int = 0
+        self.piece = "ab"
+        """The text of one token in an OpenAI chunk ("" for tokens that decode to part of a character)."""
         self.bodies: list[tuple[str, dict[str, Any]]] = []
         self.arrivals: list[float] = []
         self.in_flight = 0
@@ -127,7 +129,7 @@ class Handler(BaseHTTPRequestHandler):
             done += step
             if self.server.cut_after is not None and done > self.server.cut_after:
                 return  # aborted: vLLM still sends [DONE], but no finish reason
-            choice = {"index": 0, "text": "ab" * step, "finish_reason": "length" if done >= n else None}
+            choice = {"index": 0, "text": self.server.piece * step, "finish_reason": "length" if done >= n else None}
             self._chunk({"choices": [choice], "usage": None})
         usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n}
         self._chunk({"choices": [], "usage": usage})
@@ -361,3 +363,14 @@ def test_a_stream_cut_short_is_a_failed_request(server: FakeServer, api: str,
     assert code == 3
     assert records[0]["completed"] == 0 and records[0]["failed"] == 2
     assert "without a finish reason" in records[0]["errors"][0]
+
+
+def test_a_reply_whose_tokens_have_no_text_yet_is_still_a_reply(server: FakeServer,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # A tiny model's greedy reply can be tokens that each decode to part of a character: vLLM streams its
+    # chunks with empty text, and only `usage` says how many tokens came (as vLLM's own bench counts them).
+    server.piece = ""
+    code, records = run_main(common(server.url, "openai", **{"--levels": "2", "--requests": "4"}), capsys)
+    assert code == 0
+    (rec,) = records
+    assert rec["completed"] == 4 and rec["failed"] == 0 and rec["total_output_tokens"] == 4 * 5
