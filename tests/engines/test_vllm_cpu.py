@@ -188,8 +188,10 @@ def test_stop_during_startup_ends_the_whole_tree(vllm_space: Space, ssh_host: Ho
     finally:
         stop = session.stop()
     assert stop is not None
-    # vLLM's API server ignored the first SIGTERM: the one re-sent at half the grace ended it.
-    assert stop.method == "term" and stop.resent_term, stop
+    # SIGTERM ended it, never SIGKILL. Whether vLLM's API server ignores the first SIGTERM depends on how far
+    # its start-up got (both were seen on this machine); when it does, the one re-sent at half the grace ends
+    # it. The host contract suite tests the re-send with a server that always ignores the first TERM.
+    assert stop.method == "term", stop
     _assert_all_gone(ssh_host, session, pids, scratch, temp_before)
 
 
