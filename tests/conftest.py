@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.postgres import PostgresCluster, start_postgres
 from tests.fixtures.sshd import SshServer, make_key, start_sshd, write_known_hosts
 
 
@@ -63,3 +64,13 @@ def sshd_factory(tmp_path: Path, ssh_client_key: Path) -> Iterator[Callable[[str
 def known_hosts(tmp_path: Path, sshd: SshServer) -> Path:
     """A known_hosts file with the key of ``sshd`` (add others with ``write_known_hosts``)."""
     return write_known_hosts(tmp_path / "known_hosts", sshd)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresCluster]:
+    """A throwaway PostgreSQL cluster in a temp dir for the whole session; tests keep to their own study names."""
+    cluster = start_postgres()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,7 +33,7 @@ from search.tracking import MlflowTracker
 from spaces.schema import load_space
 from tests.fixtures.mlflow_server import MlflowServer
 from tests.fixtures.ports import free_port
-from tests.fixtures.postgres import PostgresCluster, start_postgres
+from tests.fixtures.postgres import PostgresCluster
 from tests.fixtures.sshd import SshServer, write_known_hosts
 from tests.search.overnight_kit import (
     cli,
@@ -47,15 +47,6 @@ from tests.search.overnight_kit import (
 )
 
 STUDY = "fleet"
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresCluster]:
-    cluster = start_postgres()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.mark.slow

@@ -22,7 +22,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from search.records import TrialFacts
 from search.run import RunOptions, run_search
 from spaces.schema import load_space
 from tests.fixtures.mlflow_server import group_alive
-from tests.fixtures.postgres import PostgresCluster, start_postgres
+from tests.fixtures.postgres import PostgresCluster
 from tests.fixtures.sshd import SshServer, start_sshd, write_known_hosts
 from tests.search.overnight_kit import (
     SEED003,
@@ -103,15 +102,6 @@ def test_two_controllers_with_their_own_studies_take_turns_on_one_host(tmp_path:
         assert a == b or end <= start, "trials of the two controllers never ran at once on the host"
     assert live_servers(tmp_path / "runs") == []
     assert not list((tmp_path / "runs" / ".servetune" / "leases").glob("*.json")), "leases are removed"
-
-
-@pytest.fixture
-def postgres() -> Iterator[PostgresCluster]:
-    cluster = start_postgres()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.mark.slow
