@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from runners.errors import (
+    ConfigError,
     EngineMissing,
     HostBusy,
     HostMisconfigured,
@@ -44,9 +45,11 @@ from runners.errors import (
     RunnerError,
 )
 from runners.smi import APPS_QUERY, GPU_QUERY, ComputeApp, GpuStatus, parse_apps, parse_gpus
-from runners.transport import CommandResult, LineStream, Transport
+from runners.transport import CommandResult, LineStream, LocalTransport, Transport
 
 RUN_ID_VAR = "SERVETUNE_RUN_ID"
+#: ``Host.server_port`` for "a free loopback port for each launch" (this machine only).
+ANY_FREE_PORT = 0
 _SPLIT = "--servetune-apps--"
 
 # Records the group id, runs the launch script with every stream redirected, records its exit code.
@@ -325,7 +328,9 @@ class Host:
 
     ``env`` is exported before every command (e.g. PATH for a simulated host's nvidia-smi).
     ``busy_mib`` is how much used memory per GPU, with no compute process of ours, still counts as free.
-    ``server_port``, when set, is the port servers bind on this host instead of the space's ``port``.
+    ``server_port``, when set, is the port servers bind on this host instead of the space's ``port``;
+    :data:`ANY_FREE_PORT` (0) on this machine: a free loopback port chosen for each launch, so controllers,
+    demos and test runs from different folders never fight over one port.
     """
 
     def __init__(
@@ -347,6 +352,17 @@ class Host:
         self.python = python  # the engine's python on this host, instead of the space's engine.python
         #: The controller this host's servers belong to; :func:`search.run.run_search` sets a fresh one.
         self.controller_id = default_controller_id()
+
+    def launch_port(self) -> int | None:
+        """The port the next server binds: None (the space's), the inventory's, or a free one just picked
+        (``server_port`` 0, this machine only; a port taken between the pick and the bind is ``port_in_use``)."""
+        if self.server_port != ANY_FREE_PORT:
+            return self.server_port
+        if not isinstance(self.transport, LocalTransport):
+            raise ConfigError(f"{self.name}: server_port 0 (any free port) works only on this machine")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
 
     # ---- commands -------------------------------------------------------------------------------
 

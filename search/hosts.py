@@ -16,7 +16,7 @@ from pathlib import Path
 
 from runners.engines import Engine, get_engine
 from runners.errors import ConfigError
-from runners.host import Host, HostInfo
+from runners.host import ANY_FREE_PORT, Host, HostInfo
 from runners.transport import LocalTransport
 from spaces.launch import engine_options
 from spaces.schema import Space
@@ -41,7 +41,12 @@ def sim_env(space: Space, sim_dir: Path) -> dict[str, str]:
 
 def local_host(space: Space, *, runs_root: str, sim_dir: Path, name: str = "local",
                server_port: int | None = None, python: str | None = None) -> Host:
-    env = sim_env(space, sim_dir) if space.engine.kind == "sim" else {}
+    """This machine as a host. The built-in simulated host binds a free loopback port for each launch unless
+    ``server_port`` says otherwise: demos and test runs from other folders may be serving on the space's port."""
+    sim = space.engine.kind == "sim"
+    env = sim_env(space, sim_dir) if sim else {}
+    if server_port is None and sim:
+        server_port = ANY_FREE_PORT
     return Host(LocalTransport(name), runs_root=runs_root, env=env, server_port=server_port, python=python)
 
 

@@ -219,7 +219,7 @@ class Objective:
         env = self.env
         space = env.space
         # What the host's inventory entry overrides: the port the server binds, the engine's python.
-        host_overrides = {"port": slot.host.server_port, "python": slot.host.python}
+        host_overrides = {"port": slot.host.launch_port(), "python": slot.host.python}
         launch = launch.model_copy(update={k: v for k, v in host_overrides.items() if v is not None})
         facts.launch_config = launch.model_dump(mode="json")
         self._emit(trial, "host", slot.name)
