@@ -36,11 +36,12 @@ __all__ = ["Evaluator", "SimEvaluator", "level_order"]
 
 class Evaluator(Protocol):
     """Measure one launch of ``launch`` for ``trial``, filling ``facts`` (the trial's record, which the
-    objective writes once when the trial ends): return the objective, or record the death in ``facts`` and
-    raise :class:`optuna.TrialPruned` (config-caused) / :class:`search.objective.TrialFailed` (infrastructure)."""
+    objective writes once when the trial ends): return the objective (a ``pareto`` study's values, one per
+    metric), or record the death in ``facts`` and raise :class:`optuna.TrialPruned` (config-caused) /
+    :class:`search.objective.TrialFailed` (infrastructure)."""
 
     def evaluate(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot | None,
-                 facts: TrialFacts) -> float: ...
+                 facts: TrialFacts) -> float | list[float]: ...
 
 
 def level_order(levels: Sequence[int], target: int) -> tuple[int, ...]:
