@@ -209,9 +209,9 @@ def _print_front(console: Console, summary: RunSummary, recs: list[TrialFacts], 
     sim = " (simulated)" if knee.simulated else ""
     console.print(f"[green]front[/]: {len(points)} configuration(s) ({goal.describe()}): trials "
                   f"{', '.join(str(p.number) for p in points)}", soft_wrap=True)
-    console.print(f"[green]knee[/]: trial {knee.number}, {figures}{sim}  {escape('[' + params + ']')} (export "
-                  f"picks it; --pick \"CONDITION\" picks another: servetune export --study "
-                  f"{summary.study.study_name} --pick knee)", soft_wrap=True)
+    console.print(f"[green]knee[/]: trial {knee.number}, {figures}{sim}  {escape('[' + params + ']')} "
+                  f"(`servetune export --study {summary.study.study_name}` exports it; `--pick "
+                  f"\"{goal.metrics[-1]}<=X\"` picks by a limit instead)", soft_wrap=True)
 
 
 def _print_best(console: Console, summary: RunSummary, recs: list[TrialFacts], space: Space) -> None:

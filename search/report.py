@@ -28,7 +28,7 @@ import optuna
 from optuna.trial import TrialState
 from pydantic import BaseModel
 
-from search.confirm import origin
+from search.confirm import launches_of, origin
 from search.front import Goal, front, pick_record
 from search.records import LevelResult, TrialFacts, best_record, records, value_text
 
@@ -163,6 +163,10 @@ def _verdict_section(study: optuna.Study, recs: Sequence[TrialFacts]) -> list[st
                    f"{knobs or 'no searched knob'}.")
     same = [r.number for r in recs if r.duplicate_of == best.number]
     confirmed = f"one benchmark sweep on host `{best.host}`" if best.host else "one benchmark sweep"
+    runs = launches_of(recs, best.number)
+    if goal.pareto and len(runs) > 1:
+        confirmed = (f"{len(runs)} launches (trials {', '.join(f'#{r.number}' for r in runs)}); the figures are "
+                     "their medians")
     if best.simulated:
         confirmed += " of the simulated GPU host (not real hardware: confirm on a GPU before serving)"
     if same:
