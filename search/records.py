@@ -351,14 +351,14 @@ class TrialFacts(BaseModel):
         return None
 
     def summary(self) -> dict[str, Any]:
-        """A JSON-friendly row for ``servetune trials --json``."""
-        return {
+        """A JSON-friendly row for ``servetune trials --json`` (with ``values`` after ``value`` for a trial of a
+        multi-objective study only, so the rows of other studies read as they always have)."""
+        row = {
             "number": self.number,
             "state": self.state.name,
             "outcome": self.label,
             "phase": self.phase.value if self.phase else None,
             "value": self.value,
-            "values": self.values,
             "feasible": self.feasible,
             "params": self.params,
             "host": self.host,
@@ -371,6 +371,14 @@ class TrialFacts(BaseModel):
             "simulated": self.simulated,
             "duration_s": self.duration_s,
         }
+        if self.values is None:
+            return row
+        out: dict[str, Any] = {}
+        for key, value in row.items():
+            out[key] = value
+            if key == "value":
+                out["values"] = self.values
+        return out
 
 
 # ---- writing -------------------------------------------------------------------------------------

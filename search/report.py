@@ -132,14 +132,14 @@ def study_best(study: optuna.Study, recs: Sequence[TrialFacts]) -> TrialFacts | 
     return pick_record(recs, goal) if goal.pareto else best_record(recs, study.direction)
 
 
-def _figures_text(rec: TrialFacts, goal: Goal) -> str:
+def _figures_text(rec: TrialFacts, goal: Goal, *, units: bool = True) -> str:
     """```metric` = value unit`` for the study's objective(s)."""
     pairs: list[tuple[str, float | None]]
     if goal.pareto and rec.values:
         pairs = list(zip(goal.metrics, rec.values, strict=False))
     else:
         pairs = [(rec.objective_metric or "objective", rec.value)]
-    return ", ".join(f"`{m}` = {_fmt(v)}" + (f" {_unit(m)}" if _unit(m) else "") for m, v in pairs)
+    return ", ".join(f"`{m}` = {_fmt(v)}" + (f" {_unit(m)}" if units and _unit(m) else "") for m, v in pairs)
 
 
 def _verdict_section(study: optuna.Study, recs: Sequence[TrialFacts]) -> list[str]:
@@ -412,7 +412,7 @@ def _best_section(study: optuna.Study, recs: Sequence[TrialFacts]) -> list[str]:
         f"{best.engine} {best.engine_version}" if best.engine else "",
         "simulated" if best.simulated else "",
     ) if x)
-    out += [f"Trial {best.number}: {_figures_text(best, goal)}{at} ({where}).", ""]
+    out += [f"Trial {best.number}: {_figures_text(best, goal, units=goal.pareto)}{at} ({where}).", ""]
     out += [_headroom_line(best.free_after_capture_gib, THIN_HEADROOM_GIB), ""]
     if best.params:
         out += ["| knob | value |", "|---|---|"]
