@@ -547,7 +547,7 @@ def pareto_front(recs: Sequence[TrialFacts], goal: Goal) -> go.Figure:
     for name, group, style in (
             (f"other configurations ({len(rest)})", rest, {"mode": "markers", "marker": {"color": "#9aa5b1",
                                                                                         "size": 9}}),
-            (f"front ({len(line)})", line, {"mode": "lines+markers", "line": {"color": "#2ca02c", "shape": "hv"},
+            (f"front ({len(line)})", line, {"mode": "lines+markers", "line": {"color": "#2ca02c"},
                                             "marker": {"color": "#2ca02c", "size": 12}})):
         fig.add_trace(go.Scatter(
             x=[p.values[0] for p in group], y=[p.values[1] for p in group], name=name,
