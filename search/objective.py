@@ -1,9 +1,9 @@
 """The Optuna objective: sample, launch, wait, sweep, record, stop — and map the outcome to a trial state.
 
 * success returns the objective (the metric at the target concurrency level; a ``pareto`` trial: its
-  metrics there, one value each); each level's throughput is
-  also reported as an intermediate value (step = concurrency), for the levels that finished only (a trial
-  that died at a level reports nothing there, never a 0);
+  metrics there, one value each); each level's throughput is also reported as an intermediate value (step =
+  concurrency), for the levels that finished only (a trial that died at a level reports nothing there, never
+  a 0), but in a ``pareto`` study, where Optuna keeps none;
 * a config-caused death (OOM anywhere, an illegal NCCL combination, a flag the engine rejects, a crash)
   records its telemetry and raises :class:`optuna.TrialPruned` -> PRUNED;
 * infrastructure trouble (host unreachable, timeouts, a GPU busy with a foreign process, interruption)
