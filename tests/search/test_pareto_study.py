@@ -1,6 +1,7 @@
 """A stored ``pareto`` study (two values per trial) read by everything that reads a study: the report and its
 front figure, ``status``, ``export --pick``, ``trials``, the dashboard notes, MLflow's metrics and the live
-progress lines. The trials are built as the objective records them (tests/fixtures/trials.py)."""
+progress lines (the trials built as the objective records them, tests/fixtures/trials.py); and the memory-aware
+search running a pareto study on the simulated host's pure model."""
 
 from __future__ import annotations
 
@@ -13,16 +14,21 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from runners.errors import ConfigError, StudyError
+from search.evaluate import SimEvaluator
 from search.export import export_script
 from search.figures import FIGURE_IDS, PARETO_FIGURE_ID, study_figures
 from search.notes import note_markdown
+from search.objective import Objective, TrialEnv
 from search.progress import _line, summary_table
 from search.records import FACTS_ATTR, TrialFacts, records
 from search.report import report_html, report_markdown, study_status
 from search.study import create_or_load, open_storage
 from search.tracking import _metrics
+from spaces.schema import Objective as SpaceObjective
+from spaces.schema import load_space
 from tests.fixtures.trials import DISTRIBUTIONS, level, make_trial, standard_trials
 
+ROOT = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 11, 29, 7, 30, tzinfo=UTC)
 METRICS = ["output_throughput", "p99_tpot_ms"]
 
@@ -157,3 +163,36 @@ def test_resuming_a_study_under_another_objective_is_one_line(study: optuna.Stud
         create_or_load(storage, "s", directions=["maximize", "minimize"], metric_names=METRICS)
     assert str(err.value) == ("study 's' exists with 1 objective(s) (maximize: output_throughput); this space's "
                               "objective has 2 (maximize, minimize): run it under another --study name")
+
+
+def test_the_memory_aware_search_skips_certain_deaths_in_a_pareto_study() -> None:
+    """The objective's memory model, skips and margin constraint, with two values per trial (the simulated
+    host's pure model through the product's objective, as tests/search/test_memory.py runs it)."""
+    base = load_space(ROOT / "spaces" / "demo-sim.yaml")
+    objective = SpaceObjective.model_validate({"kind": "pareto", "level": base.target_level, "metrics": [
+        {"name": "output_throughput"}, {"name": "mean_tpot_ms"}]})  # the pure model has no p99 TPOT
+    space = base.model_copy(update={"objective": objective})
+    evaluator = SimEvaluator(space, seed=1)
+    run = Objective(TrialEnv(space=space, study_name="t", artifacts_dir=Path("/nonexistent")), evaluator)
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    nccl = {"nccl.NCCL_PROTO": "unset", "nccl.NCCL_ALGO": "unset"}
+
+    def launch(mfs: float, bs: int) -> TrialFacts:
+        study.enqueue_trial({"mem_fraction_static": mfs, "cuda_graph_max_bs": bs, **nccl},
+                            user_attrs={"design": True})  # a proposal of the search's own: may be skipped
+        trial = study.ask()
+        try:
+            study.tell(trial, run.run(trial, None))
+        except optuna.TrialPruned:
+            study.tell(trial, state=TrialState.PRUNED)
+        return TrialFacts.from_trial(study.trials[-1])
+
+    for rec in (launch(0.55, 80), launch(0.60, 16)):
+        row = next(lv for lv in rec.levels if lv.max_concurrency == space.target_level)
+        assert rec.state == TrialState.COMPLETE and rec.values == [row.output_throughput, row.mean_tpot_ms]
+        assert rec.measured_margin_gib is not None and rec.feasible  # the margin is a constraint, as ever
+    dead = launch(0.86, 64)
+    assert dead.state == TrialState.PRUNED and dead.outcome == "oom" and dead.values is None
+    skipped = launch(0.88, 80)  # less free memory than the one that died in graph capture: not launched
+    assert skipped.predicted_oom and skipped.state == TrialState.PRUNED and not skipped.feasible
+    assert [n for n, _seconds, _died in evaluator.launches] == [0, 1, 2]
