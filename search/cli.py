@@ -146,6 +146,10 @@ def validate(space_file: Annotated[Path, typer.Argument(help="Space file (YAML).
     space = load_space(space_file)
     console.print(f"{space_file}: ok — study {space.name}, engine {space.engine.kind}, "
                   f"target C={space.target_level}")
+    objective = space.objective
+    if objective.kind == "pareto":
+        goal = ", ".join(f"{s} {m}" for m, s in zip(objective.metric_names, objective.directions, strict=True))
+        console.print(f"  objective: pareto front of {goal}", markup=False)
     for name, dist in distributions(space).items():
         console.print(f"  {name}: {dist}")
     _print_inert(space)
