@@ -57,7 +57,8 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
     arguments; with neither them nor an ``inventory`` the search runs on this machine. ``progress`` gets
     the trial events and results (its budget is set here); the dashboard figures are redrawn after each
     trial. Before the study ends, the ``confirm_k`` best distinct configurations are launched
-    ``confirm_repeats`` more times each (:mod:`search.confirm`). The morning summary is written to
+    ``confirm_repeats`` more times each (:mod:`search.confirm`; in a ``pareto`` study, those of the front
+    nearest its ideal point, :mod:`search.front`). The morning summary is written to
     ``<artifacts>/<study>/report.md`` and ``report.html`` (``RunSummary.report_path``, ``report_html_path``;
     the HTML is also a study artifact and is logged with the figures to the MLflow parent run); an MLflow
     failure at the end is reported in ``RunSummary.mlflow_error``, never raised. Raises ServetuneError for

@@ -146,6 +146,10 @@ def validate(space_file: Annotated[Path, typer.Argument(help="Space file (YAML).
     space = load_space(space_file)
     console.print(f"{space_file}: ok — study {space.name}, engine {space.engine.kind}, "
                   f"target C={space.target_level}")
+    objective = space.objective
+    if objective.kind == "pareto":
+        goal = ", ".join(f"{s} {m}" for m, s in zip(objective.metric_names, objective.directions, strict=True))
+        console.print(f"  objective: pareto front of {goal}", markup=False)
     for name, dist in distributions(space).items():
         console.print(f"  {name}: {dist}")
     _print_inert(space)
@@ -201,13 +205,16 @@ def export(
     min_free_gib: Annotated[float | None, typer.Option("--min-free-gib", min=0,
                                                        help="Only trials with this much free GPU memory after "
                                                             "graph capture.")] = None,
+    pick: Annotated[str | None, typer.Option(
+        "--pick", help="pareto studies: how to pick from the front, 'knee' or conditions such as "
+                       "'p99_tpot_ms<=200' (then the best on the first metric) [default: knee].")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here [default: stdout].")] = None,
     storage: StorageOpt = None,
 ) -> None:
-    """Write the launch script of the best (or a given) trial."""
+    """Write the launch script of the best (or a given, or for a pareto study a picked) trial."""
     from search.export import export_script, write_script
 
-    script = export_script(_open(study, storage), trial=trial, min_free_gib=min_free_gib)
+    script = export_script(_open(study, storage), trial=trial, min_free_gib=min_free_gib, pick=pick)
     if output is None:
         sys.stdout.write(script)
         return

@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 from search.records import TrialFacts
 
 __all__ = ["CONFIRM_K", "CONFIRM_REPEATS", "Confirmed", "confirmation_plan", "confirmed_best",
-           "is_launch", "launches_of", "search_launches",
+           "is_launch", "launches_of", "origin", "search_launches",
            "skip_summary"]
 
 CONFIRM_K = 3
@@ -68,7 +68,8 @@ def skip_summary(trials: Sequence[TrialFacts]) -> str:
             f"predicted to die of OOM ({why}), from the memory figures of trials {rests}")
 
 
-def _origin(t: TrialFacts) -> int:
+def origin(t: TrialFacts) -> int:
+    """The trial that first launched ``t``'s configuration (``t`` itself, or what it repeats or reused)."""
     if t.confirmation_of is not None:
         return t.confirmation_of
     return t.duplicate_of if t.duplicate_of is not None else t.number
@@ -160,9 +161,9 @@ def confirmed_best(trials: Sequence[TrialFacts], direction: StudyDirection) -> C
     groups: dict[int, list[TrialFacts]] = {}
     for t in trials:
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_launch(t):
-            groups.setdefault(_origin(t), []).append(t)
+            groups.setdefault(origin(t), []).append(t)
     rows: list[Confirmed] = []
-    for origin, ts in groups.items():
+    for first, ts in groups.items():
         if any(t.state != TrialState.COMPLETE or t.value is None or not t.feasible for t in ts):
             continue
         ts = sorted(ts, key=lambda t: t.number)
@@ -171,7 +172,7 @@ def confirmed_best(trials: Sequence[TrialFacts], direction: StudyDirection) -> C
         med = statistics.median(values)
         spread = (max(values) - min(values)) / med if med else 0.0
         reported = statistics.median(repeats) if repeats else med
-        rows.append(Confirmed(origin, med, values, spread, len(values), reported))
+        rows.append(Confirmed(first, med, values, spread, len(values), reported))
     if not rows:
         return None
     most = max(r.launches for r in rows)
@@ -191,4 +192,4 @@ def confirmed_best(trials: Sequence[TrialFacts], direction: StudyDirection) -> C
 def launches_of(trials: Sequence[TrialFacts], number: int) -> list[TrialFacts]:
     """Every finished launch of the configuration first launched as trial ``number`` (it, its repeats)."""
     return sorted((t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_launch(t)
-                   and _origin(t) == number), key=lambda t: t.number)
+                   and origin(t) == number), key=lambda t: t.number)

@@ -36,11 +36,12 @@ __all__ = ["Evaluator", "SimEvaluator", "level_order"]
 
 class Evaluator(Protocol):
     """Measure one launch of ``launch`` for ``trial``, filling ``facts`` (the trial's record, which the
-    objective writes once when the trial ends): return the objective, or record the death in ``facts`` and
-    raise :class:`optuna.TrialPruned` (config-caused) / :class:`search.objective.TrialFailed` (infrastructure)."""
+    objective writes once when the trial ends): return the objective (a ``pareto`` study's values, one per
+    metric), or record the death in ``facts`` and raise :class:`optuna.TrialPruned` (config-caused) /
+    :class:`search.objective.TrialFailed` (infrastructure)."""
 
     def evaluate(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot | None,
-                 facts: TrialFacts) -> float: ...
+                 facts: TrialFacts) -> float | list[float]: ...
 
 
 def level_order(levels: Sequence[int], target: int) -> tuple[int, ...]:
@@ -128,7 +129,7 @@ class SimEvaluator:
         return None if value is None else float(value)
 
     def evaluate(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot | None,
-                 facts: TrialFacts) -> float:
+                 facts: TrialFacts) -> float | list[float]:
         out = self.outcome(launch)
         factor = noise_factor(self.profile, self._rng.randrange(1 << 30))
         facts.simulated = True
@@ -153,7 +154,14 @@ class SimEvaluator:
         target = self.space.target_level
         row_t = next(r for r in levels if r["max_concurrency"] == target)
         facts.outcome, facts.phase, facts.reason = "ok", None, ""
-        return float(row_t[self.space.objective.metric])
+        objective = self.space.objective
+        names = objective.metric_names if objective.kind == "pareto" else [objective.metric]
+        missing = [m for m in names if row_t.get(m) is None]
+        if missing:
+            raise ValueError(f"the simulated host's pure model reports no {missing[0]}; it reports "
+                             f"{', '.join(k for k in row_t if k.endswith(('_ms', '_throughput')))}")
+        values = [float(row_t[m]) for m in names]
+        return values if objective.kind == "pareto" else values[0]
 
 
 def _sim_memory(out: Outcome) -> dict[str, Any]:

@@ -5,6 +5,10 @@ The script comes from :func:`runners.engines.script.render_script` applied to th
 carry the evidence: study, trial, engine and version, GPU and host, the measured figures per concurrency
 level, the free GPU memory after CUDA graph capture, and a WARNING when that headroom is thin (seed 001:
 0.82 GB left after capture was a crash waiting for a prefill burst).
+
+A ``pareto`` study has a front, not one best: the trial is picked from the front by a rule
+(:mod:`search.front`: ``knee`` by default, or conditions such as ``p99_tpot_ms<=200`` and then the best on the
+first metric), and the header names the rule, the front and the picked configuration's figures.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from pydantic import ValidationError
 from runners.engines import engine_for
 from runners.engines.script import render_script
 from runners.errors import ConfigError, validation_line
-from search.confirm import confirmed_best, launches_of
+from search.confirm import confirmed_best, launches_of, origin
 from search.files import write_file
+from search.front import Goal, PickRule, front, parse_rule
+from search.front import pick_record as front_pick
 from search.records import LevelResult, TrialFacts, best_record, records
 from search.report import THIN_HEADROOM_GIB
 from spaces.launch import LaunchConfig
@@ -29,18 +35,24 @@ from spaces.launch import LaunchConfig
 __all__ = ["export_script", "pick_record", "write_script"]
 
 _CLOSEST = 3
+#: The front points a failed ``--pick`` names.
+_FRONT_SHOWN = 6
 
 
 def export_script(study: optuna.Study, *, trial: int | None = None, min_free_gib: float | None = None,
-                  now: datetime | None = None) -> str:
+                  pick: str | None = None, now: datetime | None = None) -> str:
     """A runnable bash launch script for ``trial`` (default: the best COMPLETE feasible trial).
 
     With ``min_free_gib`` and no ``trial``, the best COMPLETE feasible trial whose measured free memory after
     CUDA graph capture is at least that; with an explicit ``trial`` it only moves the warning bar (default
-    2 GiB). Raises ConfigError (one line) for an unknown or unfinished trial, a trial without a stored launch
-    config, or when no trial clears the bar (naming the ones that came closest).
+    2 GiB). In a ``pareto`` study the trial is the one ``pick`` (default ``knee``) picks from the front of
+    the configurations that clear the bar. Raises ConfigError (one line) for an unknown or unfinished trial,
+    a trial without a stored launch config, a bad rule (or a rule for a study that has no front), or when no
+    trial clears the bar (naming the ones that came closest).
     """
-    rec = pick_record(study, trial=trial, min_free_gib=min_free_gib)
+    goal = Goal.of(study)
+    rule = _rule(study, goal, trial, pick)
+    rec = pick_record(study, trial=trial, min_free_gib=min_free_gib, rule=rule)
     launch_data = rec.launch_config
     version = rec.engine_version
     if not launch_data or not version:
@@ -54,7 +66,7 @@ def export_script(study: optuna.Study, *, trial: int | None = None, min_free_gib
         raise ConfigError(f"trial {rec.number}: stored launch config is invalid ({where or 'launch_config'}: "
                           f"{msg})") from None
     bar = min_free_gib if min_free_gib is not None else THIN_HEADROOM_GIB
-    header = _header(study, rec, version, bar, now or datetime.now(UTC))
+    header = _header(study, rec, version, bar, now or datetime.now(UTC), goal=goal, rule=rule)
     return render_script(engine_for(launch), launch, version, header=header)
 
 
@@ -64,8 +76,21 @@ def write_script(path: Path, script: str) -> None:
     write_file(path, script, mode=0o755)
 
 
-def pick_record(study: optuna.Study, *, trial: int | None = None,
-                min_free_gib: float | None = None) -> TrialFacts:
+def _rule(study: optuna.Study, goal: Goal, trial: int | None, pick: str | None) -> PickRule | None:
+    """The pick rule of a pareto study's export (``knee`` unless stated); None for one objective or a trial
+    given by number. ConfigError (one line) for a rule that does not apply or does not parse."""
+    if pick is not None and not goal.pareto:
+        raise ConfigError(f"--pick chooses from a pareto front, and study {study.study_name!r} has one objective "
+                          f"({goal.describe()}): leave --pick out (the best is exported) or give --trial")
+    if pick is not None and trial is not None:
+        raise ConfigError("--pick and --trial both choose the trial: give one of them")
+    if not goal.pareto or trial is not None:
+        return None
+    return parse_rule(pick if pick is not None else "knee", goal.metrics)
+
+
+def pick_record(study: optuna.Study, *, trial: int | None = None, min_free_gib: float | None = None,
+                rule: PickRule | None = None) -> TrialFacts:
     """The trial record to export (see :func:`export_script`). Raises ConfigError."""
     name = study.study_name
     recs = records(study)
@@ -82,6 +107,10 @@ def pick_record(study: optuna.Study, *, trial: int | None = None,
         return rec
     if min_free_gib is not None and min_free_gib < 0:
         raise ConfigError(f"--min-free-gib must be 0 or more, got {min_free_gib:g}")
+    if rule is None and Goal.of(study).pareto:
+        rule = PickRule("knee")
+    if rule is not None:
+        return _from_front(study, recs, rule, min_free_gib)
     best = _confirmed(recs, study, min_free_gib) or best_record(recs, study.direction, min_free_gib=min_free_gib)
     if best is not None:
         return best
@@ -95,7 +124,56 @@ def pick_record(study: optuna.Study, *, trial: int | None = None,
                       f"CUDA graph capture; closest: {closest or 'none measured the headroom'}")
 
 
-def _header(study: optuna.Study, rec: TrialFacts, version: str, bar: float, now: datetime) -> list[str]:
+def _from_front(study: optuna.Study, recs: list[TrialFacts], rule: PickRule,
+                min_free_gib: float | None) -> TrialFacts:
+    """The configuration ``rule`` picks from the pareto study's front (of those whose first launch kept
+    ``min_free_gib`` free after graph capture); ConfigError naming the front when nothing on it satisfies
+    the rule."""
+    goal = Goal.of(study)
+    by_number = {r.number: r for r in recs}
+
+    def clears(r: TrialFacts) -> bool:
+        free = by_number.get(origin(r), r).free_after_capture_gib
+        return min_free_gib is None or (free is not None and free >= min_free_gib)
+
+    kept = [r for r in recs if clears(r)]
+    rec = front_pick(kept, goal, rule)
+    if rec is not None:
+        return rec
+    points = front(kept, goal)
+    bar = f" that kept {min_free_gib:g} GiB free after CUDA graph capture" if min_free_gib is not None else ""
+    if not points:
+        raise ConfigError(f"study {study.study_name!r} has no COMPLETE feasible configuration{bar} yet: no front "
+                          "to pick from")
+    shown = "; ".join(f"trial {p.number}: " + ", ".join(f"{m}={v:.4g}" for m, v in zip(goal.metrics, p.values,
+                                                                                        strict=True))
+                      for p in points[:_FRONT_SHOWN])
+    more = f" and {len(points) - _FRONT_SHOWN} more" if len(points) > _FRONT_SHOWN else ""
+    raise ConfigError(f"--pick {rule.text}: no configuration on the front{bar} satisfies it; the front: "
+                      f"{shown}{more}")
+
+
+def _pareto_lines(study: optuna.Study, rec: TrialFacts, goal: Goal, rule: PickRule | None) -> list[str]:
+    """The header lines of a pareto study's export: the objective, the front, the rule, the picked figures."""
+    recs = records(study)
+    at = f" at concurrency {rec.objective_level}" if rec.objective_level is not None else ""
+    points = front(recs, goal)
+    lines = [f"objective: pareto front{at}: {goal.describe()}",
+             f"front: {len(points)} configuration(s) (trials {', '.join(str(p.number) for p in points) or '-'})"]
+    if rule is not None:
+        lines.append(f"picked by: --pick {rule.describe()}")
+    else:
+        on = any(p.number == rec.number for p in points)
+        lines.append(f"picked by: --trial {rec.number} ({'on' if on else 'not on'} the front)")
+    runs = launches_of(recs, rec.number)
+    how = f"median of {len(runs)} launches" if len(runs) > 1 and rule is not None else "this trial's launch"
+    lines.append("picked figures: " + ", ".join(f"{m}={v:.2f}" for m, v in zip(goal.metrics, rec.values or [],
+                                                                              strict=False)) + f" ({how})")
+    return lines
+
+
+def _header(study: optuna.Study, rec: TrialFacts, version: str, bar: float, now: datetime, *,
+            goal: Goal | None = None, rule: PickRule | None = None) -> list[str]:
     sim = " (SIMULATED)" if rec.simulated else ""
     lines = [
         f"servetune export: study {study.study_name}, trial {rec.number}",
@@ -108,12 +186,16 @@ def _header(study: optuna.Study, rec: TrialFacts, version: str, bar: float, now:
     if rec.simulated:
         lines.append("NOTE: every figure below is SIMULATED (servetune's simulated GPU host), not measured "
                      "on real hardware")
-    metric = rec.objective_metric or "objective"
-    level = rec.objective_level
-    at = f" at concurrency {level}" if level is not None else ""
-    value = f"{rec.value:.2f}" if rec.value is not None else "?"
-    lines.append(f"objective: {metric}{at} = {value} ({study.direction.name.lower()})")
-    lines.append(_launches_line(study, rec.number))
+    if goal is not None and goal.pareto:
+        lines += _pareto_lines(study, rec, goal, rule)
+    else:
+        metric = rec.objective_metric or "objective"
+        level = rec.objective_level
+        at = f" at concurrency {level}" if level is not None else ""
+        value = f"{rec.value:.2f}" if rec.value is not None else "?"
+        lines.append(f"objective: {metric}{at} = {value} ({study.direction.name.lower()})")
+    lines.append(_launches_line(study, rec.number, goal.metrics[0] if goal is not None and goal.pareto
+                                else "objective"))
     lines.append("measured" + (" (simulated)" if rec.simulated else "") + " per concurrency level:")
     for level_row in sorted(rec.levels, key=lambda lv: lv.max_concurrency or 0):
         lines.append("  " + _level_line(level_row))
@@ -142,7 +224,7 @@ def _confirmed(recs: list[TrialFacts], study: optuna.Study, min_free_gib: float 
     return rec if min_free_gib is None or (free is not None and free >= min_free_gib) else None
 
 
-def _launches_line(study: optuna.Study, number: int) -> str:
+def _launches_line(study: optuna.Study, number: int, metric: str = "objective") -> str:
     """Over how many launches the figures hold (the trial and its confirmation repeats)."""
     runs = launches_of(records(study), number)
     values = [t.value for t in runs if t.value is not None]
@@ -152,7 +234,7 @@ def _launches_line(study: optuna.Study, number: int) -> str:
     med = statistics.median(values) if values else float("nan")
     spread = (max(values) - min(values)) / med if values and med else 0.0
     return (f"launches of this configuration: {len(runs)} (trials {', '.join(str(t.number) for t in runs)}), "
-            f"{died} died; objective median {med:.2f}, run-to-run spread {spread:.1%}; levels below are "
+            f"{died} died; {metric} median {med:.2f}, run-to-run spread {spread:.1%}; levels below are "
             f"trial {number}'s")
 
 

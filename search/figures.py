@@ -9,7 +9,9 @@ Every figure is built from the trial records of :mod:`search.records` only:
 * :func:`memory_ladder`: a trial's memory, GiB per GPU, in the order a server allocates it (weights, KV pool,
   graph pool, other, free after capture) against the GPU's total, with the peak under load;
 * :func:`concurrency_curves`: output throughput and p99 TPOT against concurrency for the top configurations;
-* :func:`progress_figure`: best-so-far against server launches and against GPU-minutes, deaths marked.
+* :func:`progress_figure`: best-so-far against server launches and against GPU-minutes, deaths marked;
+* :func:`pareto_front` (``pareto`` studies only): every configuration on the study's first two metrics, the
+  front highlighted and its knee marked.
 
 :func:`study_figures` makes them all (keyed by a stable id); :func:`save_to_dashboard` stores them in the
 study for optuna-dashboard, and :class:`FiguresCallback` refreshes them as trials finish. Figures of a study
@@ -29,6 +31,7 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from search.front import Goal, configurations, non_dominated, pick_record
 from search.records import TrialFacts, best_record, records
 
 if TYPE_CHECKING:
@@ -37,12 +40,14 @@ if TYPE_CHECKING:
 __all__ = [
     "FIGURE_IDS",
     "OUTCOME_CLASSES",
+    "PARETO_FIGURE_ID",
     "Boundary",
     "FiguresCallback",
     "concurrency_curves",
     "memory_ladder",
     "oom_map",
     "outcome_class",
+    "pareto_front",
     "progress_figure",
     "save_to_dashboard",
     "study_figures",
@@ -66,6 +71,8 @@ OUTCOME_CLASSES: dict[str, tuple[str, str, str]] = {
 
 #: Stable ids of :func:`study_figures` (also the dashboard's graph-object ids and MLflow's file names).
 FIGURE_IDS = ("servetune-oom-map", "servetune-memory-ladder", "servetune-concurrency", "servetune-progress")
+#: The figure a ``pareto`` study has besides :data:`FIGURE_IDS`.
+PARETO_FIGURE_ID = "servetune-pareto-front"
 
 FRACTION_KNOBS = ("mem_fraction_static", "gpu_memory_utilization")
 GRAPH_KNOBS = ("cuda_graph_max_bs", "cuda_graph_sizes", "max_num_seqs")
@@ -376,14 +383,17 @@ def top_records(recs: Sequence[TrialFacts], direction: StudyDirection, k: int) -
 
 
 def concurrency_curves(recs: Sequence[TrialFacts], *, k: int = 5,
-                       direction: StudyDirection = StudyDirection.MAXIMIZE) -> go.Figure:
-    """Output throughput (tok/s) and p99 TPOT (ms) against concurrency, one line per top configuration."""
+                       direction: StudyDirection = StudyDirection.MAXIMIZE,
+                       chosen: Sequence[TrialFacts] | None = None) -> go.Figure:
+    """Output throughput (tok/s) and p99 TPOT (ms) against concurrency, one line per top configuration (or
+    per ``chosen`` trial: a pareto study's front)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("output throughput (tok/s)", "p99 TPOT (ms)"))
     palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
-    for i, rec in enumerate(top_records(recs, direction, k)):
+    shown = list(chosen)[:k] if chosen is not None else top_records(recs, direction, k)
+    for i, rec in enumerate(shown):
         levels = sorted(rec.levels, key=lambda lv: lv.max_concurrency)
         name = f"trial {rec.number}: " + ", ".join(f"{_short(p)}={_fmt(v)}" for p, v in sorted(rec.params.items()))
         colour = palette[i % len(palette)]
@@ -484,15 +494,83 @@ def progress_figure(recs: Sequence[TrialFacts], *,
 
 def study_figures(study: optuna.Study, *, boundary: Boundary | None = None,
                   recs: Sequence[TrialFacts] | None = None) -> dict[str, go.Figure]:
-    """The study's figures keyed by :data:`FIGURE_IDS`."""
+    """The study's figures keyed by :data:`FIGURE_IDS`, and for a ``pareto`` study :data:`PARETO_FIGURE_ID`
+    first. In a pareto study the memory ladder shows the front's knee, the concurrency curves the front's
+    configurations, and the progress the best first metric so far."""
     recs = list(recs) if recs is not None else records(study)
-    direction = study.direction
+    goal = Goal.of(study)
+    if not goal.pareto:
+        direction = study.direction
+        return {
+            "servetune-oom-map": oom_map(recs, boundary=boundary),
+            "servetune-memory-ladder": memory_ladder(recs, direction=direction),
+            "servetune-concurrency": concurrency_curves(recs, direction=direction),
+            "servetune-progress": progress_figure(recs, direction=direction),
+        }
+    first = StudyDirection.MAXIMIZE if goal.senses[0] == "maximize" else StudyDirection.MINIMIZE
+    knee = pick_record(recs, goal)
+    by_number = {r.number: r for r in recs}
+    front_recs = [by_number[p.number] for p in non_dominated(configurations(recs), goal.senses)]
+    died = [r.number for r in recs if r.label == "oom" and r.memory]
+    ladder = ([knee.number] if knee is not None else []) + ([max(died)] if died else [])
     return {
+        PARETO_FIGURE_ID: pareto_front(recs, goal),
         "servetune-oom-map": oom_map(recs, boundary=boundary),
-        "servetune-memory-ladder": memory_ladder(recs, direction=direction),
-        "servetune-concurrency": concurrency_curves(recs, direction=direction),
-        "servetune-progress": progress_figure(recs, direction=direction),
+        "servetune-memory-ladder": memory_ladder(recs, ladder, direction=first),
+        "servetune-concurrency": concurrency_curves(recs, chosen=front_recs),
+        "servetune-progress": progress_figure(recs, direction=first),
     }
+
+
+# ---- the pareto front -----------------------------------------------------------------------------------
+
+
+def pareto_front(recs: Sequence[TrialFacts], goal: Goal) -> go.Figure:
+    """A ``pareto`` study's configurations on its first two metrics (each the median over the
+    configuration's launches), the front highlighted (joined in order of the first metric) and its knee
+    marked. Each mark's ``customdata`` is the trial number of the configuration's first launch."""
+    import plotly.graph_objects as go
+
+    points = configurations(recs)
+    on_front = non_dominated(points, goal.senses)
+    front_numbers = {p.number for p in on_front}
+    knee = pick_record(recs, goal)
+    x_name, y_name = goal.metrics[0], goal.metrics[1]
+
+    def hover(number: int, values: Sequence[float]) -> str:
+        return f"trial {number}<br>" + "<br>".join(
+            f"{m} = {v:.2f} {_unit(m)}".rstrip() for m, v in zip(goal.metrics, values, strict=True))
+
+    fig = go.Figure()
+    rest = [p for p in points if p.number not in front_numbers]
+    line = sorted(on_front, key=lambda p: p.values[0])
+    for name, group, style in (
+            (f"other configurations ({len(rest)})", rest, {"mode": "markers", "marker": {"color": "#9aa5b1",
+                                                                                        "size": 9}}),
+            (f"front ({len(line)})", line, {"mode": "lines+markers", "line": {"color": "#2ca02c"},
+                                            "marker": {"color": "#2ca02c", "size": 12}})):
+        fig.add_trace(go.Scatter(
+            x=[p.values[0] for p in group], y=[p.values[1] for p in group], name=name,
+            customdata=[p.number for p in group], text=[hover(p.number, p.values) for p in group],
+            hovertemplate="%{text}<extra></extra>", **style,
+        ))
+    if knee is not None and knee.values:
+        fig.add_trace(go.Scatter(
+            x=[knee.values[0]], y=[knee.values[1]], mode="markers", name=f"knee (trial {knee.number})",
+            marker={"symbol": "star", "size": 20, "color": "#d62728"}, customdata=[knee.number],
+            text=[hover(knee.number, knee.values)], hovertemplate="%{text}<extra></extra>",
+        ))
+    level = next((r.objective_level for r in recs if r.objective_level), None)
+    at = f" at C={level}" if level is not None else ""
+    more = f"; also traded off: {', '.join(goal.metrics[2:])}" if len(goal.metrics) > 2 else ""
+    fig.update_layout(
+        title=f"Pareto front{_simulated(recs)}<br><sup>{goal.describe()}{at}; one mark per configuration "
+              f"(median of its launches){more}</sup>",
+        xaxis_title=f"{x_name} ({_unit(x_name)})" if _unit(x_name) else x_name,
+        yaxis_title=f"{y_name} ({_unit(y_name)})" if _unit(y_name) else y_name,
+        margin={"t": 70, "r": 20}, legend={"orientation": "h", "yanchor": "top", "y": -0.18},
+    )
+    return _styled(fig)
 
 
 def save_to_dashboard(study: optuna.Study, figures: dict[str, go.Figure]) -> None:

@@ -50,7 +50,8 @@ def note_markdown(trial: FrozenTrial) -> str:
     facts = [
         f"**outcome** `{rec.label}`",
         f"**phase** `{phase}`" if phase else "",
-        f"**value** {rec.value:g}" if rec.value is not None else "",
+        (", ".join(f"**{m}** {v:g}" for m, v in zip(rec.objective_metrics or (), rec.values, strict=False))
+         if rec.values is not None else f"**value** {rec.value:g}" if rec.value is not None else ""),
         f"host `{rec.host}`" if rec.host else "",
         f"{rec.gpu_name} x {rec.gpu_count}" if rec.gpu_name else "",
         f"{rec.engine} {rec.engine_version or ''}".strip() if rec.engine else "",

@@ -1,8 +1,9 @@
 """The Optuna objective: sample, launch, wait, sweep, record, stop — and map the outcome to a trial state.
 
-* success returns the objective (the metric at the target concurrency level); each level's throughput is
-  also reported as an intermediate value (step = concurrency), for the levels that finished only (a trial
-  that died at a level reports nothing there, never a 0);
+* success returns the objective (the metric at the target concurrency level; a ``pareto`` trial: its
+  metrics there, one value each); each level's throughput is also reported as an intermediate value (step =
+  concurrency), for the levels that finished only (a trial that died at a level reports nothing there, never
+  a 0), but in a ``pareto`` study, where Optuna keeps none;
 * a config-caused death (OOM anywhere, an illegal NCCL combination, a flag the engine rejects, a crash)
   records its telemetry and raises :class:`optuna.TrialPruned` -> PRUNED;
 * infrastructure trouble (host unreachable, timeouts, a GPU busy with a foreign process, interruption)
@@ -98,8 +99,9 @@ class Objective:
         self.evaluator: Evaluator = evaluator or _ServerEvaluator(self)
         self.memory_gate = memory_gate
 
-    def run(self, trial: optuna.Trial, slot: HostSlot | None) -> float:
-        """Run the trial on a host the caller holds (and gives back)."""
+    def run(self, trial: optuna.Trial, slot: HostSlot | None) -> float | list[float]:
+        """Run the trial on a host the caller holds (and gives back): its value, or a ``pareto`` trial's
+        values (one per metric)."""
         env = self.env
         params = sample(trial, env.space)
         facts = TrialFacts.for_trial(trial)
@@ -110,7 +112,7 @@ class Objective:
             write_facts(trial, facts)
 
     def _evaluate(self, trial: optuna.Trial, params: dict[str, Any], slot: HostSlot | None,
-                  facts: TrialFacts) -> float:
+                  facts: TrialFacts) -> float | list[float]:
         env = self.env
         repeat = facts.confirmation_of is not None
         # A configuration someone queued (the probe, a retry, a person's enqueue_trial) is launched as
@@ -123,6 +125,8 @@ class Objective:
         launch = LaunchConfig.from_params(env.space, params)
         facts.engine = launch.engine
         facts.objective_metric = env.space.objective.scored_by
+        if env.space.objective.kind == "pareto":
+            facts.objective_metrics = env.space.objective.metric_names
         facts.objective_level = env.space.target_level
         model = self._model(trial) if self.memory_gate else None
         if model is not None and not repeat and not queued:
@@ -214,7 +218,8 @@ class Objective:
         host.require_free(info)
         return info
 
-    def _run(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot | None, facts: TrialFacts) -> float:
+    def _run(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot | None,
+             facts: TrialFacts) -> float | list[float]:
         assert slot is not None, "a server launch needs a host"
         env = self.env
         space = env.space
@@ -366,7 +371,10 @@ class Objective:
         # Only the levels that finished are reported: a level the server died in has no throughput to
         # report, and a 0 there would read as a measurement in Optuna's history and intermediate plots.
         rate_search = self.env.space.objective.kind == "max_rate_under_slo"
-        for i, lv in enumerate(facts.levels, start=1):
+        # Optuna keeps intermediate values for single-objective studies only (``Trial.report`` raises in a
+        # multi-objective one): a pareto trial's levels are in its record alone.
+        reported = [] if self.env.space.objective.kind == "pareto" else facts.levels
+        for i, lv in enumerate(reported, start=1):
             if lv.served and lv.output_throughput is not None:
                 # A rate search measures one level at several rates: its steps are numbered.
                 trial.report(float(lv.output_throughput), step=i if rate_search else lv.max_concurrency)
@@ -399,15 +407,18 @@ class Objective:
             env.artifacts_error = f"{where}: {exc.strerror or exc}"
             facts.artifacts_error = env.artifacts_error
 
-    def _complete(self, trial: optuna.Trial, facts: TrialFacts) -> float:
+    def _complete(self, trial: optuna.Trial, facts: TrialFacts) -> float | list[float]:
         space = self.env.space
         if space.objective.kind == "max_rate_under_slo":
             return self._complete_rate(trial, facts)
         target = space.target_level
-        metric = space.objective.metric
+        names = space.objective.metric_names
         row = next((lv for lv in facts.levels if lv.max_concurrency == target), None)
-        if row is None or row.figure(metric) is None:
-            self._fail(trial, facts, Failure(FailureKind.INFRA, Phase.SERVING, f"no result at concurrency {target}"))
+        missing = [m for m in names if row is None or row.figure(m) is None]
+        if missing:
+            self._fail(trial, facts, Failure(FailureKind.INFRA, Phase.SERVING,
+                                             f"no {missing[0]} at concurrency {target}"
+                                             if row is not None else f"no result at concurrency {target}"))
         assert row is not None
         slo = space.objective.slo
         if slo.p99_ttft_ms is not None:
@@ -416,7 +427,8 @@ class Objective:
             trial.set_constraint("p99_tpot_ms", float(row.p99_tpot_ms or 0) - slo.p99_tpot_ms)
         facts.outcome, facts.phase, facts.reason = "ok", None, ""
         self._emit(trial, "outcome", "ok")
-        return float(row.figure(metric))
+        values = [float(row.figure(m)) for m in names]
+        return values if space.objective.kind == "pareto" else values[0]
 
     def _complete_rate(self, trial: optuna.Trial, facts: TrialFacts) -> float:
         """The rate found (or the output throughput measured at it); a configuration that holds the SLO at
@@ -459,7 +471,7 @@ class _ServerEvaluator:
         self._objective = objective
 
     def evaluate(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot | None,
-                 facts: TrialFacts) -> float:
+                 facts: TrialFacts) -> float | list[float]:
         return self._objective._run(trial, launch, slot, facts)
 
 
@@ -482,7 +494,7 @@ def _skips_in_a_row(trial: optuna.Trial) -> int:
 
 
 def _reuse(trial: optuna.Trial, params: dict[str, Any], facts: TrialFacts, *,
-           abort: threading.Event | None = None, poll: float = 0.5) -> float | None:
+           abort: threading.Event | None = None, poll: float = 0.5) -> float | list[float] | None:
     """If these params were already measured (COMPLETE or PRUNED), reuse that result instead of rerunning:
     ``facts`` become the measured trial's (with ``duplicate_of``).
 
@@ -507,8 +519,8 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], facts: TrialFacts, *,
             if past.state == TrialState.COMPLETE:
                 for key, value in past.constraints.items():
                     trial.set_constraint(key, value)
-                assert past.value is not None
-                return float(past.value)
+                assert past.values
+                return float(past.values[0]) if len(past.values) == 1 else [float(v) for v in past.values]
             raise optuna.TrialPruned(f"same configuration as trial {origin}: {measured.label}")
         # A twin whose controller died must not be waited for forever: fail it once it is stale
         # (its configuration is then re-queued), as the budget reservation does.

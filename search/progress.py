@@ -17,7 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 from search.confirm import confirmed_best, skip_summary
-from search.records import TrialFacts, best_record, records
+from search.front import Goal, front, pick_record
+from search.records import TrialFacts, best_record, records, value_text
 
 if TYPE_CHECKING:
     from search.api import RunPlan
@@ -49,6 +50,8 @@ class Progress:
         self.live_enabled = live and console.is_terminal
         self.running: dict[int, dict[str, Any]] = {}
         self.best: tuple[float, int] | None = None
+        self.front: int | None = None
+        """A ``pareto`` study's front size so far (None for one objective)."""
         self.ooms = 0
         self.failed = 0
         self.simulated = False
@@ -84,7 +87,9 @@ class Progress:
                 self.ooms += 1
             if rec.state == TrialState.FAIL:
                 self.failed += 1
-            if rec.value is not None and rec.feasible and (self.best is None or rec.value > self.best[0]):
+            if rec.values is not None:
+                self.front = len(front(records(study), Goal.of(study)))
+            elif rec.value is not None and rec.feasible and (self.best is None or rec.value > self.best[0]):
                 self.best = (rec.value, trial.number)
         if not self.live_enabled:
             self.console.print(_line(rec, self.metric), markup=False, highlight=False)
@@ -94,9 +99,11 @@ class Progress:
 
     def _render(self) -> Group:
         total = f" of {self.n_trials}" if self.n_trials else ""
+        best = (f"{self.best[0]:.1f} (trial {self.best[1]})" if self.best else "-")
         head = Text.assemble(
             ("servetune ", "bold"), f"trials done {self.done}{total}",
-            "  best ", (f"{self.best[0]:.1f} (trial {self.best[1]})" if self.best else "-", "green"),
+            ("  front " if self.front is not None else "  best "),
+            (f"{self.front} configuration(s)" if self.front is not None else best, "green"),
             " simulated" if self.simulated and self.best else "",
             "  OOMs ", (str(self.ooms), "red" if self.ooms else ""),
             f"  failed {self.failed}",
@@ -132,7 +139,12 @@ def _line(rec: TrialFacts, metric: str) -> str:
     params = ", ".join(f"{_short(k)}={_value(v)}" for k, v in rec.params.items())  # printed without markup
     if rec.state == TrialState.COMPLETE:
         sim = " (simulated)" if rec.simulated else ""
-        return f"trial {rec.number}: COMPLETE {metric}={rec.value:.1f}{sim}  [{params}]"
+        if rec.values is not None:
+            names = rec.objective_metrics or [f"objective{i}" for i in range(len(rec.values))]
+            figures = ", ".join(f"{m}={v:.1f}" for m, v in zip(names, rec.values, strict=False))
+        else:
+            figures = f"{metric}={value_text(rec)}"
+        return f"trial {rec.number}: COMPLETE {figures}{sim}  [{params}]"
     where = f" in {rec.phase.value}" if rec.phase else ""
     return f"trial {rec.number}: {rec.state.name} {rec.label}{where}  [{params}]  {rec.reason}"
 
@@ -161,7 +173,7 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
     if summary.mlflow_error is not None:
         err_console.print(f"mlflow: {summary.mlflow_error} (back-fill later with `servetune sync-mlflow`)")
     recs = records(summary.study)
-    console.print(summary_table(recs, space.objective.scored_by))
+    console.print(summary_table(recs, " / ".join(space.objective.metric_names)))
     for orphan in summary.orphans_stopped:
         console.print(f"stopped an orphaned server: {orphan}")
     for line in summary.hosts_dropped:
@@ -171,6 +183,38 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
         console.print("hosts set aside: " + "; ".join(set_aside))
     console.print(f"ran {summary.ran} trial(s) in this run; stopped by: {summary.stopped_by}")
     console.print(skip_summary(recs), markup=False, soft_wrap=True)
+    goal = Goal.of(summary.study)
+    if goal.pareto:
+        _print_front(console, summary, recs, goal)
+    else:
+        _print_best(console, summary, recs, space)
+    if summary.report_path is not None:
+        name = summary.study.study_name
+        if summary.report_html_path is not None:
+            console.print(f"morning summary: {summary.report_html_path} and {summary.report_path.name} (again "
+                          f"any time: servetune report --study {name} --format html)", soft_wrap=True)
+        else:
+            console.print(f"morning summary: {summary.report_path} (again any time: servetune report --study {name})")
+
+
+def _print_front(console: Console, summary: RunSummary, recs: list[TrialFacts], goal: Goal) -> None:
+    """A pareto study's end: the front's size and its knee (what ``export`` picks by default)."""
+    points = front(recs, goal)
+    knee = pick_record(recs, goal)
+    if knee is None:
+        console.print("[yellow]no COMPLETE feasible trial yet: no front[/]")
+        return
+    figures = ", ".join(f"{m}={v:.1f}" for m, v in zip(goal.metrics, knee.values or [], strict=False))
+    params = ", ".join(f"{k}={v}" for k, v in knee.params.items())
+    sim = " (simulated)" if knee.simulated else ""
+    console.print(f"[green]front[/]: {len(points)} configuration(s) ({goal.describe()}): trials "
+                  f"{', '.join(str(p.number) for p in points)}", soft_wrap=True)
+    console.print(f"[green]knee[/]: trial {knee.number}, {figures}{sim}  {escape('[' + params + ']')} "
+                  f"(`servetune export --study {summary.study.study_name}` exports it; `--pick "
+                  f"\"{goal.metrics[-1]}<=X\"` picks by a limit instead)", soft_wrap=True)
+
+
+def _print_best(console: Console, summary: RunSummary, recs: list[TrialFacts], space: Space) -> None:
     best = best_record(recs, summary.study.direction)
     confirmed = confirmed_best(recs, summary.study.direction)
     if confirmed is not None and confirmed.launches > 1:
@@ -187,13 +231,6 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
                       f"at C={space.target_level}  {escape('[' + params + ']')}")
     else:
         console.print("[yellow]no COMPLETE trial yet[/]")
-    if summary.report_path is not None:
-        name = summary.study.study_name
-        if summary.report_html_path is not None:
-            console.print(f"morning summary: {summary.report_html_path} and {summary.report_path.name} (again "
-                          f"any time: servetune report --study {name} --format html)", soft_wrap=True)
-        else:
-            console.print(f"morning summary: {summary.report_path} (again any time: servetune report --study {name})")
 
 
 def summary_table(records: list[TrialFacts], metric: str) -> Table:
@@ -217,7 +254,7 @@ def summary_table(records: list[TrialFacts], metric: str) -> Table:
             str(rec.number),
             Text(rec.state.name, style=style),
             outcome,
-            f"{rec.value:.1f}" if rec.value is not None else "-",
+            value_text(rec),
             *(_value(rec.params.get(k, "-")) for k in knobs),
             f"{free:.2f} GiB" if free is not None else "-",
         )
@@ -240,7 +277,8 @@ def status_view(status: StudyStatus) -> Group:
     )
     best_line = Text("best: -") if best is None else Text.assemble(
         "best: ", (f"trial {best.number}", "green"),
-        f"  value {best.value:.1f}{sim}" if best.value is not None else "",
+        (f"  values {' / '.join(f'{v:.1f}' for v in best.values)} (knee of the front){sim}" if best.values
+         else f"  value {best.value:.1f}{sim}" if best.value is not None else ""),
         f"  free after capture {best.free_after_capture_gib:.2f} GiB"
         if best.free_after_capture_gib is not None else "",
         "  [" + ", ".join(f"{_short(k)}={_value(v)}" for k, v in best.params.items()) + "]",

@@ -52,6 +52,7 @@ __all__ = [
     "note_host",
     "note_waiting",
     "records",
+    "value_text",
     "write_facts",
 ]
 
@@ -166,6 +167,9 @@ class TrialFacts(BaseModel):
     number: int = Field(default=-1, exclude=True)
     state: TrialState = Field(default=TrialState.RUNNING, exclude=True)
     value: float | None = Field(default=None, exclude=True)
+    """A COMPLETE trial's objective value; in a multi-objective (``pareto``) study its first metric's value."""
+    values: list[float] | None = Field(default=None, exclude=True)
+    """A COMPLETE trial's values in a multi-objective (``pareto``) study, one per metric; None otherwise."""
     params: dict[str, Any] = Field(default_factory=dict, exclude=True)
     feasible: bool = Field(default=True, exclude=True)
     datetime_start: datetime | None = Field(default=None, exclude=True)
@@ -200,6 +204,8 @@ class TrialFacts(BaseModel):
     """Highest concurrency level served in full (0 if none; None when the server never ran)."""
     log_tail: str | None = None
     objective_metric: str | None = None
+    objective_metrics: list[str] | None = None
+    """``pareto``: the metrics the trial's :attr:`values` are, in order (``objective_metric`` is the first)."""
     objective_level: int | None = None
     slo_rate: float | None = None
     """``max_rate_under_slo``: the highest request rate (req/s) at which the SLO held; None when none did."""
@@ -254,7 +260,7 @@ class TrialFacts(BaseModel):
         data.update(
             number=trial.number,
             state=trial.state,
-            value=trial.value if trial.state == TrialState.COMPLETE else None,
+            **_values(trial),
             params=normal_params(trial.params),
             feasible=all(float(v) <= 0 for v in trial.constraints.values()),
             datetime_start=trial.datetime_start,
@@ -345,8 +351,9 @@ class TrialFacts(BaseModel):
         return None
 
     def summary(self) -> dict[str, Any]:
-        """A JSON-friendly row for ``servetune trials --json``."""
-        return {
+        """A JSON-friendly row for ``servetune trials --json`` (with ``values`` after ``value`` for a trial of a
+        multi-objective study only, so the rows of other studies read as they always have)."""
+        row = {
             "number": self.number,
             "state": self.state.name,
             "outcome": self.label,
@@ -364,6 +371,14 @@ class TrialFacts(BaseModel):
             "simulated": self.simulated,
             "duration_s": self.duration_s,
         }
+        if self.values is None:
+            return row
+        out: dict[str, Any] = {}
+        for key, value in row.items():
+            out[key] = value
+            if key == "value":
+                out["values"] = self.values
+        return out
 
 
 # ---- writing -------------------------------------------------------------------------------------
@@ -429,6 +444,25 @@ def best_record(recs: Iterable[TrialFacts], direction: StudyDirection, *,
                                                   else rec.value < best.value):
             best = rec
     return best
+
+
+def _values(trial: FrozenTrial) -> dict[str, Any]:
+    """``value`` (and for a multi-objective trial ``values``) of a COMPLETE trial; Optuna's ``trial.value``
+    raises for a trial with several values."""
+    values = trial.values if trial.state == TrialState.COMPLETE else None
+    if not values:
+        return {"value": None, "values": None}
+    if len(values) == 1:
+        return {"value": values[0], "values": None}
+    return {"value": values[0], "values": list(values)}
+
+
+def value_text(rec: TrialFacts, fmt: str = "{:.1f}") -> str:
+    """A trial's value for a table cell: its value, or a pareto trial's values joined by `` / ``; ``-``
+    when it has none."""
+    if rec.values is not None:
+        return " / ".join(fmt.format(v) for v in rec.values)
+    return fmt.format(rec.value) if rec.value is not None else "-"
 
 
 #: Tags a trial is queued with (``study.enqueue_trial(params, user_attrs=...)``), read back into the record.

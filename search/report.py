@@ -28,7 +28,9 @@ import optuna
 from optuna.trial import TrialState
 from pydantic import BaseModel
 
-from search.records import LevelResult, TrialFacts, best_record, records
+from search.confirm import launches_of, origin
+from search.front import Goal, front, pick_record
+from search.records import LevelResult, TrialFacts, best_record, records, value_text
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -46,6 +48,7 @@ __all__ = [
     "publish",
     "report_html",
     "report_markdown",
+    "study_best",
     "study_status",
 ]
 
@@ -102,6 +105,7 @@ def _report_parts(study: optuna.Study, recs: Sequence[TrialFacts]) -> tuple[list
         head += ["> Figures marked simulated come from the simulated GPU host, not from real hardware.", ""]
     head += _verdict_section(study, recs)
     body = _counts_section(recs)
+    body += _front_section(study, recs)
     body += _best_section(study, recs)
     body += _boundary_section(recs)
     body += _failures_section(recs)
@@ -121,21 +125,48 @@ LIMIT_WORDS = {
 }
 
 
+def study_best(study: optuna.Study, recs: Sequence[TrialFacts]) -> TrialFacts | None:
+    """The trial the study's summary leads with: the best COMPLETE feasible one, or in a ``pareto`` study the
+    knee of the front (:mod:`search.front`; its ``values`` are the medians over its launches)."""
+    goal = Goal.of(study)
+    return pick_record(recs, goal) if goal.pareto else best_record(recs, study.direction)
+
+
+def _figures_text(rec: TrialFacts, goal: Goal, *, units: bool = True) -> str:
+    """```metric` = value unit`` for the study's objective(s)."""
+    pairs: list[tuple[str, float | None]]
+    if goal.pareto and rec.values:
+        pairs = list(zip(goal.metrics, rec.values, strict=False))
+    else:
+        pairs = [(rec.objective_metric or "objective", rec.value)]
+    return ", ".join(f"`{m}` = {_fmt(v)}" + (f" {_unit(m)}" if units and _unit(m) else "") for m, v in pairs)
+
+
 def _verdict_section(study: optuna.Study, recs: Sequence[TrialFacts]) -> list[str]:
     out = ["## Verdict", ""]
-    best = best_record(recs, study.direction)
+    goal = Goal.of(study)
+    best = study_best(study, recs)
     if best is None:
         return [*out, "No configuration survived yet: there is no verdict.", ""]
-    metric = best.objective_metric or "objective"
     level = best.objective_level
-    unit = _unit(str(metric))
     knobs = ", ".join(f"`{k}={_fmt(v)}`" for k, v in sorted(best.params.items()))
     at = f" at concurrency {level}" if level is not None else ""
     sim = " (simulated)" if best.simulated else ""
-    out.append(f"- **Best: trial {best.number}**, `{metric}` = {_fmt(best.value)}{(' ' + unit) if unit else ''}"
-               f"{at}{sim}: {knobs or 'no searched knob'}.")
+    if goal.pareto:
+        points = front(recs, goal)
+        out.append(f"- **Front:** {len(points)} configuration(s) that no other beats on every metric "
+                   f"({goal.describe()}); see *Pareto front* below, and pick one with `servetune export --pick`.")
+        out.append(f"- **Knee of the front: trial {best.number}**, {_figures_text(best, goal)}{at}{sim}: "
+                   f"{knobs or 'no searched knob'}.")
+    else:
+        out.append(f"- **Best: trial {best.number}**, {_figures_text(best, goal)}{at}{sim}: "
+                   f"{knobs or 'no searched knob'}.")
     same = [r.number for r in recs if r.duplicate_of == best.number]
     confirmed = f"one benchmark sweep on host `{best.host}`" if best.host else "one benchmark sweep"
+    runs = launches_of(recs, best.number)
+    if goal.pareto and len(runs) > 1:
+        confirmed = (f"{len(runs)} launches (trials {', '.join(f'#{r.number}' for r in runs)}); the figures are "
+                     "their medians")
     if best.simulated:
         confirmed += " of the simulated GPU host (not real hardware: confirm on a GPU before serving)"
     if same:
@@ -212,11 +243,16 @@ def _trials_section(recs: Sequence[TrialFacts]) -> list[str]:
            "|---:|---|---|---:|" + "---:|" * len(knobs) + "---:|---|"]
     for rec in sorted(recs, key=lambda r: r.number):
         outcome = rec.label + (f" in {rec.phase.value}" if rec.phase and rec.label != "ok" else "")
-        cells = [f"#{rec.number}", rec.state.name, outcome, _fmt(rec.value),
+        cells = [f"#{rec.number}", rec.state.name, outcome, _value_cell(rec),
                  *(_fmt(rec.params.get(k)) for k in knobs), _fmt(rec.free_after_capture_gib),
                  _short(rec.reason, 100) or "-"]
         out.append("| " + " | ".join(_escape(c) for c in cells) + " |")
     return [*out, ""]
+
+
+def _value_cell(rec: TrialFacts) -> str:
+    """A trial's value, or a pareto trial's values (`` / ``-joined)."""
+    return value_text(rec, "{:.2f}") if rec.values is not None else _fmt(rec.value)
 
 
 def _unit(metric: str) -> str:
@@ -312,6 +348,9 @@ def _objective_text(study: optuna.Study, recs: Sequence[TrialFacts]) -> str:
     if metric is None:
         return ""
     at = f" at concurrency {level}" if level is not None else ""
+    goal = Goal.of(study)
+    if goal.pareto:
+        return f"Objective: the pareto front of {goal.describe()}{at}."
     return f"Objective: {study.direction.name.lower()} `{metric}`{at}."
 
 
@@ -331,12 +370,40 @@ def _counts_section(recs: Sequence[TrialFacts]) -> list[str]:
     return out
 
 
+def _front_section(study: optuna.Study, recs: Sequence[TrialFacts]) -> list[str]:
+    """A ``pareto`` study's front as a table (nothing for one objective)."""
+    goal = Goal.of(study)
+    if not goal.pareto:
+        return []
+    out = ["## Pareto front", ""]
+    points = front(recs, goal)
+    if not points:
+        return [*out, "No COMPLETE feasible configuration yet: no front.", ""]
+    knee = pick_record(recs, goal)
+    by_number = {r.number: r for r in recs}
+    knobs = sorted({k for p in points for k in by_number[p.number].params})
+    out += [f"{goal.describe()}; each configuration's figures are the medians over its launches (its repeats "
+            "included). Pick one with `servetune export --pick knee` (the default) or conditions such as "
+            f"`--pick \"{goal.metrics[-1]}<=X\"` (then the best `{goal.metrics[0]}`).", "",
+            "| trial | " + " | ".join(f"`{m}`" for m in goal.metrics) + " | launches | "
+            + " | ".join(f"`{k}`" for k in knobs) + " |",
+            "|---:|" + "---:|" * (len(goal.metrics) + 1) + "---:|" * len(knobs)]
+    launches = Counter(origin(r) for r in recs if r.state == TrialState.COMPLETE and r.measured)
+    for p in sorted(points, key=lambda p: p.values[0]):
+        rec = by_number[p.number]
+        tag = " (knee)" if knee is not None and knee.number == p.number else ""
+        cells = [f"#{p.number}{tag}", *(_fmt(v) for v in p.values), str(launches.get(p.number, 1)),
+                 *(_fmt(rec.params.get(k)) for k in knobs)]
+        out.append("| " + " | ".join(_escape(c) for c in cells) + " |")
+    return [*out, ""]
+
+
 def _best_section(study: optuna.Study, recs: Sequence[TrialFacts]) -> list[str]:
-    best = best_record(recs, study.direction)
-    out = ["## Best configuration", ""]
+    goal = Goal.of(study)
+    best = study_best(study, recs)
+    out = ["## Knee of the front" if goal.pareto else "## Best configuration", ""]
     if best is None:
         return [*out, "No COMPLETE feasible trial yet.", ""]
-    metric = best.objective_metric or "objective"
     level = best.objective_level
     at = f" at concurrency {level}" if level is not None else ""
     where = ", ".join(x for x in (
@@ -345,7 +412,7 @@ def _best_section(study: optuna.Study, recs: Sequence[TrialFacts]) -> list[str]:
         f"{best.engine} {best.engine_version}" if best.engine else "",
         "simulated" if best.simulated else "",
     ) if x)
-    out += [f"Trial {best.number}: `{metric}` = {_fmt(best.value)}{at} ({where}).", ""]
+    out += [f"Trial {best.number}: {_figures_text(best, goal, units=goal.pareto)}{at} ({where}).", ""]
     out += [_headroom_line(best.free_after_capture_gib, THIN_HEADROOM_GIB), ""]
     if best.params:
         out += ["| knob | value |", "|---|---|"]
@@ -524,8 +591,11 @@ class HostActivity(BaseModel):
 
 
 class BestTrial(BaseModel):
+    """The best trial (a ``pareto`` study: the knee of its front, with ``values`` one per metric)."""
+
     number: int
     value: float | None
+    values: list[float] | None = None
     params: dict[str, Any]
     host: str | None
     free_after_capture_gib: float | None
@@ -570,11 +640,12 @@ def study_status(study: optuna.Study, *, n_trials: int | None = None, workers: i
     remaining = max(0, n_trials - counts["COMPLETE"] - counts["PRUNED"]) if n_trials is not None else None
     parallel = max(1, workers if workers is not None else len(running))
     eta = mean * remaining / parallel if mean is not None and remaining is not None else None
-    best = best_record(recs, study.direction)
+    best = study_best(study, recs)
     starts = [_seconds(r.datetime_start) for r in recs if r.datetime_start]
+    goal = Goal.of(study)
     return StudyStatus.model_validate({
         "study": study.study_name,
-        "direction": study.direction.name.lower(),
+        "direction": f"pareto: {goal.describe()}" if goal.pareto else study.direction.name.lower(),
         "trials": {
             "total": len(recs),
             "done": finished,
@@ -594,6 +665,7 @@ def study_status(study: optuna.Study, *, n_trials: int | None = None, workers: i
         "best": None if best is None else {
             "number": best.number,
             "value": best.value,
+            "values": best.values,
             "params": best.params,
             "host": best.host,
             "free_after_capture_gib": best.free_after_capture_gib,

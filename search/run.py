@@ -77,6 +77,8 @@ from runners.host import Host, HostInfo, Lease, new_controller_id
 from runners.telemetry import FailureKind
 from search._optuna_compat import enter_optimize_loop, study_id, trial_id
 from search.confirm import CONFIRM_K, CONFIRM_REPEATS, confirmation_plan, search_launches
+from search.front import Goal
+from search.front import confirmation_plan as front_confirmation_plan
 from search.hosts import preflight
 from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
 from search.pool import HostPool, HostSlot, HostStatus, NoHostsLeft
@@ -311,7 +313,11 @@ class _Budget:
     def _queue_confirmation(self) -> str | None:
         """Queue the next confirmation launch (None), or say the study is DONE (or must WAIT for running ones)."""
         trials = records(self.study)
-        plan = confirmation_plan(trials, self.study.direction, k=self.confirm_k, repeats=self.confirm_repeats)
+        goal = Goal.of(self.study)
+        if goal.pareto:
+            plan = front_confirmation_plan(trials, goal, k=self.confirm_k, repeats=self.confirm_repeats)
+        else:
+            plan = confirmation_plan(trials, self.study.direction, k=self.confirm_k, repeats=self.confirm_repeats)
         if not plan:
             return self.DONE if not any(t.state == TrialState.RUNNING for t in trials) else self.WAIT
         origin, params = plan[0]
@@ -528,7 +534,7 @@ class _Run:
 
     def _trial(self, trial: optuna.Trial, slot: HostSlot) -> None:
         state = TrialState.FAIL
-        value: float | None = None
+        value: float | Sequence[float] | None = None
         infra, error, permanent = False, "", False
         fatal: BaseException | None = None
         note_controller(trial, slot.host.controller_id)
@@ -575,7 +581,8 @@ class _Run:
 
 def make_sampler(seed: int | None, n_trials: int | None) -> optuna.samplers.BaseSampler:
     """servetune's sampler: Optuna's TPE, which learns the feasible region from the trials' constraints
-    (the memory margin, the SLOs), over fewer random start-up trials than launches."""
+    (the memory margin, the SLOs), over fewer random start-up trials than launches. The same sampler serves a
+    ``pareto`` study: TPE is multi-objective (MOTPE) when the study has several directions."""
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(1, (n_trials or 10) // 4)),
                                       multivariate=True)
 
@@ -598,7 +605,8 @@ def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> Run
     storage = open_storage(options.storage_url, heartbeat_interval=options.heartbeat_interval,
                            grace_period=options.grace_period)
     sampler = make_sampler(options.seed, options.n_trials)
-    study = create_or_load(storage, options.study_name, sampler=sampler)
+    study = create_or_load(storage, options.study_name, sampler=sampler, directions=space.objective.directions,
+                           metric_names=space.objective.metric_names)
     study.set_user_attr("space_name", space.name)
     study.set_user_attr("engine", space.engine.kind)
     if options.n_trials is not None:

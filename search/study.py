@@ -15,13 +15,14 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
@@ -150,18 +151,35 @@ def _use_wal(storage: RDBStorage) -> None:
 
 
 def create_or_load(storage: RDBStorage, name: str, *, direction: Literal["minimize", "maximize"] = "maximize",
-                   sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
-    """Create the study, or resume it if it exists (``load_if_exists``)."""
+                   sampler: optuna.samplers.BaseSampler | None = None,
+                   directions: Sequence[str] | None = None,
+                   metric_names: Sequence[str] | None = None) -> optuna.Study:
+    """Create the study, or resume it if it exists (``load_if_exists``).
+
+    ``directions`` (with ``metric_names``, one per direction) makes a multi-objective study when there are
+    several (a ``pareto`` objective); resuming a study whose directions differ is a StudyError (one line):
+    its trials were scored by another objective.
+    """
+    wanted = [StudyDirection.MINIMIZE if d.lower() == "minimize" else StudyDirection.MAXIMIZE
+              for d in (directions if directions is not None else [direction])]
     try:
         study = optuna.create_study(
-            storage=storage, study_name=name, direction=direction, load_if_exists=True,
+            storage=storage, study_name=name, directions=wanted, load_if_exists=True,
             sampler=sampler, pruner=optuna.pruners.NopPruner(),
         )
     except SQLAlchemyError as exc:
         raise StudyError(f"cannot create study {name!r}: {first_line(exc)}") from None
+    have = [d.name.lower() for d in study.directions]
+    if directions is not None and study.directions != wanted:
+        held = ", ".join(study.metric_names or []) or "its objective"
+        want = ", ".join(d.name.lower() for d in wanted)
+        raise StudyError(f"study {name!r} exists with {len(have)} objective(s) ({', '.join(have)}: {held}); "
+                         f"this space's objective has {len(wanted)} ({want}): run it under another --study name")
     if study.metric_names is None:
+        names = list(metric_names) if metric_names is not None and len(metric_names) == len(have) else None
         with experimental_ok():
-            study.set_metric_names(METRIC_NAMES)
+            study.set_metric_names(names or (METRIC_NAMES if len(have) == 1 else
+                                             [f"objective{i}" for i in range(len(have))]))
     return study
 
 

@@ -54,6 +54,7 @@ from optuna.artifacts import download_artifact
 from optuna.trial import FrozenTrial, TrialState
 
 from runners.errors import ServetuneError, StudyError, first_line
+from search.front import Goal
 from search.records import MEM_PREFIX, TrialFacts
 from search.report import study_status
 from search.settings import DEFAULT_TRACKING_URI
@@ -223,6 +224,9 @@ class MlflowTracker:
         if best is not None and best.value is not None:
             metrics.append(Metric("best_value", float(best.value), now, finished))
             tags.append(RunTag("servetune.best_trial", str(best.number)))
+            # A pareto study: "best" is the knee of the front; its figures per metric as well.
+            for metric, value in zip(Goal.of(study).metrics, best.values or (), strict=False):
+                metrics.append(Metric(f"knee.{metric}", float(value), now, finished))
             if best.free_after_capture_gib is not None:
                 metrics.append(Metric("best_free_after_capture_gib", best.free_after_capture_gib, now,
                                       finished))
@@ -538,8 +542,7 @@ def _metrics(rec: TrialFacts) -> list[tuple[str, float, int]]:
     for key, value in rec.memory.items():
         if _number(value):
             out.append((MEM_PREFIX + key, float(value), 0))
-    if rec.state == TrialState.COMPLETE and rec.value is not None and math.isfinite(rec.value):
-        out.append(("objective", float(rec.value), 0))
+    out += _objective_metrics(rec)
     for key, figure in (("level_reached", rec.level_reached), ("startup_s", rec.startup_s),
                         ("stop_s", rec.stop_s)):
         if _number(figure):
@@ -547,6 +550,15 @@ def _metrics(rec: TrialFacts) -> list[tuple[str, float, int]]:
     if rec.duration_s is not None:
         out.append(("duration_s", rec.duration_s, 0))
     return out
+
+
+def _objective_metrics(rec: TrialFacts) -> list[tuple[str, float, int]]:
+    """A COMPLETE trial's ``objective``; a pareto trial's values also under ``objective.<metric>``."""
+    if rec.state != TrialState.COMPLETE:
+        return []
+    out = [("objective", float(rec.value), 0)] if rec.value is not None and math.isfinite(rec.value) else []
+    named = zip(rec.objective_metrics or (), rec.values or (), strict=False)
+    return out + [(f"objective.{name}", float(v), 0) for name, v in named if math.isfinite(v)]
 
 
 def _tags(study_name: str, rec: TrialFacts) -> dict[str, str]:

@@ -26,6 +26,8 @@ path with the allowed range, in one line). Example (see ``spaces/demo-sim.yaml``
     workload: {input_len: 256, output_len: 128, concurrency: [1, 16, 64], requests_per_level: 64,
                warmup_requests: 2}
     objective: {metric: output_throughput, level: 64, slo: {p99_ttft_ms: 2000, p99_tpot_ms: 800}}
+    # or a throughput-latency front: {kind: pareto, level: 64, metrics: [{name: output_throughput},
+    #                                 {name: p99_tpot_ms, direction: minimize}]}
     budget: {n_trials: 30, timeout: 8h, startup_timeout: 20m, benchmark_timeout: 30m}
     memory_limit: null                  # e.g. 48GiB: each server runs in a memory cgroup of that size (root)
 """
@@ -482,16 +484,57 @@ class RateSearch(_Strict):
         return self
 
 
+#: The load generator's figures (bench_serving's names) a ``pareto`` objective may trade off, each with the
+#: direction that makes it better: a throughput is maximised, a latency minimised.
+PARETO_METRICS: dict[str, Literal["maximize", "minimize"]] = {
+    **{name: "maximize" for name in ("output_throughput", "request_throughput", "input_throughput",
+                                     "total_throughput")},
+    **{f"{stat}_{what}_ms": "minimize" for what in ("ttft", "tpot", "itl", "e2e_latency")
+       for stat in ("mean", "median", "p99")},
+}
+
+
+class ParetoMetric(_Strict):
+    """One metric of a ``pareto`` objective: a load generator figure at the objective's level, and whether
+    more or less of it is better (default: the only direction that makes sense for it)."""
+
+    name: str
+    direction: Literal["maximize", "minimize"] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in PARETO_METRICS:
+            raise ValueError(f"unknown metric {v!r}; allowed: {', '.join(PARETO_METRICS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _sense(self) -> ParetoMetric:
+        natural = PARETO_METRICS[self.name]
+        if self.direction is not None and self.direction != natural:
+            what = "a latency" if natural == "minimize" else "a throughput"
+            raise ValueError(f"{self.name} is {what}: its direction is {natural}, not {self.direction}")
+        return self
+
+    @property
+    def sense(self) -> Literal["maximize", "minimize"]:
+        return self.direction or PARETO_METRICS[self.name]
+
+
 class Objective(_Strict):
     """What a trial is scored by.
 
     * ``throughput_at``: ``metric`` at concurrency ``level``; SLO limits are Optuna constraints;
     * ``max_rate_under_slo``: the highest request rate at which every ``slo`` limit holds (``rate`` says how
-      it is searched), with at most ``level`` requests in flight.
+      it is searched), with at most ``level`` requests in flight;
+    * ``pareto``: two or more ``metrics`` at concurrency ``level``, each with its direction, as one Optuna
+      multi-objective study (the trials that no other beats on every metric form the front); SLO limits
+      (p99 TTFT, p99 TPOT) are Optuna constraints, as for ``throughput_at``.
     """
 
-    kind: Literal["throughput_at", "max_rate_under_slo"] = "throughput_at"
+    kind: Literal["throughput_at", "max_rate_under_slo", "pareto"] = "throughput_at"
     metric: Literal["output_throughput", "request_throughput", "total_throughput"] = "output_throughput"
+    metrics: list[ParetoMetric] | None = None
     level: int | None = None
     slo: Slo = Field(default_factory=Slo)
     rate: RateSearch | None = None
@@ -500,6 +543,10 @@ class Objective(_Strict):
     def _kind(self) -> Objective:
         if self.kind != "max_rate_under_slo" and self.rate is not None:
             raise ValueError(f"rate is only for kind max_rate_under_slo (this objective is {self.kind})")
+        if self.kind != "pareto" and self.metrics is not None:
+            raise ValueError(f"metrics is only for kind pareto (this objective is {self.kind}: give metric)")
+        if self.kind == "pareto":
+            self._check_pareto()
         if self.kind == "max_rate_under_slo":
             if not self.slo.limits():
                 raise ValueError("max_rate_under_slo needs at least one slo limit "
@@ -508,6 +555,20 @@ class Objective(_Strict):
                 raise ValueError("max_rate_under_slo scores the rate (or rate.result: goodput); drop metric")
         return self
 
+    def _check_pareto(self) -> None:
+        names = [m.name for m in self.metrics or []]
+        if len(names) < 2:
+            raise ValueError(f"pareto needs 2 or more metrics to trade off (got {len(names)}); for one metric "
+                             "use kind throughput_at")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"pareto metric {twice[0]} is named twice; each metric once")
+        if "metric" in self.model_fields_set:
+            raise ValueError("pareto scores its metrics list; drop metric")
+        if self.slo.max_error_rate is not None:
+            raise ValueError("slo.max_error_rate is only for max_rate_under_slo (a pareto trial's level must "
+                             "serve every request); allowed here: slo.p99_ttft_ms, slo.p99_tpot_ms")
+
     @property
     def rate_search(self) -> RateSearch:
         return self.rate or RateSearch()
@@ -515,10 +576,27 @@ class Objective(_Strict):
     @property
     def scored_by(self) -> str:
         """The name of what a trial's value is: the metric, or for ``max_rate_under_slo`` the rate found
-        (``slo_request_rate``, req/s) or the output throughput at it (``slo_goodput``, tok/s)."""
+        (``slo_request_rate``, req/s) or the output throughput at it (``slo_goodput``, tok/s); for ``pareto``
+        the first of its metrics (the others are in :attr:`metric_names`)."""
         if self.kind == "max_rate_under_slo":
             return "slo_request_rate" if self.rate_search.result == "rate" else "slo_goodput"
+        if self.kind == "pareto":
+            return self.metric_names[0]
         return self.metric
+
+    @property
+    def metric_names(self) -> list[str]:
+        """The names of the study's objectives, in order (one but for ``pareto``)."""
+        if self.kind == "pareto":
+            return [m.name for m in self.metrics or []]
+        return [self.scored_by]
+
+    @property
+    def directions(self) -> list[Literal["maximize", "minimize"]]:
+        """The study's directions, one per :attr:`metric_names` (every single objective is maximised)."""
+        if self.kind == "pareto":
+            return [m.sense for m in self.metrics or []]
+        return ["maximize"]
 
 
 class Budget(_Strict):

@@ -22,6 +22,7 @@ from optuna.trial import TrialState
 
 from runners.telemetry import FailureKind, Phase
 from search import RunPlan, StopReason, run_study
+from search.confirm import search_launches
 from search.hosts import local_host
 from search.pool import HostState
 from search.records import TrialFacts, best_record, records
@@ -196,7 +197,8 @@ def test_run_study_is_the_library_call_behind_run(searched: tuple[Path, optuna.S
     settings = load_settings(storage=f"sqlite:///{wd}/servetune.db", artifacts_dir=wd / "artifacts-lib",
                              runs_root=str(wd / "runs"), sim_dir=wd / "sim")
     seen: list[RunPlan] = []
-    counted = len([t for t in study.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)])
+    # The budget counts launches of the search proper: the resumed run may have skipped predicted OOMs.
+    counted = search_launches(records(study))[0]
     summary = run_study(load_space(wd / "space.yaml"), settings, study_name="e2e", n_trials=counted,
                         mlflow=False, on_start=seen.append)
     assert seen == [RunPlan("e2e", ["local"], settings.storage, counted, None)]

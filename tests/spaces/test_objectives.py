@@ -44,6 +44,27 @@ def test_max_rate_under_slo_loads_with_its_search(tmp_path: Path) -> None:
     assert (rs.start, rs.low, rs.high, rs.steps, rs.tolerance, rs.result) == (2, 0.25, 64, 10, 0.03, "rate")
 
 
+def test_pareto_loads_with_its_metrics_and_directions(tmp_path: Path) -> None:
+    space = load(tmp_path, objective={"kind": "pareto", "level": 16, "slo": {"p99_ttft_ms": 3000},
+                                      "metrics": [{"name": "output_throughput", "direction": "maximize"},
+                                                  {"name": "p99_tpot_ms"}, {"name": "mean_ttft_ms"}]})
+    objective = space.objective  # type: ignore[attr-defined]
+    assert objective.metric_names == ["output_throughput", "p99_tpot_ms", "mean_ttft_ms"]
+    assert objective.directions == ["maximize", "minimize", "minimize"]  # a latency is minimised by default
+    assert objective.scored_by == "output_throughput"
+    assert space.target_level == 16  # type: ignore[attr-defined]
+    shipped = load_space(ROOT / "spaces" / "sim-pareto.yaml")
+    assert shipped.objective.kind == "pareto" and len(shipped.objective.metric_names) == 2
+
+
+def test_every_pareto_metric_is_a_figure_the_load_generator_reports() -> None:
+    from runners.loadgen import RECORD_KEYS
+    from spaces.schema import PARETO_METRICS
+
+    assert set(PARETO_METRICS) <= set(RECORD_KEYS)
+    assert all(sense == ("minimize" if name.endswith("_ms") else "maximize") for name, sense in PARETO_METRICS.items())
+
+
 @pytest.mark.parametrize("objective, message", [
     ({"kind": "max_rate_under_slo"}, "objective: max_rate_under_slo needs at least one slo limit"),
     ({"kind": "max_rate_under_slo", "slo": {"p99_ttft_ms": 100}, "metric": "output_throughput"},
@@ -51,7 +72,29 @@ def test_max_rate_under_slo_loads_with_its_search(tmp_path: Path) -> None:
     ({"kind": "throughput_at", "rate": {"start": 1}}, "objective: rate is only for kind max_rate_under_slo"),
     ({"kind": "max_rate_under_slo", "slo": {"p99_ttft_ms": 100}, "rate": {"start": 1, "low": 2}},
      "objective.rate: need low <= start <= high"),
-    ({"kind": "fastest"}, "objective.kind: Input should be 'throughput_at' or 'max_rate_under_slo'"),
+    ({"kind": "fastest"}, "objective.kind: Input should be 'throughput_at', 'max_rate_under_slo' or 'pareto'"),
+    # pareto: two or more known metrics, each once, in their direction; SLO keys that apply to it
+    ({"kind": "pareto", "metrics": [{"name": "output_throughput"}]},
+     "objective: pareto needs 2 or more metrics to trade off (got 1); for one metric use kind throughput_at"),
+    ({"kind": "pareto"}, "objective: pareto needs 2 or more metrics to trade off (got 0)"),
+    ({"kind": "pareto", "metrics": [{"name": "output_throughput"}, {"name": "p95_tpot_ms"}]},
+     "objective.metrics.1.name: unknown metric 'p95_tpot_ms'; allowed: output_throughput, request_throughput"),
+    ({"kind": "pareto", "metrics": [{"name": "p99_tpot_ms"}, {"name": "p99_tpot_ms"}]},
+     "objective: pareto metric p99_tpot_ms is named twice; each metric once"),
+    ({"kind": "pareto", "metrics": [{"name": "output_throughput"}, {"name": "p99_tpot_ms", "direction": "down"}]},
+     "objective.metrics.1.direction: Input should be 'maximize' or 'minimize'"),
+    ({"kind": "pareto", "metrics": [{"name": "output_throughput"}, {"name": "p99_tpot_ms", "direction": "maximize"}]},
+     "objective.metrics.1: p99_tpot_ms is a latency: its direction is minimize, not maximize"),
+    ({"kind": "pareto", "metrics": [{"name": "output_throughput"}, {"name": "p99_ttft_ms"}],
+      "slo": {"max_error_rate": 0.01}},
+     "objective: slo.max_error_rate is only for max_rate_under_slo (a pareto trial's level must serve every "
+     "request); allowed here: slo.p99_ttft_ms, slo.p99_tpot_ms"),
+    ({"kind": "pareto", "metrics": [{"name": "output_throughput"}, {"name": "p99_ttft_ms"}],
+      "metric": "output_throughput"}, "objective: pareto scores its metrics list; drop metric"),
+    ({"kind": "pareto", "metrics": [{"name": "output_throughput"}, {"name": "p99_ttft_ms"}],
+      "rate": {"start": 1}}, "objective: rate is only for kind max_rate_under_slo (this objective is pareto)"),
+    ({"metrics": [{"name": "output_throughput"}, {"name": "p99_ttft_ms"}]},
+     "objective: metrics is only for kind pareto (this objective is throughput_at: give metric)"),
 ])
 def test_bad_objectives_are_one_line(tmp_path: Path, objective: dict, message: str) -> None:
     with pytest.raises(ConfigError) as err:
