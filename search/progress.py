@@ -21,6 +21,7 @@ from search.records import TrialFacts, best_record, records
 
 if TYPE_CHECKING:
     from search.api import RunPlan
+    from search.describe import DryRun
     from search.report import StudyStatus
     from search.run import RunSummary
     from spaces.schema import Space
@@ -155,6 +156,29 @@ def print_plan(console: Console, plan: RunPlan) -> None:
         sys.stderr.write(" ".join(line.split()) + "\n")
 
 
+def print_dry_run(console: Console, plan: DryRun, *, simulated: bool) -> None:
+    """``servetune run --dry-run``: the study, hosts and budget, and the first launches with their commands."""
+    from search.report import format_duration
+
+    budget = f"{plan.n_trials} trials" if plan.n_trials else "no trial limit"
+    if plan.timeout:
+        budget += f", at most {format_duration(plan.timeout)}"
+    sim = " (SIMULATED GPU host: every figure it produces is simulated)" if simulated else ""
+    lines = [f"dry run: nothing is launched and nothing is written{sim}",
+             f"study {plan.study}; budget {budget}",
+             f"hosts: {', '.join(plan.hosts)}"]
+    if plan.resumed:
+        lines.append(f"the study holds {plan.resumed} trial(s): the run resumes it, and the sampler proposes the "
+                     "next configurations from them")
+    for label, params, command in plan.launches:
+        knobs = ", ".join(f"{k}={_value(v)}" for k, v in params.items())
+        lines += [f"{label}: {knobs}", f"  {command}"]
+    if plan.launches:
+        lines.append("(the memory model may skip a launch it predicts dies; the sampler proposes the rest)")
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def print_run(console: Console, err_console: Console, summary: RunSummary, space: Space) -> None:
     """What ``servetune run`` prints after a run: the trials, hosts set aside, why it stopped, the best
     configuration and where the morning summary is."""
@@ -176,9 +200,10 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
     if confirmed is not None and confirmed.launches > 1:
         best = next(r for r in recs if r.number == confirmed.trial)
         params = ", ".join(f"{k}={v}" for k, v in best.params.items())
+        sim = " (simulated)" if best.simulated else ""
         console.print(f"[green]best[/] (confirmed over {confirmed.launches} launches, spread "
                       f"{confirmed.spread:.1%}): trial {best.number}, {space.objective.scored_by}="
-                      f"{confirmed.reported:.1f} (median of the repeats) at C={space.target_level}  "
+                      f"{confirmed.reported:.1f}{sim} (median of the repeats) at C={space.target_level}  "
                       f"{escape('[' + params + ']')}")
     elif best is not None:
         params = ", ".join(f"{k}={v}" for k, v in best.params.items())
