@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.text import Text
 
@@ -391,21 +392,23 @@ def hosts_check(
     settings = _settings()
     hosts = build_hosts(space, host_args=host or [], inventory=inventory, runs_root=settings.runs_root,
                         sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key)
-    table = Table(title="servetune hosts")
-    for col in ("host", "reachable", "engine", "version", "GPUs", "free MiB", "busy", "held by", "error"):
-        table.add_column(col, overflow="fold")
+    table = Table(title="servetune hosts", box=box.SIMPLE_HEAD)
+    # Short cells never break; what can be long (who holds a host, an error) wraps at its spaces.
+    for col in ("host", "reachable", "engine", "GPUs", "free MiB", "busy", "held by"):
+        table.add_column(col, no_wrap=col in ("host", "reachable"))
+    table.add_column("error", ratio=1)
     bad = 0
     sim = " (simulated)" if space.engine.kind == "sim" else ""
     for h in hosts:
         try:
             info = preflight(h, space)
             gpus = f"{len(info.gpus)}x {info.gpu_name}{sim}"
-            table.add_row(h.name, "yes", info.engine, info.engine_version, gpus, f"{info.free_mib:.0f}{sim}",
+            table.add_row(h.name, "yes", f"{info.engine} {info.engine_version}", gpus, f"{info.free_mib:.0f}{sim}",
                           f"yes: {info.reason}" if info.busy else "no", _held_by(h), "-")
             bad += int(info.busy)
         except ServetuneError as exc:
             reachable = "yes" if isinstance(exc, HostBusy | HostMisconfigured) else "no"
-            table.add_row(h.name, reachable, "-", "-", "-", "-", "-", "-", Text(first_line(exc), style="red"))
+            table.add_row(h.name, reachable, "-", "-", "-", "-", "-", Text(first_line(exc), style="red"))
             bad += 1
         finally:
             h.close()
