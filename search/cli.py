@@ -27,8 +27,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts are plain text: "[default: the best]" is a literal, never a markup tag that disappears.
+    rich_markup_mode=None,
 )
-hosts_app = typer.Typer(help="Check GPU hosts.", no_args_is_help=True)
+hosts_app = typer.Typer(help="Check GPU hosts.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(hosts_app, name="hosts")
 
 console = Console()
