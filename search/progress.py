@@ -3,6 +3,7 @@ OOMs so far; and the summary table at the end."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -55,6 +56,7 @@ class Progress:
         self.simulated = False
         self._lock = threading.Lock()
         self._live: Live | None = None
+        self._logs: LibraryLogs | None = None
         self._started = time.monotonic()
 
     # -- hooks ---------------------------------------------------------------------------------
@@ -121,12 +123,64 @@ class Progress:
         if self.live_enabled:
             self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
             self._live.__enter__()
+            self._logs = LibraryLogs(self.console)
+            self._logs.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._logs is not None:
+            self._logs.__exit__()
+            self._logs = None
         if self._live is not None:
             self._live.__exit__(None, None, None)
             self._live = None
+
+
+#: Libraries whose log handlers hold the terminal's stream from before the live display started.
+LIBRARY_LOGGERS = ("optuna", "mlflow", "alembic", "paramiko", "sqlalchemy")
+
+
+class _ConsoleHandler(logging.Handler):
+    """Prints a log record through the live display's console, which puts it above the display."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(logging.WARNING)
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = f"{record.name}: {record.levelname.lower()}: {' '.join(record.getMessage().split())}"
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        except Exception:  # a log line must never break the run
+            self.handleError(record)
+
+
+class LibraryLogs:
+    """While the live display runs, the loggers of :data:`LIBRARY_LOGGERS` write their warnings through its
+    console instead of their own handlers.
+
+    NOTE: rich's Live redirects ``sys.stderr``, but a ``StreamHandler`` made at import time (optuna's,
+    mlflow's) keeps the stream it was given then, so its lines would be drawn into the middle of the
+    display. Those handlers are set aside until the display ends; below WARNING is dropped meanwhile.
+    """
+
+    def __init__(self, console: Console) -> None:
+        self.handler = _ConsoleHandler(console)
+        self._saved: list[tuple[logging.Logger, list[logging.Handler], bool]] = []
+
+    def __enter__(self) -> LibraryLogs:
+        for name in LIBRARY_LOGGERS:
+            logger = logging.getLogger(name)
+            self._saved.append((logger, list(logger.handlers), logger.propagate))
+            logger.handlers = [self.handler]
+            logger.propagate = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for logger, handlers, propagate in self._saved:
+            logger.handlers = handlers
+            logger.propagate = propagate
+        self._saved = []
 
 
 def _line(rec: TrialFacts, metric: str) -> str:

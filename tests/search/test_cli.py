@@ -343,3 +343,33 @@ def test_export_engine_refusals(sim_study: tuple[str, optuna.Study], tmp_path: P
     assert code == 1 and "go with --engine" in out
     with pytest.raises(ValidationError, match="must be one word"):
         Deploy.model_validate({"python": "python3; rm -rf /"})
+
+
+def test_no_library_log_line_breaks_the_live_display() -> None:
+    """A handler holding the terminal's stream from import time (as optuna's and mlflow's do) writes nothing
+    while the display runs; its warning is printed above the display, and the handlers come back after."""
+    import io
+    import logging
+
+    from search.progress import LIBRARY_LOGGERS, Progress
+
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=100)
+    direct = io.StringIO()
+    handlers = {name: logging.StreamHandler(direct) for name in LIBRARY_LOGGERS}
+    for name, handler in handlers.items():
+        logging.getLogger(name).addHandler(handler)
+    try:
+        with Progress(console, n_trials=3, metric="output_throughput", live=True):
+            for name in LIBRARY_LOGGERS:
+                logging.getLogger(f"{name}.sub").warning("%s says hello", name)
+            logging.getLogger("alembic.runtime.migration").info("Context impl SQLiteImpl.")
+        assert direct.getvalue() == ""
+        for name in LIBRARY_LOGGERS:
+            assert f"{name}.sub: warning: {name} says hello" in screen.getvalue()
+        assert "SQLiteImpl" not in screen.getvalue()
+        for name, handler in handlers.items():
+            assert handler in logging.getLogger(name).handlers
+    finally:
+        for name, handler in handlers.items():
+            logging.getLogger(name).removeHandler(handler)
