@@ -124,14 +124,15 @@ def run(
 
     def on_start(plan: Any) -> None:
         _print_held(space)
-        print_plan(console, plan)
+        print_plan(console, plan, simulated=space.engine.kind == "sim")
 
     summary = run_study(
         space, settings, study_name=study, n_trials=n_trials,
         timeout=_duration("--timeout", timeout) if timeout else None, hosts=host or [], inventory=inventory,
         accept_new_host_key=accept_new_host_key, mlflow=not no_mlflow, seed=seed,
         cooldown=_duration("--host-cooldown", host_cooldown),
-        progress=Progress(console, n_trials=None, metric=space.objective.scored_by, live=live),
+        progress=Progress(console, n_trials=None, metric=space.objective.scored_by, live=live,
+                          simulated=space.engine.kind == "sim"),
         on_start=on_start, confirm_k=confirm_top, confirm_repeats=confirm_repeats,
     )
     print_run(console, err_console, summary, space)
@@ -234,7 +235,7 @@ def trials(
     if as_json:
         sys.stdout.write(json.dumps([r.summary() for r in recs], indent=2, default=str) + "\n")
     else:
-        console.print(summary_table(recs, "objective"))
+        console.print(summary_table(recs, "objective", width=console.width))
 
 
 @app.command()

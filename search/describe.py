@@ -46,7 +46,7 @@ def knob_values(spec: Any) -> tuple[str, int | None]:
     if isinstance(spec, FloatRange):
         if spec.step is None:
             return f"any value from {spec.low:g} to {spec.high:g} (continuous)", None
-        count = int(math.floor((spec.high - spec.low) / spec.step + 1e-9)) + 1
+        count = math.floor((spec.high - spec.low) / spec.step + 1e-9) + 1
         return f"{spec.low:g} to {spec.high:g} in steps of {spec.step:g}", count
     if isinstance(spec, IntChoices | BoolChoices):
         words = ["engine default" if c is None else str(c).lower() for c in spec.choices]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
@@ -43,7 +44,8 @@ _PHASE_WORDS = {
 class Progress:
     """Receives trial events from the objective and trial results from a study callback."""
 
-    def __init__(self, console: Console, *, n_trials: int | None, metric: str, live: bool = True) -> None:
+    def __init__(self, console: Console, *, n_trials: int | None, metric: str, live: bool = True,
+                 simulated: bool = False) -> None:
         self.console = console
         self.n_trials = n_trials
         self.done = 0
@@ -53,7 +55,7 @@ class Progress:
         self.best: tuple[float, int] | None = None
         self.ooms = 0
         self.failed = 0
-        self.simulated = False
+        self.simulated = simulated
         self._lock = threading.Lock()
         self._live: Live | None = None
         self._logs: LibraryLogs | None = None
@@ -100,7 +102,7 @@ class Progress:
         head = Text.assemble(
             ("servetune ", "bold"), f"trials done {self.done}{total}",
             "  best ", (f"{self.best[0]:.1f} (trial {self.best[1]})" if self.best else "-", "green"),
-            " simulated" if self.simulated and self.best else "",
+            " (simulated)" if self.simulated and self.best else "",
             "  OOMs ", (str(self.ooms), "red" if self.ooms else ""),
             f"  failed {self.failed}",
             f"  elapsed {time.monotonic() - self._started:.0f}s",
@@ -192,19 +194,28 @@ def _line(rec: TrialFacts, metric: str) -> str:
     return f"trial {rec.number}: {rec.state.name} {rec.label}{where}  [{params}]  {rec.reason}"
 
 
+_SHORT = {"mem_fraction_static": "mem frac", "cuda_graph_max_bs": "graph bs",
+          "num_continuous_decode_steps": "decode steps", "max_running_requests": "max running",
+          "chunked_prefill_size": "chunked prefill", "gpu_memory_utilization": "gpu mem util",
+          "max_num_seqs": "max seqs", "max_num_batched_tokens": "batched tokens", "cuda_graph_sizes": "graph sizes",
+          "max_model_len": "model len", "enforce_eager": "eager", "kv_cache_space_gib": "kv GiB"}
+_UNITS = {"output_throughput": "tok/s", "total_throughput": "tok/s", "request_throughput": "req/s",
+          "slo_request_rate": "req/s", "slo_goodput": "tok/s"}
+
+
 def _short(name: str) -> str:
-    return {"mem_fraction_static": "mem frac", "cuda_graph_max_bs": "graph bs",
-            "num_continuous_decode_steps": "decode steps"}.get(name, name.removeprefix("nccl."))
+    return _SHORT.get(name, name.removeprefix("nccl."))
 
 
 def _value(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def print_plan(console: Console, plan: RunPlan) -> None:
+def print_plan(console: Console, plan: RunPlan, *, simulated: bool = False) -> None:
     """What ``servetune run`` prints once its hosts are open: the study, the hosts, storage and budget."""
-    console.print(f"study [bold]{plan.study}[/] on {', '.join(plan.hosts)} "
-                  f"(storage {plan.storage}; budget {plan.n_trials or 'unlimited'} trials)")
+    sim = " (SIMULATED GPU host: every figure below is simulated)" if simulated else ""
+    console.print(f"study [bold]{escape(plan.study)}[/] on {escape(', '.join(plan.hosts))} "
+                  f"(storage {escape(plan.storage)}; budget {plan.n_trials or 'unlimited'} trials){sim}")
     for line in plan.warnings:
         # One plain line on stderr: what the run goes on without (paths and errors may hold "[").
         sys.stderr.write(" ".join(line.split()) + "\n")
@@ -239,7 +250,7 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
     if summary.mlflow_error is not None:
         err_console.print(f"mlflow: {summary.mlflow_error} (back-fill later with `servetune sync-mlflow`)")
     recs = records(summary.study)
-    console.print(summary_table(recs, space.objective.scored_by))
+    console.print(summary_table(recs, space.objective.scored_by, width=min(console.width, 100)))
     for orphan in summary.orphans_stopped:
         console.print(f"stopped an orphaned server: {orphan}")
     for line in summary.hosts_dropped:
@@ -275,32 +286,56 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
             console.print(f"morning summary: {summary.report_path} (again any time: servetune report --study {name})")
 
 
-def summary_table(records: list[TrialFacts], metric: str) -> Table:
-    """One row per trial, one column per searched knob."""
+def summary_table(records: list[TrialFacts], metric: str, *, width: int = 100) -> Table:
+    """One row per trial, one column per searched knob, laid out in ``width`` columns without breaking a word
+    (headers and outcomes wrap at their spaces; see :func:`_fit`)."""
     knobs: list[str] = []
     for rec in records:
         knobs += [k for k in rec.params if k not in knobs]
     simulated = any(r.simulated for r in records)
-    table = Table(title="servetune trials" + (" (simulated host: every figure is simulated)" if simulated else ""))
-    # The trial's number, state and value never break; knob values and reasons wrap at their spaces.
-    for col in ("#", "state"):
-        table.add_column(col, no_wrap=True)
-    for col in ("outcome", metric, *(_short(k) for k in knobs), "free after capture"):
-        table.add_column(col, overflow="fold")
+    unit = _UNITS.get(metric)
+    headers = ["#", "state", "outcome", metric.replace("_", " ") + (f" ({unit})" if unit else ""),
+               *(_short(k) for k in knobs), "free after capture (GiB)"]
+    rows: list[list[str]] = []
+    styles: list[str] = []
     for rec in records:
         free = rec.free_after_capture_gib
-        style = {TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow", TrialState.FAIL: "red"}.get(
-            rec.state, "")
         outcome = rec.label + (f" ({rec.phase.value})" if rec.phase and rec.state != TrialState.COMPLETE else "")
-        table.add_row(
-            str(rec.number),
-            Text(rec.state.name, style=style),
-            outcome,
-            f"{rec.value:.1f}" if rec.value is not None else "-",
-            *(_value(rec.params.get(k, "-")) for k in knobs),
-            f"{free:.2f} GiB" if free is not None else "-",
-        )
+        rows.append([str(rec.number), rec.state.name, outcome, f"{rec.value:.1f}" if rec.value is not None else "-",
+                     *(_value(rec.params.get(k, "-")) for k in knobs), f"{free:.2f}" if free is not None else "-"])
+        styles.append({TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow", TrialState.FAIL: "red"}.get(
+            rec.state, ""))
+    title = "servetune trials" + (" (simulated host: every figure is simulated)" if simulated else "")
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False,
+                  show_edge=False)
+    widths = _fit([[header, *(r[i] for r in rows)] for i, header in enumerate(headers)], width)
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="right" if i == 0 else "left", width=widths[i] if widths else None,
+                         overflow="fold")
+    for row, style in zip(rows, styles, strict=True):
+        table.add_row(row[0], Text(row[1], style=style), *row[2:])
     return table
+
+
+#: Columns between two cells of the summary table (padding and separator).
+_GAP = 2
+
+
+def _fit(columns: list[list[str]], width: int) -> list[int] | None:
+    """Column widths that fit ``width`` with no word broken: each column at least its longest word, then the
+    spare width given to the columns whose whole text needs the least of it, so the fewest cells wrap. None
+    when even the longest words do not fit (rich then folds as it must)."""
+    mins = [max(len(word) for cell in col for word in (cell.split() or [""])) for col in columns]
+    maxs = [max(len(cell) for cell in col) for col in columns]
+    spare = width - _GAP * (len(columns) - 1) - sum(mins)
+    if spare < 0:
+        return None
+    widths = list(mins)
+    for i in sorted(range(len(columns)), key=lambda i: maxs[i] - mins[i]):
+        extra = min(maxs[i] - widths[i], spare)
+        widths[i] += extra
+        spare -= extra
+    return widths
 
 
 def status_view(status: StudyStatus) -> Group:

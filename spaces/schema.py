@@ -564,9 +564,8 @@ class Deploy(_Strict):
     @field_validator("gpus")
     @classmethod
     def _gpus(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None:
-            if not v or any(g < 0 for g in v) or len(set(v)) != len(v):
-                raise ValueError("give distinct GPU indices >= 0, e.g. [0, 1, 2, 3]")
+        if v is not None and (not v or any(g < 0 for g in v) or len(set(v)) != len(v)):
+            raise ValueError("give distinct GPU indices >= 0, e.g. [0, 1, 2, 3]")
         return v
 
 
@@ -675,6 +674,15 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-")))
 
 
+def _error_message(err: Any) -> str:
+    """Pydantic's message for one error, an unknown key with the closest allowed one and the allowed list."""
+    if err["type"] != "extra_forbidden":
+        return str(err["msg"]).removeprefix("Value error, ")
+    allowed = _keys_at(Space, err["loc"][:-1])
+    msg = f"unknown key{did_you_mean(str(err['loc'][-1]), allowed)}"
+    return msg + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+
+
 def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
     """The keys the model found by walking ``loc`` from ``model`` accepts (empty where ``loc`` leads to no
     model: a list index, a dict of free keys)."""
@@ -712,13 +720,7 @@ def load_space(path: str | Path) -> Space:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = _loc(err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            allowed = _keys_at(Space, err["loc"][:-1])
-            msg = f"unknown key{did_you_mean(str(err['loc'][-1]), allowed)}"
-            if allowed:
-                msg += f"; allowed: {', '.join(allowed)}"
-        raise ConfigError(f"{p}: {where}: {msg}") from None
+        raise ConfigError(f"{p}: {where}: {_error_message(err)}") from None
     if space.engine.kind == "sim" and space.engine.python == CONTROLLER_PYTHON:
         engine = space.engine.model_copy(update={"python": sys.executable})
         space = space.model_copy(update={"engine": engine})
