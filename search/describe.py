@@ -103,6 +103,8 @@ def _workload_words(space: Space) -> str:
     lengths = f"{w.input_len} input / {w.output_len} output tokens"
     if w.range_ratio < 1:
         lengths += f" (drawn from {w.range_ratio:g} x to 1 x those)"
+    if w.shape == "sharegpt":
+        lengths = "prompt and reply lengths as the file has them"
     levels = ", ".join(f"C={c} ({n} requests)" for c, n in zip(w.concurrency, w.requests(), strict=True))
     how = "each level one burst of C requests" if w.burst else f"{w.warmup_requests} warm-up request(s) first"
     return f"{source}, {lengths}; levels {levels}; {how}"
@@ -145,7 +147,9 @@ def describe_space(space: Space) -> list[str]:
     lines.append(f"budget: {_budget_words(space)}")
     command, env = example_command(space)
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-    lines.append("first launch (the probe): " + (f"{exports} " if exports else "") + command)
+    spelled = "" if space.engine.version or space.engine.kind == "sim" else \
+        "; flags as the newest release spells them, the host's version decides"
+    lines.append(f"first launch (the probe{spelled}): " + (f"{exports} " if exports else "") + command)
     return lines
 
 
@@ -161,6 +165,8 @@ class DryRun:
     """(what it is, params, shell command) of each first launch, in order."""
     resumed: int = 0
     """Trials the study holds already (then the sampler proposes from them, and no probe is queued)."""
+    version_unknown: bool = False
+    """The engine version is detected on the host: the commands spell flags as the newest release does."""
 
 
 def dry_run(space: Space, *, study: str, hosts: Sequence[str], n_trials: int | None, timeout: float | None,
@@ -176,4 +182,5 @@ def dry_run(space: Space, *, study: str, hosts: Sequence[str], n_trials: int | N
             exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
             launches.append((label, params, (f"{exports} " if exports else "") + command))
     return DryRun(study=study, hosts=list(hosts), n_trials=n_trials, timeout=timeout, launches=launches,
-                  resumed=existing_trials)
+                  resumed=existing_trials,
+                  version_unknown=not space.engine.version and space.engine.kind != "sim")

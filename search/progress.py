@@ -239,7 +239,9 @@ def print_dry_run(console: Console, plan: DryRun, *, simulated: bool) -> None:
         knobs = ", ".join(f"{k}={_value(v)}" for k, v in params.items())
         lines += [f"{label}: {knobs}", f"  {command}"]
     if plan.launches:
-        lines.append("(the memory model may skip a launch it predicts dies; the sampler proposes the rest)")
+        lines.append("(the memory model may skip a launch it predicts dies; the sampler proposes the rest"
+                     + ("; flags as the newest release spells them, the host's version decides)"
+                        if plan.version_unknown else ")"))
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
