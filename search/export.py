@@ -90,8 +90,9 @@ def deployment(launch: LaunchConfig, version: str, *, engine: str, deploy: Deplo
 
     Knobs, fixed args and environment are the trial's; the python, model path, port and version come from
     ``deploy`` (python: never the simulated host's, which is servetune's own); the server binds to
-    ``deploy.host`` (not the tuning loopback) and sees the GPUs ``deploy.gpus`` or 0 .. TP size - 1 as
-    ``CUDA_VISIBLE_DEVICES``. Raises ConfigError (one line) for an engine the trial cannot be rendered for.
+    ``deploy.host`` (not the tuning loopback) and sees as ``CUDA_VISIBLE_DEVICES`` the GPUs ``deploy.gpus``,
+    else those the trial's environment gave it (when they are as many as the TP size), else 0 .. TP size - 1.
+    Raises ConfigError (one line) for an engine the trial cannot be rendered for.
     """
     tuned = launch.engine
     if engine not in _DEPLOY_ENGINES:
@@ -104,10 +105,17 @@ def deployment(launch: LaunchConfig, version: str, *, engine: str, deploy: Deplo
         raise ConfigError(f"trial {trial} ran on the simulated host, whose python is servetune's own: name the GPU "
                           "box's engine python in the space (deploy: {python: /path/to/python}) or with --python")
     tp = tp_size(launch.fixed_args)
-    gpus = deploy.gpus if deploy.gpus is not None else list(range(tp))
-    if len(gpus) != tp:
-        raise ConfigError(f"deploy.gpus names {len(gpus)} GPU(s) {gpus} for a TP size of {tp}: give {tp}")
-    env = {**launch.env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)}
+    if deploy.gpus is not None:
+        if len(deploy.gpus) != tp:
+            raise ConfigError(f"deploy.gpus names {len(deploy.gpus)} GPU(s) {deploy.gpus} for a TP size of {tp}: "
+                              f"give {tp}")
+        visible = ",".join(str(g) for g in deploy.gpus)
+    else:
+        # The GPUs the trial itself was given (its environment), else the first TP-size ones.
+        tuned_gpus = launch.env.get("CUDA_VISIBLE_DEVICES", "")
+        visible = tuned_gpus if len(tuned_gpus.split(",")) == tp and tuned_gpus else \
+            ",".join(str(g) for g in range(tp))
+    env = {**launch.env, "CUDA_VISIBLE_DEVICES": visible}
     served = LaunchConfig(
         engine=engine, python=python, model_path=deploy.model_path or launch.model_path, host=deploy.host,
         port=deploy.port or launch.port, knobs=launch.knobs, fixed_args=launch.fixed_args, env=env,

@@ -139,7 +139,7 @@ class Progress:
 
 
 #: Libraries whose log handlers hold the terminal's stream from before the live display started.
-LIBRARY_LOGGERS = ("optuna", "mlflow", "alembic", "paramiko", "sqlalchemy")
+LIBRARY_LOGGERS = ("optuna", "optuna_dashboard", "mlflow", "alembic", "paramiko", "sqlalchemy")
 
 
 class _ConsoleHandler(logging.Handler):

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from runners.errors import ConfigError, HostUnreachable, ServetuneError
 from search.cli import app
 from search.records import DEPLOY_ATTR, TrialFacts
-from tests.fixtures.trials import build_study, level, make_trial
+from tests.fixtures.trials import build_study, level, make_trial, stored_attrs
 from tests.search.test_export import bash_n, exec_argv, exports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -384,3 +384,20 @@ def test_no_library_log_line_breaks_the_live_display() -> None:
     finally:
         for name, handler in handlers.items():
             logging.getLogger(name).removeHandler(handler)
+
+
+def test_export_engine_keeps_the_gpus_the_trial_was_given(tmp_path: Path) -> None:
+    from search.export import export_script
+    from spaces.schema import Deploy
+
+    trial = make_trial(state=TrialState.COMPLETE, mfs=0.7, cgbs=64, value=10.0, levels=[level(16, 10.0)])
+    facts = TrialFacts.from_trial(trial)
+    launch = {**(facts.launch_config or {}), "env": {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}}
+    trial.user_attrs = stored_attrs(facts.model_copy(update={"launch_config": launch}))
+    study = build_study(f"sqlite:///{tmp_path / 'o.db'}", "real", [trial])
+    script = export_script(study, engine="sglang", deploy=Deploy())
+    bash_n(tmp_path, script)
+    assert exports(script)["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    argv = exec_argv(script)
+    assert argv[0] == "/opt/sglang-venv/bin/python"  # a real engine's trial keeps its python
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"
