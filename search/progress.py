@@ -308,28 +308,29 @@ def summary_table(records: list[TrialFacts], metric: str, *, width: int = 100) -
         styles.append({TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow", TrialState.FAIL: "red"}.get(
             rec.state, ""))
     title = "servetune trials" + (" (simulated host: every figure is simulated)" if simulated else "")
-    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False,
+    columns = [[header, *(r[i] for r in rows)] for i, header in enumerate(headers)]
+    # Two spaces between columns where they fit, else one (a narrow terminal), else rich folds as it must.
+    gap = 2
+    widths = _fit(columns, width, gap)
+    if widths is None:
+        gap = 1
+        widths = _fit(columns, width, gap) or _squeeze(columns, width, gap)
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, gap - 1), collapse_padding=True, pad_edge=False,
                   show_edge=False)
-    widths = _fit([[header, *(r[i] for r in rows)] for i, header in enumerate(headers)], width)
     for i, header in enumerate(headers):
-        table.add_column(header, justify="right" if i == 0 else "left", width=widths[i] if widths else None,
-                         overflow="fold")
+        table.add_column(header, justify="right" if i == 0 else "left", width=widths[i], overflow="fold")
     for row, style in zip(rows, styles, strict=True):
         table.add_row(row[0], Text(row[1], style=style), *row[2:])
     return table
 
 
-#: Columns between two cells of the summary table (padding and separator).
-_GAP = 2
-
-
-def _fit(columns: list[list[str]], width: int) -> list[int] | None:
-    """Column widths that fit ``width`` with no word broken: each column at least its longest word, then the
-    spare width given to the columns whose whole text needs the least of it, so the fewest cells wrap. None
-    when even the longest words do not fit (rich then folds as it must)."""
+def _fit(columns: list[list[str]], width: int, gap: int) -> list[int] | None:
+    """Column widths that fit ``width`` (``gap`` columns between two cells) with no word broken: each column
+    at least its longest word, then the spare width given to the columns whose whole text needs the least of
+    it, so the fewest cells wrap. None when even the longest words do not fit."""
     mins = [max(len(word) for cell in col for word in (cell.split() or [""])) for col in columns]
     maxs = [max(len(cell) for cell in col) for col in columns]
-    spare = width - _GAP * (len(columns) - 1) - sum(mins)
+    spare = width - gap * (len(columns) - 1) - sum(mins)
     if spare < 0:
         return None
     widths = list(mins)
@@ -337,6 +338,16 @@ def _fit(columns: list[list[str]], width: int) -> list[int] | None:
         extra = min(maxs[i] - widths[i], spare)
         widths[i] += extra
         spare -= extra
+    return widths
+
+
+def _squeeze(columns: list[list[str]], width: int, gap: int) -> list[int]:
+    """Widths for a terminal too narrow for every word: the widest columns give up a column each in turn (only
+    their longest words fold), never below 4."""
+    widths = [max(len(word) for cell in col for word in (cell.split() or [""])) for col in columns]
+    avail = width - gap * (len(columns) - 1)
+    while sum(widths) > avail and max(widths) > 4:
+        widths[widths.index(max(widths))] -= 1
     return widths
 
 
