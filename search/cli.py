@@ -259,13 +259,13 @@ def export(
                                                              "[default: deploy.host, else 0.0.0.0].")] = None,
 ) -> None:
     """Write the launch script of the best (or a given) trial."""
-    from search.export import export_script, stored_deploy, write_script
+    from search.export import export_script, overridden, stored_deploy, write_script
 
     st = _open(study, storage)
     deploy = None
     if engine is not None:
-        deploy = load_space(space_file).deploy if space_file is not None else stored_deploy(st)
-        deploy = deploy.model_copy(update={k: v for k, v in {"python": python, "host": bind}.items() if v})
+        deploy = overridden(load_space(space_file).deploy if space_file is not None else stored_deploy(st),
+                            python=python, bind=bind)
     elif space_file is not None or python is not None or bind is not None:
         raise ConfigError("--space, --python and --bind go with --engine (they render a script for a GPU box)")
     script = export_script(st, trial=trial, min_free_gib=min_free_gib, engine=engine, deploy=deploy)

@@ -28,7 +28,7 @@ from search.report import THIN_HEADROOM_GIB
 from spaces.launch import LaunchConfig
 from spaces.schema import Deploy
 
-__all__ = ["deployment", "export_script", "pick_record", "stored_deploy", "write_script"]
+__all__ = ["deployment", "export_script", "overridden", "pick_record", "stored_deploy", "write_script"]
 
 _CLOSEST = 3
 #: ``--engine`` -> the engines whose trials it can serve (the simulated host takes SGLang's flags).
@@ -81,6 +81,18 @@ def stored_deploy(study: optuna.Study) -> Deploy:
         where, msg = validation_line(exc)
         raise ConfigError(f"study {study.study_name!r}: stored deploy settings are invalid "
                           f"(deploy.{where}: {msg})") from None
+
+
+def overridden(deploy: Deploy, *, python: str | None = None, bind: str | None = None) -> Deploy:
+    """``deploy`` with the CLI's ``--python`` and ``--bind`` (CLI > space file > stored), checked as the space
+    file's values are; ConfigError (one line) for a bad one."""
+    flags = {"python": ("--python", python), "host": ("--bind", bind)}
+    given = {key: value for key, (_flag, value) in flags.items() if value is not None}
+    try:
+        return Deploy.model_validate({**deploy.model_dump(), **given})
+    except ValidationError as exc:
+        where, msg = validation_line(exc)
+        raise ConfigError(f"{flags[where][0] if where in flags else 'deploy.' + where}: {msg}") from None
 
 
 def deployment(launch: LaunchConfig, version: str, *, engine: str, deploy: Deploy,

@@ -352,6 +352,9 @@ def test_export_engine_refusals(sim_study: tuple[str, optuna.Study], tmp_path: P
         export_script(study, engine="vllm", deploy=Deploy(python="python3"))
     code, out = invoke("export", "--study", "demo-sim-dsv4", "--storage", url, "--bind", "0.0.0.0")
     assert code == 1 and "go with --engine" in out
+    code, out = invoke("export", "--study", "demo-sim-dsv4", "--storage", url, "--engine", "sglang",
+                       "--python", "python3; rm -rf /")
+    assert code == 1 and "--python: 'python3; rm -rf /' must be one word" in out
     with pytest.raises(ValidationError, match="must be one word"):
         Deploy.model_validate({"python": "python3; rm -rf /"})
 
