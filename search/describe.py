@@ -19,14 +19,12 @@ from runners.engines.script import render
 from runners.errors import ConfigError
 from search.sampling import distributions, held_inert, inert_knobs, probe_params, startup_design
 from spaces.launch import LaunchConfig, engine_options
-from spaces.schema import BoolChoices, FloatRange, IntChoices, Space
+from spaces.schema import OBJECTIVE_UNITS, BoolChoices, FloatRange, IntChoices, Space
 
 __all__ = ["DryRun", "check_complete", "describe_space", "dry_run", "example_command", "grid_size", "knob_values"]
 
 #: The version flags are spelled for when the space leaves it to the host (newest spelling of every flag).
 _NEWEST = "999.0.0"
-_UNITS = {"output_throughput": "tok/s", "total_throughput": "tok/s", "request_throughput": "req/s",
-          "slo_request_rate": "req/s", "slo_goodput": "tok/s"}
 
 
 def check_complete(space: Space, source: str | Path) -> None:
@@ -79,7 +77,7 @@ def example_command(space: Space, params: Mapping[str, Any] | None = None) -> tu
 
 def _objective_words(space: Space) -> str:
     obj = space.objective
-    unit = _UNITS.get(obj.scored_by, "")
+    unit = OBJECTIVE_UNITS.get(obj.scored_by, "")
     slo = ", ".join(f"{k} <= {v:g}" for k, v in obj.slo.limits().items())
     if obj.kind == "max_rate_under_slo":
         rate = obj.rate_search

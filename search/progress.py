@@ -20,6 +20,7 @@ from rich.text import Text
 
 from search.confirm import confirmed_best, skip_summary
 from search.records import TrialFacts, best_record, records
+from spaces.schema import OBJECTIVE_UNITS
 
 if TYPE_CHECKING:
     from search.api import RunPlan
@@ -199,8 +200,6 @@ _SHORT = {"mem_fraction_static": "mem frac", "cuda_graph_max_bs": "graph bs",
           "chunked_prefill_size": "chunked prefill", "gpu_memory_utilization": "gpu mem util",
           "max_num_seqs": "max seqs", "max_num_batched_tokens": "batched tokens", "cuda_graph_sizes": "graph sizes",
           "max_model_len": "model len", "enforce_eager": "eager", "kv_cache_space_gib": "kv GiB"}
-_UNITS = {"output_throughput": "tok/s", "total_throughput": "tok/s", "request_throughput": "req/s",
-          "slo_request_rate": "req/s", "slo_goodput": "tok/s"}
 
 
 def _short(name: str) -> str:
@@ -295,7 +294,7 @@ def summary_table(records: list[TrialFacts], metric: str, *, width: int = 100) -
     for rec in records:
         knobs += [k for k in rec.params if k not in knobs]
     simulated = any(r.simulated for r in records)
-    unit = _UNITS.get(metric)
+    unit = OBJECTIVE_UNITS.get(metric)
     headers = ["#", "state", "outcome", metric.replace("_", " ") + (f" ({unit})" if unit else ""),
                *(_short(k) for k in knobs), "free after capture (GiB)"]
     rows: list[list[str]] = []

@@ -59,6 +59,7 @@ from search.records import MEM_PREFIX, TrialFacts
 from search.report import study_status
 from search.settings import DEFAULT_TRACKING_URI
 from search.study import redact, sqlite_file
+from spaces.schema import OBJECTIVE_UNITS
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -113,8 +114,6 @@ METRIC_UNITS = {
 #: the columns an experiment opens with, so this is how the objective comes first.
 OBJECTIVE_PREFIX = "Objective"
 BEST_PREFIX = "Best"
-_OBJECTIVE_UNITS = {"output_throughput": "tok_s", "total_throughput": "tok_s", "input_throughput": "tok_s",
-                    "request_throughput": "req_s", "slo_request_rate": "req_s", "slo_goodput": "tok_s"}
 
 #: Fail fast against an http tracking server: the callback runs inside the study loop, and ``sync``
 #: back-fills whatever was missed. Set only where the environment does not already say otherwise.
@@ -545,8 +544,8 @@ def objective_key(rec: TrialFacts, *, prefix: str = OBJECTIVE_PREFIX) -> str:
     (the level and the unit in the name; ``Best.`` for the parent run's best value)."""
     metric = rec.objective_metric or "value"
     level = f"c{rec.objective_level}." if rec.objective_level is not None else ""
-    unit = _OBJECTIVE_UNITS.get(metric)
-    return f"{prefix}.{level}{metric}" + (f"_{unit}" if unit else "")
+    unit = OBJECTIVE_UNITS.get(metric)  # "tok/s": a slash would make a section of MLflow's charts
+    return f"{prefix}.{level}{metric}" + (f"_{unit.replace('/', '_')}" if unit else "")
 
 
 def _metrics(rec: TrialFacts) -> list[tuple[str, float, int]]:

@@ -484,6 +484,11 @@ class RateSearch(_Strict):
         return self
 
 
+#: The unit of each figure a trial can be scored by (:attr:`Objective.scored_by`), for what prints it.
+OBJECTIVE_UNITS = {"output_throughput": "tok/s", "total_throughput": "tok/s", "input_throughput": "tok/s",
+                   "request_throughput": "req/s", "slo_request_rate": "req/s", "slo_goodput": "tok/s"}
+
+
 class Objective(_Strict):
     """What a trial is scored by.
 
