@@ -21,8 +21,9 @@ What a child run holds (read from the trial record, :mod:`search.records`):
 
 The experiment is tagged ``mlflow.experimentKind = custom_model_development``: MLflow 3's UI then opens it
 in the classic runs view (with no such tag it guesses, and a study with no traces opens on an empty GenAI
-overview). :meth:`MlflowTracker.finish_study` logs the study's figures (:mod:`search.figures`, plotly HTML
-with its JavaScript inlined, so they open offline) and the HTML report to the parent run.
+overview); and ``mlflow.experiment.primaryMetric.name`` names the objective (:data:`TAG_PRIMARY_METRIC`).
+:meth:`MlflowTracker.finish_study` logs the study's figures (:mod:`search.figures`, plotly HTML with its
+JavaScript inlined, so they open offline) and the HTML report to the parent run.
 
 Logging is idempotent: a trial's run is found by its ``servetune.trial`` tag and never logged twice, so the
 study callback may fail (MLflow down) and :meth:`MlflowTracker.sync` back-fills later. A run left RUNNING by
@@ -113,6 +114,9 @@ METRIC_UNITS = {
 #: ``experimentRunsSelector``: ``metricKeyList: Array.from(keys).sort()``), and no server-side setting chooses
 #: the columns an experiment opens with, so this is how the objective comes first.
 OBJECTIVE_PREFIX = "Objective"
+#: The experiment tag MLflow's UI reads for the primary metric (its chart comes first in the charts view; without
+#: the tag the UI takes the first metric key in that sort order). Set to the objective's name.
+TAG_PRIMARY_METRIC = "mlflow.experiment.primaryMetric.name"
 BEST_PREFIX = "Best"
 
 #: Fail fast against an http tracking server: the callback runs inside the study loop, and ``sync``
@@ -151,6 +155,8 @@ class MlflowTracker:
         self.optuna_artifact_store = optuna_artifact_store
         self._client_obj: MlflowClient | None = None
         self._experiments: dict[str, str] = {}
+        self._primary: set[str] = set()
+        """Experiments whose primary metric this tracker has set."""
         self._parents: dict[str, str] = {}
         self._lock = threading.RLock()
         self._callbacks: list[MlflowCallback] = []
@@ -393,6 +399,9 @@ class MlflowTracker:
         client = self._client()
         parent = self._parent_run_id(study_name, experiment_id)
         rec = TrialFacts.from_trial(trial)
+        if experiment_id not in self._primary and rec.objective_metric:
+            client.set_experiment_tag(experiment_id, TAG_PRIMARY_METRIC, objective_key(rec))
+            self._primary.add(experiment_id)
         start = _ms(trial.datetime_start) or _now_ms()
         end = _ms(trial.datetime_complete) or start
         tags = _tags(study_name, rec)

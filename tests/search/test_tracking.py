@@ -126,6 +126,8 @@ def test_one_child_run_per_trial(local: Local) -> None:
     # default sort order) shows it first.
     assert ok.data.metrics["Objective.c16.output_throughput_tok_s"] == 2100.0
     assert sorted(ok.data.metrics)[0] == "Objective.c16.output_throughput_tok_s"
+    primary = client.get_experiment(experiment.experiment_id).tags["mlflow.experiment.primaryMetric.name"]
+    assert primary == "Objective.c16.output_throughput_tok_s"  # the metric MLflow's charts view puts first
     assert artifact_names(client, ok) == ARTIFACTS
 
     oom = runs[2]
