@@ -25,6 +25,9 @@ exceptions: a crashed server is data.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class ServetuneError(Exception):
     """Root of servetune's errors. ``str(err)`` is one line a user can act on."""
@@ -105,3 +108,10 @@ def validation_line(exc: object) -> tuple[str, str]:
     first = errors[0]
     where = ".".join(str(part) for part in first.get("loc", ()))
     return where, str(first.get("msg", "")).removeprefix("Value error, ")
+
+
+def did_you_mean(word: str, allowed: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the allowed name closest to a misspelt ``word``, or ``""`` when none is
+    close (``difflib``'s ratio of 0.6 or more); appended to an "unknown key" line."""
+    close = difflib.get_close_matches(word, [str(a) for a in allowed], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from runners.errors import ConfigError
+from runners.errors import ConfigError, did_you_mean
 from runners.host import Host
 from runners.ssh import DEFAULT_SSH_CONFIG, SSHTransport
 from runners.transport import LocalTransport, Transport
@@ -217,8 +217,8 @@ def _one_line(exc: ValidationError, model: type[BaseModel], source: str) -> str:
         owner: type[BaseModel] = HostSpec if len(loc) > 1 else model
         inside = where.rsplit(".", 1)[0] if len(loc) > 1 else ""
         return (
-            f"{source}: unknown key {loc[-1]!r}{' in ' + inside if inside else ''} "
-            f"(allowed: {', '.join(owner.model_fields)})"
+            f"{source}: unknown key {loc[-1]!r}{' in ' + inside if inside else ''}"
+            f"{did_you_mean(str(loc[-1]), owner.model_fields)} (allowed: {', '.join(owner.model_fields)})"
         )
     msg = err["msg"].removeprefix("Value error, ")
     return f"{source}: {where}: {msg}" if where else f"{source}: {msg}"

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
+from rich.text import Text
 
-from runners.errors import ConfigError, ServetuneError
+from runners.errors import ConfigError, HostBusy, HostMisconfigured, ServetuneError, first_line
 from search.files import write_file
 from search.spaces import load_checked_space as load_space
 from spaces.schema import parse_duration
@@ -25,8 +27,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts are plain text: "[default: the best]" is a literal, never a markup tag that disappears.
+    rich_markup_mode=None,
 )
-hosts_app = typer.Typer(help="Check GPU hosts.", no_args_is_help=True)
+hosts_app = typer.Typer(help="Check GPU hosts.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(hosts_app, name="hosts")
 
 console = Console()
@@ -97,11 +101,14 @@ def run(
         "--confirm-top", min=0, help="Best distinct configurations launched again before the end.")] = 3,
     confirm_repeats: Annotated[int, typer.Option(
         "--confirm-repeats", min=0, help="More launches of each of them.")] = 2,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print the hosts and the first launches with their commands; launch nothing, "
+                          "write nothing.")] = False,
 ) -> None:
     """Run (or resume) a search: launch, benchmark and record one trial after another.
 
-    The same command again resumes the study; on several machines (``servetune worker``, a PostgreSQL
-    ``--storage``) each controller runs its own hosts and the budget is shared. First Ctrl-C/SIGTERM:
+    The same command again resumes the study; on several machines (servetune worker, a PostgreSQL
+    --storage) each controller runs its own hosts and the budget is shared. First Ctrl-C/SIGTERM:
     finish the running trials and stop; second: abort them.
     """
     from search.api import run_study
@@ -110,17 +117,22 @@ def run(
 
     space = load_space(space_file)
     settings = _settings(storage=storage, mlflow_uri=mlflow_uri, artifacts_dir=artifacts_dir)
+    if dry_run:
+        _dry_run(space, settings, study=study, n_trials=n_trials, timeout=timeout, hosts=host or [],
+                 inventory=inventory)
+        return
 
     def on_start(plan: Any) -> None:
         _print_held(space)
-        print_plan(console, plan)
+        print_plan(console, plan, simulated=space.engine.kind == "sim")
 
     summary = run_study(
         space, settings, study_name=study, n_trials=n_trials,
         timeout=_duration("--timeout", timeout) if timeout else None, hosts=host or [], inventory=inventory,
         accept_new_host_key=accept_new_host_key, mlflow=not no_mlflow, seed=seed,
         cooldown=_duration("--host-cooldown", host_cooldown),
-        progress=Progress(console, n_trials=None, metric=space.objective.scored_by, live=live),
+        progress=Progress(console, n_trials=None, metric=space.objective.scored_by, live=live,
+                          simulated=space.engine.kind == "sim"),
         on_start=on_start, confirm_k=confirm_top, confirm_repeats=confirm_repeats,
     )
     print_run(console, err_console, summary, space)
@@ -138,20 +150,48 @@ def run(
 app.command(name="worker", help="Join a (shared) study as one more controller; same options as run.")(run)
 
 
+def _dry_run(space: Any, settings: Any, *, study: str | None, n_trials: int | None, timeout: str | None,
+             hosts: list[str], inventory: Path | None) -> None:
+    """``run --dry-run``: what the run would launch, from the space and (read only) the study's trial count."""
+    from search.describe import dry_run
+    from search.hosts import host_names
+    from search.progress import print_dry_run
+    from search.settings import study_name
+
+    name = study_name(space.name if study is None else study)
+    plan = dry_run(space, study=name, hosts=host_names(hosts, inventory),
+                   n_trials=n_trials if n_trials is not None else space.budget.n_trials,
+                   timeout=_duration("--timeout", timeout) if timeout else space.budget.timeout,
+                   existing_trials=_trial_count(settings.storage, name))
+    print_dry_run(console, plan, simulated=space.engine.kind == "sim")
+
+
+def _trial_count(storage: str, name: str) -> int:
+    """Trials study ``name`` holds already; 0 when it or its storage does not exist (nothing is created)."""
+    from search.study import open_storage
+
+    try:
+        rdb = open_storage(storage, heartbeat=False, must_exist=True)
+    except ServetuneError:
+        return 0
+    try:
+        study_id = rdb.get_study_id_from_name(name)
+    except KeyError:
+        return 0
+    return len(rdb.get_all_trials(study_id, deepcopy=False))
+
+
 @app.command()
 def validate(space_file: Annotated[Path, typer.Argument(help="Space file (YAML).")]) -> None:
-    """Check a space file and print what would be searched."""
-    from search.sampling import distributions
+    """Check a space file and say in words what would be searched: each knob and its values, the grid, the
+    workload, objective and budget, and the command of the first launch."""
+    from search.describe import check_complete, describe_space
 
     space = load_space(space_file)
-    console.print(f"{space_file}: ok — study {space.name}, engine {space.engine.kind}, "
-                  f"target C={space.target_level}")
-    objective = space.objective
-    if objective.kind == "pareto":
-        goal = ", ".join(f"{s} {m}" for m, s in zip(objective.metric_names, objective.directions, strict=True))
-        console.print(f"  objective: pareto front of {goal}", markup=False)
-    for name, dist in distributions(space).items():
-        console.print(f"  {name}: {dist}")
+    check_complete(space, space_file)
+    console.print(f"{space_file}: ok", markup=False, highlight=False)
+    for line in describe_space(space):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     _print_inert(space)
     for line in space.warnings():
         console.print(f"  warning: {line}", markup=False, soft_wrap=True)
@@ -195,7 +235,7 @@ def trials(
     if as_json:
         sys.stdout.write(json.dumps([r.summary() for r in recs], indent=2, default=str) + "\n")
     else:
-        console.print(summary_table(recs, "objective"))
+        console.print(summary_table(recs, "objective", width=console.width))
 
 
 @app.command()
@@ -210,11 +250,29 @@ def export(
                        "'p99_tpot_ms<=200' (then the best on the first metric) [default: knee].")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here [default: stdout].")] = None,
     storage: StorageOpt = None,
+    engine: Annotated[str | None, typer.Option(
+        "--engine", help="Render for this real engine (sglang) to serve on a GPU box, e.g. a study tuned on the "
+                         "simulated host [default: repeat the tuning launch].")] = None,
+    space_file: Annotated[Path | None, typer.Option(
+        "--space", help="Space file whose deploy section to use with --engine [default: the one the study's "
+                        "run stored].")] = None,
+    python: Annotated[str | None, typer.Option("--python", help="With --engine: the engine's python on the GPU "
+                                                                 "box [default: deploy.python].")] = None,
+    bind: Annotated[str | None, typer.Option("--bind", help="With --engine: the address to serve on "
+                                                             "[default: deploy.host, else 0.0.0.0].")] = None,
 ) -> None:
     """Write the launch script of the best (or a given, or for a pareto study a picked) trial."""
-    from search.export import export_script, write_script
+    from search.export import export_script, overridden, stored_deploy, write_script
 
-    script = export_script(_open(study, storage), trial=trial, min_free_gib=min_free_gib, pick=pick)
+    st = _open(study, storage)
+    deploy = None
+    if engine is not None:
+        deploy = overridden(load_space(space_file).deploy if space_file is not None else stored_deploy(st),
+                            python=python, bind=bind)
+    elif space_file is not None or python is not None or bind is not None:
+        raise ConfigError("--space, --python and --bind go with --engine (they render a script for a GPU box)")
+    script = export_script(st, trial=trial, min_free_gib=min_free_gib, pick=pick, engine=engine,
+                           deploy=deploy)
     if output is None:
         sys.stdout.write(script)
         return
@@ -341,19 +399,23 @@ def hosts_check(
     settings = _settings()
     hosts = build_hosts(space, host_args=host or [], inventory=inventory, runs_root=settings.runs_root,
                         sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key)
-    table = Table(title="servetune hosts")
-    for col in ("host", "reachable", "engine", "version", "GPUs", "free MiB", "busy", "held by"):
-        table.add_column(col)
+    table = Table(title="servetune hosts", box=box.SIMPLE_HEAD)
+    # Short cells never break; what can be long (who holds a host, an error) wraps at its spaces.
+    for col in ("host", "reachable", "engine", "GPUs", "free MiB", "busy", "held by"):
+        table.add_column(col, no_wrap=col in ("host", "reachable"))
+    table.add_column("error", ratio=1)
     bad = 0
+    sim = " (simulated)" if space.engine.kind == "sim" else ""
     for h in hosts:
         try:
             info = preflight(h, space)
-            gpus = f"{len(info.gpus)}x {info.gpu_name}"
-            table.add_row(h.name, "yes", info.engine, info.engine_version, gpus, f"{info.free_mib:.0f}",
-                          info.reason if info.busy else "no", _held_by(h))
+            gpus = f"{len(info.gpus)}x {info.gpu_name}{sim}"
+            table.add_row(h.name, "yes", f"{info.engine} {info.engine_version}", gpus, f"{info.free_mib:.0f}{sim}",
+                          f"yes: {info.reason}" if info.busy else "no", _held_by(h), "-")
             bad += int(info.busy)
         except ServetuneError as exc:
-            table.add_row(h.name, "no", "-", "-", "-", "-", str(exc), "-")
+            reachable = "yes" if isinstance(exc, HostBusy | HostMisconfigured) else "no"
+            table.add_row(h.name, reachable, "-", "-", "-", "-", "-", Text(first_line(exc), style="red"))
             bad += 1
         finally:
             h.close()

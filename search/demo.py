@@ -1,8 +1,8 @@
 """``make demo``: a real search on the built-in simulated host, then the exported launch script.
 
 Runs the search of ``spaces/demo-sim.yaml`` through :func:`search.run_study` (resuming the study if it
-exists), exports the best trial's launch script to ``demo-out/``, checks it with ``bash -n``, and says how
-to browse the results.
+exists), exports the best trial's launch script to ``demo-out/`` (as tuned, and for real SGLang on a GPU box),
+checks both with ``bash -n``, and says how to browse the results.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def demo(study: str, n_trials: int | None, console: Console, err_console: Consol
     space = load_checked_space(ROOT / "spaces" / "demo-sim.yaml")
     budget = n_trials or _resume_budget(settings, study)
     summary = run_study(space, settings, study_name=study, n_trials=budget, seed=SEED,
-                        progress=Progress(console, n_trials=None, metric=space.objective.scored_by),
-                        on_start=lambda plan: print_plan(console, plan))
+                        progress=Progress(console, n_trials=None, metric=space.objective.scored_by, simulated=True),
+                        on_start=lambda plan: print_plan(console, plan, simulated=True))
     print_run(console, err_console, summary, space)
     if summary.stopped_by.interrupted:
         return 130
@@ -58,16 +58,21 @@ def demo(study: str, n_trials: int | None, console: Console, err_console: Consol
     out.mkdir(exist_ok=True)
     script = out / f"serve_{study}.sh"
     write_script(script, export_script(summary.study))
-    err_console.print(f"wrote {script}")
-    check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
-    verdict = "bash -n: ok" if check.returncode == 0 else f"bash -n FAILED: {check.stderr.strip()}"
-    print(f"\nexported the best configuration to {script.relative_to(ROOT)} ({verdict})")
+    # The same configuration for real SGLang on a GPU box (the space's deploy section).
+    sglang = out / f"serve_{study}_sglang.sh"
+    write_script(sglang, export_script(summary.study, engine="sglang", deploy=space.deploy))
+    checks = {path: subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
+              for path in (script, sglang)}
+    for path, check in checks.items():
+        verdict = "bash -n: ok" if check.returncode == 0 else f"bash -n FAILED: {check.stderr.strip()}"
+        what = "to serve with real SGLang on a GPU box" if path == sglang else "on the simulated host"
+        print(f"\nexported the best configuration {what} to {path.relative_to(ROOT)} ({verdict})")
     print(f"\nlist the trials:  .venv/bin/servetune trials --study {study}")
     print("browse the study: .venv/bin/servetune dashboard            # optuna-dashboard on http://127.0.0.1:8080")
     print("MLflow UI:        .venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db "
           "--host 127.0.0.1 --port 5000")
     print("run it again to resume the study with 6 more trials: make demo")
-    return 0 if check.returncode == 0 else 1
+    return 0 if all(check.returncode == 0 for check in checks.values()) else 1
 
 
 def _study(value: str) -> str:

@@ -21,26 +21,31 @@ import optuna
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
-from runners.engines import engine_for
+from runners.engines import engine_for, get_engine
 from runners.engines.script import render_script
 from runners.errors import ConfigError, validation_line
 from search.confirm import confirmed_best, launches_of, origin
 from search.files import write_file
 from search.front import Goal, PickRule, front, parse_rule
 from search.front import pick_record as front_pick
-from search.records import LevelResult, TrialFacts, best_record, records
+from search.hosts import tp_size
+from search.records import DEPLOY_ATTR, LevelResult, TrialFacts, best_record, records
 from search.report import THIN_HEADROOM_GIB
 from spaces.launch import LaunchConfig
+from spaces.schema import Deploy
 
-__all__ = ["export_script", "pick_record", "write_script"]
+__all__ = ["deployment", "export_script", "overridden", "pick_record", "stored_deploy", "write_script"]
 
 _CLOSEST = 3
 #: The front points a failed ``--pick`` names.
 _FRONT_SHOWN = 6
+#: ``--engine`` -> the engines whose trials it can serve (the simulated host takes SGLang's flags).
+_DEPLOY_ENGINES = {"sglang": ("sglang", "sim")}
 
 
 def export_script(study: optuna.Study, *, trial: int | None = None, min_free_gib: float | None = None,
-                  pick: str | None = None, now: datetime | None = None) -> str:
+                  pick: str | None = None, now: datetime | None = None, engine: str | None = None,
+                  deploy: Deploy | None = None) -> str:
     """A runnable bash launch script for ``trial`` (default: the best COMPLETE feasible trial).
 
     With ``min_free_gib`` and no ``trial``, the best COMPLETE feasible trial whose measured free memory after
@@ -49,6 +54,10 @@ def export_script(study: optuna.Study, *, trial: int | None = None, min_free_gib
     the configurations that clear the bar. Raises ConfigError (one line) for an unknown or unfinished trial,
     a trial without a stored launch config, a bad rule (or a rule for a study that has no front), or when no
     trial clears the bar (naming the ones that came closest).
+
+    With ``engine`` (``sglang``) the script serves the trial's configuration on a real GPU box instead of
+    repeating the tuning launch: see :func:`deployment`; ``deploy`` (default: the one the study's run stored)
+    names that box's python, model path, bind address, port and GPUs.
     """
     goal = Goal.of(study)
     rule = _rule(study, goal, trial, pick)
@@ -67,7 +76,95 @@ def export_script(study: optuna.Study, *, trial: int | None = None, min_free_gib
                           f"{msg})") from None
     bar = min_free_gib if min_free_gib is not None else THIN_HEADROOM_GIB
     header = _header(study, rec, version, bar, now or datetime.now(UTC), goal=goal, rule=rule)
-    return render_script(engine_for(launch), launch, version, header=header)
+    if engine is None:
+        return render_script(engine_for(launch), launch, version, header=header)
+    if deploy is None:
+        deploy = stored_deploy(study)
+    served, served_version = deployment(launch, version, engine=engine, deploy=deploy, trial=rec.number)
+    return render_script(get_engine(engine), served, served_version,
+                         header=_deploy_header(header, rec, launch, served, served_version))
+
+
+def stored_deploy(study: optuna.Study) -> Deploy:
+    """The space's ``deploy`` section as the study's latest run stored it (defaults when none was)."""
+    data = study.user_attrs.get(DEPLOY_ATTR) or {}
+    try:
+        return Deploy.model_validate(data)
+    except ValidationError as exc:
+        where, msg = validation_line(exc)
+        raise ConfigError(f"study {study.study_name!r}: stored deploy settings are invalid "
+                          f"(deploy.{where}: {msg})") from None
+
+
+def overridden(deploy: Deploy, *, python: str | None = None, bind: str | None = None) -> Deploy:
+    """``deploy`` with the CLI's ``--python`` and ``--bind`` (CLI > space file > stored), checked as the space
+    file's values are; ConfigError (one line) for a bad one."""
+    flags = {"python": ("--python", python), "host": ("--bind", bind)}
+    given = {key: value for key, (_flag, value) in flags.items() if value is not None}
+    try:
+        return Deploy.model_validate({**deploy.model_dump(), **given})
+    except ValidationError as exc:
+        where, msg = validation_line(exc)
+        raise ConfigError(f"{flags[where][0] if where in flags else 'deploy.' + where}: {msg}") from None
+
+
+def deployment(launch: LaunchConfig, version: str, *, engine: str, deploy: Deploy,
+               trial: int) -> tuple[LaunchConfig, str]:
+    """The launch that serves ``launch``'s configuration with the real ``engine`` on a GPU box, and the engine
+    version its flags are spelled for.
+
+    Knobs, fixed args and environment are the trial's; the python, model path, port and version come from
+    ``deploy`` (python: never the simulated host's, which is servetune's own); the server binds to
+    ``deploy.host`` (not the tuning loopback) and sees as ``CUDA_VISIBLE_DEVICES`` the GPUs ``deploy.gpus``,
+    else those the trial's environment gave it (when they are as many as the TP size), else 0 .. TP size - 1.
+    Raises ConfigError (one line) for an engine the trial cannot be rendered for.
+    """
+    tuned = launch.engine
+    if engine not in _DEPLOY_ENGINES:
+        raise ConfigError(f"--engine: {engine!r} is not one of {', '.join(_DEPLOY_ENGINES)}")
+    if tuned not in _DEPLOY_ENGINES[engine]:
+        raise ConfigError(f"trial {trial} ran on engine {tuned}, whose knobs {engine} does not take; --engine "
+                          f"{engine} renders trials of {' or '.join(_DEPLOY_ENGINES[engine])}")
+    python = deploy.python or (launch.python if tuned != "sim" else None)
+    if python is None:
+        raise ConfigError(f"trial {trial} ran on the simulated host, whose python is servetune's own: name the GPU "
+                          "box's engine python in the space (deploy: {python: /path/to/python}) or with --python")
+    tp = tp_size(launch.fixed_args)
+    if deploy.gpus is not None:
+        if len(deploy.gpus) != tp:
+            raise ConfigError(f"deploy.gpus names {len(deploy.gpus)} GPU(s) {deploy.gpus} for a TP size of {tp}: "
+                              f"give {tp}")
+        visible = ",".join(str(g) for g in deploy.gpus)
+    else:
+        # The GPUs the trial itself was given (its environment), else the first TP-size ones.
+        tuned_gpus = launch.env.get("CUDA_VISIBLE_DEVICES", "")
+        visible = tuned_gpus if len(tuned_gpus.split(",")) == tp and tuned_gpus else \
+            ",".join(str(g) for g in range(tp))
+    env = {**launch.env, "CUDA_VISIBLE_DEVICES": visible}
+    served = LaunchConfig(
+        engine=engine, python=python, model_path=deploy.model_path or launch.model_path, host=deploy.host,
+        port=deploy.port or launch.port, knobs=launch.knobs, fixed_args=launch.fixed_args, env=env,
+    )
+    return served, deploy.version or version
+
+
+def _deploy_header(tuned_header: list[str], rec: TrialFacts, tuned: LaunchConfig, served: LaunchConfig,
+                   version: str) -> list[str]:
+    """The tuning header with its engine and GPU lines replaced by what the script serves with."""
+    gpus = served.env["CUDA_VISIBLE_DEVICES"]
+    count = len(gpus.split(","))
+    sim = ", SIMULATED" if rec.simulated else ""
+    lines = [
+        tuned_header[0] + f", rendered to serve with {served.engine} {version} on a GPU box",
+        tuned_header[1],
+        f"engine: {served.engine} {version} (tuned on {tuned.engine} {rec.engine_version or '?'}{sim})",
+        f"GPU: {rec.gpu_name or 'unknown GPU'} x {count} (TP {tp_size(served.fixed_args)}; "
+        f"CUDA_VISIBLE_DEVICES={gpus}); tuned on host {rec.host or 'unknown'}",
+        f"serves on {served.host}:{served.port}, model {served.model_path}",
+    ]
+    # The rest (objective, launches, figures per level, headroom) is the tuning header's from the objective on.
+    rest = [line for line in tuned_header[2:] if not line.startswith(("engine: ", "GPU: "))]
+    return lines + rest
 
 
 def write_script(path: Path, script: str) -> None:

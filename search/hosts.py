@@ -97,6 +97,18 @@ def install_sim_smi(host: Host, space: Space, python: str) -> None:
     host.env["SERVETUNE_SIM_STATE"] = f"{where}/state"
 
 
+def host_names(host_args: Sequence[str], inventory: Path | None) -> list[str]:
+    """The names of the hosts a run would use (``--host`` arguments, an inventory, or this machine), read
+    without opening or preparing any of them."""
+    if not host_args and inventory is None:
+        return ["local (this machine)"]
+    from runners.inventory import HostSpec, load_inventory
+
+    specs = list(load_inventory(inventory)) if inventory is not None else []
+    specs += [HostSpec.parse(arg) for arg in host_args]
+    return [s.name for s in specs]
+
+
 def tp_size(args: Sequence[str]) -> int:
     """The tensor parallel size ``args`` ask for (``--tp 4``, ``--tp-size=4``, ``--tensor-parallel-size 4``);
     1 when none."""

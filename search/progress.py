@@ -3,6 +3,7 @@ OOMs so far; and the summary table at the end."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
@@ -19,9 +21,11 @@ from rich.text import Text
 from search.confirm import confirmed_best, skip_summary
 from search.front import Goal, front, pick_record
 from search.records import TrialFacts, best_record, records, value_text
+from spaces.schema import OBJECTIVE_UNITS
 
 if TYPE_CHECKING:
     from search.api import RunPlan
+    from search.describe import DryRun
     from search.report import StudyStatus
     from search.run import RunSummary
     from spaces.schema import Space
@@ -42,7 +46,8 @@ _PHASE_WORDS = {
 class Progress:
     """Receives trial events from the objective and trial results from a study callback."""
 
-    def __init__(self, console: Console, *, n_trials: int | None, metric: str, live: bool = True) -> None:
+    def __init__(self, console: Console, *, n_trials: int | None, metric: str, live: bool = True,
+                 simulated: bool = False) -> None:
         self.console = console
         self.n_trials = n_trials
         self.done = 0
@@ -54,9 +59,10 @@ class Progress:
         """A ``pareto`` study's front size so far (None for one objective)."""
         self.ooms = 0
         self.failed = 0
-        self.simulated = False
+        self.simulated = simulated
         self._lock = threading.Lock()
         self._live: Live | None = None
+        self._logs: LibraryLogs | None = None
         self._started = time.monotonic()
 
     # -- hooks ---------------------------------------------------------------------------------
@@ -104,7 +110,7 @@ class Progress:
             ("servetune ", "bold"), f"trials done {self.done}{total}",
             ("  front " if self.front is not None else "  best "),
             (f"{self.front} configuration(s)" if self.front is not None else best, "green"),
-            " simulated" if self.simulated and self.best else "",
+            " (simulated)" if self.simulated and self.best else "",
             "  OOMs ", (str(self.ooms), "red" if self.ooms else ""),
             f"  failed {self.failed}",
             f"  elapsed {time.monotonic() - self._started:.0f}s",
@@ -127,12 +133,64 @@ class Progress:
         if self.live_enabled:
             self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
             self._live.__enter__()
+            self._logs = LibraryLogs(self.console)
+            self._logs.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._logs is not None:
+            self._logs.__exit__()
+            self._logs = None
         if self._live is not None:
             self._live.__exit__(None, None, None)
             self._live = None
+
+
+#: Libraries whose log handlers hold the terminal's stream from before the live display started.
+LIBRARY_LOGGERS = ("optuna", "optuna_dashboard", "mlflow", "alembic", "paramiko", "sqlalchemy")
+
+
+class _ConsoleHandler(logging.Handler):
+    """Prints a log record through the live display's console, which puts it above the display."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(logging.WARNING)
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = f"{record.name}: {record.levelname.lower()}: {' '.join(record.getMessage().split())}"
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        except Exception:  # a log line must never break the run
+            self.handleError(record)
+
+
+class LibraryLogs:
+    """While the live display runs, the loggers of :data:`LIBRARY_LOGGERS` write their warnings through its
+    console instead of their own handlers.
+
+    NOTE: rich's Live redirects ``sys.stderr``, but a ``StreamHandler`` made at import time (optuna's,
+    mlflow's) keeps the stream it was given then, so its lines would be drawn into the middle of the
+    display. Those handlers are set aside until the display ends; below WARNING is dropped meanwhile.
+    """
+
+    def __init__(self, console: Console) -> None:
+        self.handler = _ConsoleHandler(console)
+        self._saved: list[tuple[logging.Logger, list[logging.Handler], bool]] = []
+
+    def __enter__(self) -> LibraryLogs:
+        for name in LIBRARY_LOGGERS:
+            logger = logging.getLogger(name)
+            self._saved.append((logger, list(logger.handlers), logger.propagate))
+            logger.handlers = [self.handler]
+            logger.propagate = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for logger, handlers, propagate in self._saved:
+            logger.handlers = handlers
+            logger.propagate = propagate
+        self._saved = []
 
 
 def _line(rec: TrialFacts, metric: str) -> str:
@@ -149,22 +207,54 @@ def _line(rec: TrialFacts, metric: str) -> str:
     return f"trial {rec.number}: {rec.state.name} {rec.label}{where}  [{params}]  {rec.reason}"
 
 
+_SHORT = {"mem_fraction_static": "mem frac", "cuda_graph_max_bs": "graph bs",
+          "num_continuous_decode_steps": "decode steps", "max_running_requests": "max running",
+          "chunked_prefill_size": "chunked prefill", "gpu_memory_utilization": "gpu mem util",
+          "max_num_seqs": "max seqs", "max_num_batched_tokens": "batched tokens", "cuda_graph_sizes": "graph sizes",
+          "max_model_len": "model len", "enforce_eager": "eager", "kv_cache_space_gib": "kv GiB"}
+
+
 def _short(name: str) -> str:
-    return {"mem_fraction_static": "mem frac", "cuda_graph_max_bs": "graph bs",
-            "num_continuous_decode_steps": "decode steps"}.get(name, name.removeprefix("nccl."))
+    return _SHORT.get(name, name.removeprefix("nccl."))
 
 
 def _value(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def print_plan(console: Console, plan: RunPlan) -> None:
+def print_plan(console: Console, plan: RunPlan, *, simulated: bool = False) -> None:
     """What ``servetune run`` prints once its hosts are open: the study, the hosts, storage and budget."""
-    console.print(f"study [bold]{plan.study}[/] on {', '.join(plan.hosts)} "
-                  f"(storage {plan.storage}; budget {plan.n_trials or 'unlimited'} trials)")
+    sim = " (SIMULATED GPU host: every figure below is simulated)" if simulated else ""
+    console.print(f"study [bold]{escape(plan.study)}[/] on {escape(', '.join(plan.hosts))} "
+                  f"(storage {escape(plan.storage)}; budget {plan.n_trials or 'unlimited'} trials){sim}")
     for line in plan.warnings:
         # One plain line on stderr: what the run goes on without (paths and errors may hold "[").
         sys.stderr.write(" ".join(line.split()) + "\n")
+
+
+def print_dry_run(console: Console, plan: DryRun, *, simulated: bool) -> None:
+    """``servetune run --dry-run``: the study, hosts and budget, and the first launches with their commands."""
+    from search.report import format_duration
+
+    budget = f"{plan.n_trials} trials" if plan.n_trials else "no trial limit"
+    if plan.timeout:
+        budget += f", at most {format_duration(plan.timeout)}"
+    sim = " (SIMULATED GPU host: every figure it produces is simulated)" if simulated else ""
+    lines = [f"dry run: nothing is launched and nothing is written{sim}",
+             f"study {plan.study}; budget {budget}",
+             f"hosts: {', '.join(plan.hosts)}"]
+    if plan.resumed:
+        lines.append(f"the study holds {plan.resumed} trial(s): the run resumes it, and the sampler proposes the "
+                     "next configurations from them")
+    for label, params, command in plan.launches:
+        knobs = ", ".join(f"{k}={_value(v)}" for k, v in params.items())
+        lines += [f"{label}: {knobs}", f"  {command}"]
+    if plan.launches:
+        lines.append("(the memory model may skip a launch it predicts dies; the sampler proposes the rest"
+                     + ("; flags as the newest release spells them, the host's version decides)"
+                        if plan.version_unknown else ")"))
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def print_run(console: Console, err_console: Console, summary: RunSummary, space: Space) -> None:
@@ -173,7 +263,7 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
     if summary.mlflow_error is not None:
         err_console.print(f"mlflow: {summary.mlflow_error} (back-fill later with `servetune sync-mlflow`)")
     recs = records(summary.study)
-    console.print(summary_table(recs, " / ".join(space.objective.metric_names)))
+    console.print(summary_table(recs, " / ".join(space.objective.metric_names), width=min(console.width, 100)))
     for orphan in summary.orphans_stopped:
         console.print(f"stopped an orphaned server: {orphan}")
     for line in summary.hosts_dropped:
@@ -220,9 +310,10 @@ def _print_best(console: Console, summary: RunSummary, recs: list[TrialFacts], s
     if confirmed is not None and confirmed.launches > 1:
         best = next(r for r in recs if r.number == confirmed.trial)
         params = ", ".join(f"{k}={v}" for k, v in best.params.items())
+        sim = " (simulated)" if best.simulated else ""
         console.print(f"[green]best[/] (confirmed over {confirmed.launches} launches, spread "
                       f"{confirmed.spread:.1%}): trial {best.number}, {space.objective.scored_by}="
-                      f"{confirmed.reported:.1f} (median of the repeats) at C={space.target_level}  "
+                      f"{confirmed.reported:.1f}{sim} (median of the repeats) at C={space.target_level}  "
                       f"{escape('[' + params + ']')}")
     elif best is not None:
         params = ", ".join(f"{k}={v}" for k, v in best.params.items())
@@ -233,32 +324,67 @@ def _print_best(console: Console, summary: RunSummary, recs: list[TrialFacts], s
         console.print("[yellow]no COMPLETE trial yet[/]")
 
 
-def summary_table(records: list[TrialFacts], metric: str) -> Table:
-    """One row per trial, one column per searched knob."""
+def summary_table(records: list[TrialFacts], metric: str, *, width: int = 100) -> Table:
+    """One row per trial, one column per searched knob, laid out in ``width`` columns without breaking a word
+    (headers and outcomes wrap at their spaces; see :func:`_fit`)."""
     knobs: list[str] = []
     for rec in records:
         knobs += [k for k in rec.params if k not in knobs]
     simulated = any(r.simulated for r in records)
-    table = Table(title="servetune trials" + (" (simulated host: every figure is simulated)" if simulated else ""))
-    # The trial's number, state and value never break; knob values and reasons wrap at their spaces.
-    for col in ("#", "state"):
-        table.add_column(col, no_wrap=True)
-    for col in ("outcome", metric, *(_short(k) for k in knobs), "free after capture"):
-        table.add_column(col, overflow="fold")
+    unit = OBJECTIVE_UNITS.get(metric)
+    headers = ["#", "state", "outcome", metric.replace("_", " ") + (f" ({unit})" if unit else ""),
+               *(_short(k) for k in knobs), "free after capture (GiB)"]
+    rows: list[list[str]] = []
+    styles: list[str] = []
     for rec in records:
         free = rec.free_after_capture_gib
-        style = {TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow", TrialState.FAIL: "red"}.get(
-            rec.state, "")
         outcome = rec.label + (f" ({rec.phase.value})" if rec.phase and rec.state != TrialState.COMPLETE else "")
-        table.add_row(
-            str(rec.number),
-            Text(rec.state.name, style=style),
-            outcome,
-            value_text(rec),
-            *(_value(rec.params.get(k, "-")) for k in knobs),
-            f"{free:.2f} GiB" if free is not None else "-",
-        )
+        rows.append([str(rec.number), rec.state.name, outcome, value_text(rec),
+                     *(_value(rec.params.get(k, "-")) for k in knobs), f"{free:.2f}" if free is not None else "-"])
+        styles.append({TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow", TrialState.FAIL: "red"}.get(
+            rec.state, ""))
+    title = "servetune trials" + (" (simulated host: every figure is simulated)" if simulated else "")
+    columns = [[header, *(r[i] for r in rows)] for i, header in enumerate(headers)]
+    # Two spaces between columns where they fit, else one (a narrow terminal), else rich folds as it must.
+    gap = 2
+    widths = _fit(columns, width, gap)
+    if widths is None:
+        gap = 1
+        widths = _fit(columns, width, gap) or _squeeze(columns, width, gap)
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, gap - 1), collapse_padding=True, pad_edge=False,
+                  show_edge=False)
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="right" if i == 0 else "left", width=widths[i], overflow="fold")
+    for row, style in zip(rows, styles, strict=True):
+        table.add_row(row[0], Text(row[1], style=style), *row[2:])
     return table
+
+
+def _fit(columns: list[list[str]], width: int, gap: int) -> list[int] | None:
+    """Column widths that fit ``width`` (``gap`` columns between two cells) with no word broken: each column
+    at least its longest word, then the spare width given to the columns whose whole text needs the least of
+    it, so the fewest cells wrap. None when even the longest words do not fit."""
+    mins = [max(len(word) for cell in col for word in (cell.split() or [""])) for col in columns]
+    maxs = [max(len(cell) for cell in col) for col in columns]
+    spare = width - gap * (len(columns) - 1) - sum(mins)
+    if spare < 0:
+        return None
+    widths = list(mins)
+    for i in sorted(range(len(columns)), key=lambda i: maxs[i] - mins[i]):
+        extra = min(maxs[i] - widths[i], spare)
+        widths[i] += extra
+        spare -= extra
+    return widths
+
+
+def _squeeze(columns: list[list[str]], width: int, gap: int) -> list[int]:
+    """Widths for a terminal too narrow for every word: the widest columns give up a column each in turn (only
+    their longest words fold), never below 4."""
+    widths = [max(len(word) for cell in col for word in (cell.split() or [""])) for col in columns]
+    avail = width - gap * (len(columns) - 1)
+    while sum(widths) > avail and max(widths) > 4:
+        widths[widths.index(max(widths))] -= 1
+    return widths
 
 
 def status_view(status: StudyStatus) -> Group:

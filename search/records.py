@@ -42,6 +42,7 @@ from runners.telemetry import FailureKind, Phase, Telemetry
 from search.sampling import normal_params
 
 __all__ = [
+    "DEPLOY_ATTR",
     "FACTS_ATTR",
     "QUEUED_TAGS",
     "LevelResult",
@@ -58,6 +59,8 @@ __all__ = [
 
 #: The user attr that holds the whole record.
 FACTS_ATTR = "servetune.facts"
+#: The study's user attr with the space's ``deploy`` section (what ``export --engine`` serves with).
+DEPLOY_ATTR = "servetune.deploy"
 #: The user attrs optuna-dashboard shows in its table besides the record (written from it).
 DASHBOARD_ATTRS = ("host", "outcome", "phase", "reason", "duplicate_of")
 #: Prefix of the memory figures in studies of servetune 0.1.0 (``mem.free_after_capture_gib``...); also the

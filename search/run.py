@@ -82,7 +82,7 @@ from search.front import confirmation_plan as front_confirmation_plan
 from search.hosts import preflight
 from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
 from search.pool import HostPool, HostSlot, HostStatus, NoHostsLeft
-from search.records import TrialFacts, mark_interrupted, note_controller, note_host, records, write_facts
+from search.records import DEPLOY_ATTR, TrialFacts, mark_interrupted, note_controller, note_host, records, write_facts
 from search.sampling import enqueue_start
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL, study_name
 from search.study import artifact_store, create_or_load, fail_stale, open_storage, redact, sqlite_file
@@ -609,6 +609,8 @@ def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> Run
                            metric_names=space.objective.metric_names)
     study.set_user_attr("space_name", space.name)
     study.set_user_attr("engine", space.engine.kind)
+    # What `servetune export --engine` serves with (the GPU box's python, model path, address, port).
+    study.set_user_attr(DEPLOY_ATTR, space.deploy.model_dump(mode="json", exclude_defaults=True))
     if options.n_trials is not None:
         study.set_user_attr("n_trials", options.n_trials)
     abort = threading.Event()

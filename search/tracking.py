@@ -10,7 +10,8 @@ What a child run holds (read from the trial record, :mod:`search.records`):
   ``gpu_name``, ``gpu_count``, ``model_path``;
 * metrics: each concurrency level's bench_serving figures named by their level (``c64.output_throughput``,
   ``c16.p99_tpot_ms``...; a level that served no request logs only ``cN.completed`` and ``cN.failed``), so
-  a row of the runs table never mixes levels; the numeric ``mem.*`` figures, ``objective`` (COMPLETE only),
+  a row of the runs table never mixes levels; the numeric ``mem.*`` figures, ``objective`` (COMPLETE only;
+  again as ``Objective.c64.output_throughput_tok_s``, which MLflow's table shows first: :data:`OBJECTIVE_PREFIX`),
   ``level_reached``. Units are in the names (``_ms``, ``_gib``, ``_s``) or, for throughputs, in the
   experiment's description (:data:`METRIC_UNITS`);
 * tags: ``servetune.study``, ``servetune.trial``, ``servetune.state``, ``servetune.outcome``,
@@ -20,8 +21,9 @@ What a child run holds (read from the trial record, :mod:`search.records`):
 
 The experiment is tagged ``mlflow.experimentKind = custom_model_development``: MLflow 3's UI then opens it
 in the classic runs view (with no such tag it guesses, and a study with no traces opens on an empty GenAI
-overview). :meth:`MlflowTracker.finish_study` logs the study's figures (:mod:`search.figures`, plotly HTML
-with its JavaScript inlined, so they open offline) and the HTML report to the parent run.
+overview); and ``mlflow.experiment.primaryMetric.name`` names the objective (:data:`TAG_PRIMARY_METRIC`).
+:meth:`MlflowTracker.finish_study` logs the study's figures (:mod:`search.figures`, plotly HTML with its
+JavaScript inlined, so they open offline) and the HTML report to the parent run.
 
 Logging is idempotent: a trial's run is found by its ``servetune.trial`` tag and never logged twice, so the
 study callback may fail (MLflow down) and :meth:`MlflowTracker.sync` back-fills later. A run left RUNNING by
@@ -59,6 +61,7 @@ from search.records import MEM_PREFIX, TrialFacts
 from search.report import study_status
 from search.settings import DEFAULT_TRACKING_URI
 from search.study import redact, sqlite_file
+from spaces.schema import OBJECTIVE_UNITS
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -102,8 +105,20 @@ METRIC_UNITS = {
     "mem.*_mib": "MiB per GPU",
     "mem.kv_tokens, mem.max_total_num_tokens": "tokens",
     "objective": "the space's objective metric at its target level (its unit above)",
+    "Objective.cN.<metric>_<unit>": "the objective again, named by its level and unit so it sorts first "
+                                    "(tok_s: tokens/s, req_s: requests/s); Best.* on the parent run",
     "*_s": "seconds",
 }
+
+#: The objective is logged a second time under a name that starts with a capital letter: MLflow's runs table
+#: orders metric columns by JavaScript's default sort (code units: capitals before lowercase; MLflow 3.17's
+#: ``experimentRunsSelector``: ``metricKeyList: Array.from(keys).sort()``), and no server-side setting chooses
+#: the columns an experiment opens with, so this is how the objective comes first.
+OBJECTIVE_PREFIX = "Objective"
+#: The experiment tag MLflow's UI reads for the primary metric (its chart comes first in the charts view; without
+#: the tag the UI takes the first metric key in that sort order). Set to the objective's name.
+TAG_PRIMARY_METRIC = "mlflow.experiment.primaryMetric.name"
+BEST_PREFIX = "Best"
 
 #: Fail fast against an http tracking server: the callback runs inside the study loop, and ``sync``
 #: back-fills whatever was missed. Set only where the environment does not already say otherwise.
@@ -141,6 +156,8 @@ class MlflowTracker:
         self.optuna_artifact_store = optuna_artifact_store
         self._client_obj: MlflowClient | None = None
         self._experiments: dict[str, str] = {}
+        self._primary: set[str] = set()
+        """Experiments whose primary metric this tracker has set."""
         self._parents: dict[str, str] = {}
         self._lock = threading.RLock()
         self._callbacks: list[MlflowCallback] = []
@@ -223,6 +240,11 @@ class MlflowTracker:
         tags = [RunTag("servetune.direction", status.direction)]
         if best is not None and best.value is not None:
             metrics.append(Metric("best_value", float(best.value), now, finished))
+            best_rec = next((TrialFacts.from_trial(t) for t in study.get_trials(deepcopy=False)
+                             if t.number == best.number), None)
+            if best_rec is not None:
+                metrics.append(Metric(objective_key(best_rec, prefix=BEST_PREFIX), float(best.value), now,
+                                      finished))
             tags.append(RunTag("servetune.best_trial", str(best.number)))
             # A pareto study: "best" is the knee of the front; its figures per metric as well.
             for metric, value in zip(Goal.of(study).metrics, best.values or (), strict=False):
@@ -381,6 +403,9 @@ class MlflowTracker:
         client = self._client()
         parent = self._parent_run_id(study_name, experiment_id)
         rec = TrialFacts.from_trial(trial)
+        if experiment_id not in self._primary and rec.objective_metric:
+            client.set_experiment_tag(experiment_id, TAG_PRIMARY_METRIC, objective_key(rec))
+            self._primary.add(experiment_id)
         start = _ms(trial.datetime_start) or _now_ms()
         end = _ms(trial.datetime_complete) or start
         tags = _tags(study_name, rec)
@@ -527,6 +552,15 @@ def _experiment_tags(name: str) -> dict[str, str]:
     return {TAG_STUDY: name, TAG_KIND: "study", TAG_EXPERIMENT_KIND: EXPERIMENT_KIND, TAG_DESCRIPTION: description}
 
 
+def objective_key(rec: TrialFacts, *, prefix: str = OBJECTIVE_PREFIX) -> str:
+    """The objective's metric name that MLflow's runs table shows first: ``Objective.c64.output_throughput_tok_s``
+    (the level and the unit in the name; ``Best.`` for the parent run's best value)."""
+    metric = rec.objective_metric or "value"
+    level = f"c{rec.objective_level}." if rec.objective_level is not None else ""
+    unit = OBJECTIVE_UNITS.get(metric)  # "tok/s": a slash would make a section of MLflow's charts
+    return f"{prefix}.{level}{metric}" + (f"_{unit.replace('/', '_')}" if unit else "")
+
+
 def _metrics(rec: TrialFacts) -> list[tuple[str, float, int]]:
     """(name, value, step) of a trial's metrics: per level ``c<N>.<bench_serving name>`` (a level that
     served no request has only its request counts: no throughput or latency was measured there)."""
@@ -556,7 +590,8 @@ def _objective_metrics(rec: TrialFacts) -> list[tuple[str, float, int]]:
     """A COMPLETE trial's ``objective``; a pareto trial's values also under ``objective.<metric>``."""
     if rec.state != TrialState.COMPLETE:
         return []
-    out = [("objective", float(rec.value), 0)] if rec.value is not None and math.isfinite(rec.value) else []
+    out = [("objective", float(rec.value), 0), (objective_key(rec), float(rec.value), 0)] \
+        if rec.value is not None and math.isfinite(rec.value) else []
     named = zip(rec.objective_metrics or (), rec.values or (), strict=False)
     return out + [(f"objective.{name}", float(v), 0) for name, v in named if math.isfinite(v)]
 

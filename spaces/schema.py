@@ -30,6 +30,7 @@ path with the allowed range, in one line). Example (see ``spaces/demo-sim.yaml``
     #                                 {name: p99_tpot_ms, direction: minimize}]}
     budget: {n_trials: 30, timeout: 8h, startup_timeout: 20m, benchmark_timeout: 30m}
     memory_limit: null                  # e.g. 48GiB: each server runs in a memory cgroup of that size (root)
+    deploy: {python: /opt/sglang/bin/python, host: 0.0.0.0, port: 30000}   # for export --engine
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from runners.errors import ConfigError
+from runners.errors import ConfigError, did_you_mean
 from spaces.guards import fixed_args_problem
 from spaces.names import check_identifier, check_name
 
@@ -220,7 +221,8 @@ NCCL_VARIABLES: dict[str, Any] = {
 def check_nccl(name: str, value: str) -> None:
     """Raise ValueError if ``name=value`` is not a legal NCCL setting."""
     if name not in NCCL_VARIABLES:
-        raise ValueError(f"unknown NCCL variable {name!r}; allowed: {', '.join(sorted(NCCL_VARIABLES))}")
+        raise ValueError(f"unknown NCCL variable {name!r}{did_you_mean(name, NCCL_VARIABLES)}; allowed: "
+                         f"{', '.join(sorted(NCCL_VARIABLES))}")
     NCCL_VARIABLES[name](value)
 
 
@@ -521,6 +523,11 @@ class ParetoMetric(_Strict):
         return self.direction or PARETO_METRICS[self.name]
 
 
+#: The unit of each figure a trial can be scored by (:attr:`Objective.scored_by`), for what prints it.
+OBJECTIVE_UNITS = {"output_throughput": "tok/s", "total_throughput": "tok/s", "input_throughput": "tok/s",
+                   "request_throughput": "req/s", "slo_request_rate": "req/s", "slo_goodput": "tok/s"}
+
+
 class Objective(_Strict):
     """What a trial is scored by.
 
@@ -613,6 +620,38 @@ class Budget(_Strict):
         return None if v is None else parse_duration(v)
 
 
+class Deploy(_Strict):
+    """How a tuned configuration is served for real (``servetune export --engine sglang``); nothing here is used
+    while tuning. A study tuned on the simulated host names here the GPU box's engine python and model path."""
+
+    python: str | None = None
+    """The engine's python on the GPU box (default: ``engine.python``, except for the simulated host)."""
+    model_path: str | None = None
+    """The model on the GPU box (default: ``model_path``)."""
+    host: str = "0.0.0.0"
+    """The address the server binds to for serving (tuning binds to loopback)."""
+    port: int | None = Field(default=None, ge=1, le=65535)
+    """The serving port (default: ``port``)."""
+    gpus: list[int] | None = None
+    """The GPUs to serve on, as ``CUDA_VISIBLE_DEVICES`` (default: 0 .. TP size - 1)."""
+    version: str | None = None
+    """The engine version on the GPU box, which decides flag spellings (default: the one tuned)."""
+
+    @field_validator("python", "model_path", "host")
+    @classmethod
+    def _one_word(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or any(c.isspace() or ord(c) < 32 for c in v)):
+            raise ValueError(f"{v!r} must be one word with no spaces or control characters")
+        return v
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(g < 0 for g in v) or len(set(v)) != len(v)):
+            raise ValueError("give distinct GPU indices >= 0, e.g. [0, 1, 2, 3]")
+        return v
+
+
 class Space(_Strict):
     name: str
     engine: EngineSpec
@@ -628,6 +667,8 @@ class Space(_Strict):
     """Run every server in a memory cgroup of this size (e.g. ``48GiB``); None: no limit."""
     search_inert: list[str] = Field(default_factory=list)
     """Knobs to search even where the engine version ignores them (otherwise held at the default)."""
+    deploy: Deploy = Field(default_factory=Deploy)
+    """How the result is served on a GPU box (``servetune export --engine``)."""
 
     @field_validator("name")
     @classmethod
@@ -716,6 +757,30 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-")))
 
 
+def _error_message(err: Any) -> str:
+    """Pydantic's message for one error, an unknown key with the closest allowed one and the allowed list."""
+    if err["type"] != "extra_forbidden":
+        return str(err["msg"]).removeprefix("Value error, ")
+    allowed = _keys_at(Space, err["loc"][:-1])
+    msg = f"unknown key{did_you_mean(str(err['loc'][-1]), allowed)}"
+    return msg + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the model found by walking ``loc`` from ``model`` accepts (empty where ``loc`` leads to no
+    model: a list index, a dict of free keys)."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        inner = [a for a in (field.annotation, *get_args(field.annotation))
+                 if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not inner:
+            return []
+        model = inner[0]
+    return list(model.model_fields)
+
+
 def load_space(path: str | Path) -> Space:
     """Load and validate a space file; any problem is one :class:`ConfigError` line."""
     p = Path(path)
@@ -738,10 +803,7 @@ def load_space(path: str | Path) -> Space:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = _loc(err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        raise ConfigError(f"{p}: {where}: {msg}") from None
+        raise ConfigError(f"{p}: {where}: {_error_message(err)}") from None
     if space.engine.kind == "sim" and space.engine.python == CONTROLLER_PYTHON:
         engine = space.engine.model_copy(update={"python": sys.executable})
         space = space.model_copy(update={"engine": engine})

@@ -184,6 +184,12 @@ def test_cli_trials_export_and_resume(searched: tuple[Path, optuna.Study]) -> No
     assert "stopped by: budget" in res.stdout
     best = best_record(records(study), study.direction)  # trial 1 unless the new trial measured higher
     assert best is not None and f"best: trial {best.number}," in res.stdout, res.stdout
+    # Every simulated figure says so: the plan, each trial's line, the table, the best.
+    assert "(SIMULATED GPU host: every figure below is simulated)" in res.stdout
+    assert "(simulated host: every figure is simulated)" in " ".join(res.stdout.split())
+    best_line = " ".join(res.stdout[res.stdout.index(f"best: trial {best.number},"):].split("[")[0].split())
+    assert "(simulated)" in best_line, best_line
+    assert all("(simulated)" in line for line in res.stdout.splitlines() if ": COMPLETE " in line)
     report = wd / "artifacts" / "e2e" / "report.html"
     # however the console wrapped it
     assert f"morningsummary:{report}andreport.md" in "".join(res.stdout.split())

@@ -68,5 +68,6 @@ def test_trials_json_and_mlflow_content_are_those_of_the_release(study: optuna.S
     assert json.loads(json.dumps([r.summary() for r in recs], default=str)) == expected["trials_json"]
     assert [tracking._params(r) for r in recs] == expected["mlflow_params"]
     metrics = [sorted([k, v, step] for k, v, step in tracking._metrics(r)) for r in recs]
-    assert metrics == [release_metrics_by_level(m) for m in expected["mlflow_metrics"]]
+    assert metrics == [release_metrics_by_level(m, tracking.objective_key(r))
+                       for m, r in zip(expected["mlflow_metrics"], recs, strict=True)]
     assert [tracking._tags(STUDY, r) for r in recs] == expected["mlflow_tags"]
