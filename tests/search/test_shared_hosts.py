@@ -207,7 +207,11 @@ def test_a_foreign_listener_on_the_port_is_host_trouble_never_measured(tmp_path:
     thread.start()
     try:
         storage = f"sqlite:///{tmp_path}/s.db"
-        res = cli(*run_args(space_file, "foreign", storage, "--host-cooldown", "1s"), cwd=tmp_path)
+        # The inventory pins the port (the built-in host on its own would pick a free one for each launch).
+        (tmp_path / "hosts.yaml").write_text(yaml.safe_dump({"hosts": [
+            {"name": "local", "address": "local", "runs_root": str(tmp_path / "runs"), "server_port": port}]}))
+        res = cli(*run_args(space_file, "foreign", storage, "--host-cooldown", "1s", "--inventory", "hosts.yaml"),
+                  cwd=tmp_path)
     finally:
         foreign.shutdown()
         foreign.server_close()
@@ -219,6 +223,29 @@ def test_a_foreign_listener_on_the_port_is_host_trouble_never_measured(tmp_path:
     assert not [r for r in _Foreign.seen if r.startswith("POST")], "the foreign server is never benchmarked"
     assert "no hosts left" in res.stdout
     assert live_servers(tmp_path / "runs") == []
+
+
+@pytest.mark.slow
+def test_the_built_in_host_serves_beside_another_server_on_the_spaces_port(tmp_path: Path) -> None:
+    """Another demo (or anything) serving on the space's port: the built-in simulated host binds a free loopback
+    port for each launch, so the run goes on, and the other server is never touched."""
+    space_file = make_space(tmp_path / "space.yaml", budget={"n_trials": 2})
+    port = yaml.safe_load(space_file.read_text())["port"]
+    _Foreign.seen = []
+    foreign = ThreadingHTTPServer(("127.0.0.1", port), _Foreign)
+    threading.Thread(target=foreign.serve_forever, daemon=True).start()
+    try:
+        storage = f"sqlite:///{tmp_path}/s.db"
+        res = cli(*run_args(space_file, "beside", storage), cwd=tmp_path)
+    finally:
+        foreign.shutdown()
+        foreign.server_close()
+    assert res.returncode == 0, res.stdout + res.stderr
+    ts = trials(storage, "beside")
+    assert len(counted(ts)) == 2 and not [t for t in ts if t.state == TrialState.FAIL]
+    ports = {TrialFacts.from_trial(t).launch_config["port"] for t in ts}
+    assert port not in ports and all(p > 0 for p in ports)
+    assert _Foreign.seen == []
 
 
 # ---- a server stopped from outside ----------------------------------------------------------------
