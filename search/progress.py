@@ -98,7 +98,7 @@ class Progress:
             elif rec.value is not None and rec.feasible and (self.best is None or rec.value > self.best[0]):
                 self.best = (rec.value, trial.number)
         if not self.live_enabled:
-            self.console.print(_line(rec, self.metric), markup=False, highlight=False)
+            self.console.print(_line(rec, self.metric), markup=False, highlight=False, soft_wrap=True)
         self._refresh()
 
     # -- rendering -----------------------------------------------------------------------------
