@@ -32,7 +32,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from search.front import Goal, configurations, non_dominated, pick_record
-from search.records import TrialFacts, best_record, records
+from search.records import LevelResult, TrialFacts, best_record, records
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -41,6 +41,7 @@ __all__ = [
     "FIGURE_IDS",
     "OUTCOME_CLASSES",
     "PARETO_FIGURE_ID",
+    "SLO_RATE_FIGURE_ID",
     "Boundary",
     "FiguresCallback",
     "concurrency_curves",
@@ -50,6 +51,8 @@ __all__ = [
     "pareto_front",
     "progress_figure",
     "save_to_dashboard",
+    "slo_rate_search",
+    "slo_ratio",
     "study_figures",
 ]
 
@@ -73,6 +76,12 @@ OUTCOME_CLASSES: dict[str, tuple[str, str, str]] = {
 FIGURE_IDS = ("servetune-oom-map", "servetune-memory-ladder", "servetune-concurrency", "servetune-progress")
 #: The figure a ``pareto`` study has besides :data:`FIGURE_IDS`.
 PARETO_FIGURE_ID = "servetune-pareto-front"
+#: The figure a ``max_rate_under_slo`` study has besides :data:`FIGURE_IDS`.
+SLO_RATE_FIGURE_ID = "servetune-slo-rate-search"
+#: The rate searches the figure draws at most (the highest rates found first).
+_SLO_TRIALS_SHOWN = 8
+#: Where the figure clips a step's worst limit ratio (a step where nothing completed is infinitely over).
+_SLO_RATIO_CLIP = 3.0
 
 FRACTION_KNOBS = ("mem_fraction_static", "gpu_memory_utilization")
 GRAPH_KNOBS = ("cuda_graph_max_bs", "cuda_graph_sizes", "max_num_seqs")
@@ -501,7 +510,9 @@ def study_figures(study: optuna.Study, *, boundary: Boundary | None = None,
     goal = Goal.of(study)
     if not goal.pareto:
         direction = study.direction
+        rate_search = {SLO_RATE_FIGURE_ID: slo_rate_search(recs)} if any(r.slo_rate_search for r in recs) else {}
         return {
+            **rate_search,
             "servetune-oom-map": oom_map(recs, boundary=boundary),
             "servetune-memory-ladder": memory_ladder(recs, direction=direction),
             "servetune-concurrency": concurrency_curves(recs, direction=direction),
@@ -520,6 +531,71 @@ def study_figures(study: optuna.Study, *, boundary: Boundary | None = None,
         "servetune-concurrency": concurrency_curves(recs, chosen=front_recs),
         "servetune-progress": progress_figure(recs, direction=first),
     }
+
+
+# ---- the SLO rate search ---------------------------------------------------------------------------------
+
+
+def slo_ratio(rec: TrialFacts, level: LevelResult | None) -> float:
+    """How far a rate-search step's measurement is from the SLO: its figure over its limit, for the limit it
+    comes closest to breaking (at most 1: every limit held). ``inf`` when no request completed there."""
+    if level is None or not level.completed:
+        return math.inf
+    worst = 0.0
+    for name, limit in (rec.slo_limits or {}).items():
+        if name == "error_rate":
+            total = (level.completed or 0) + (level.failed or 0)
+            value = (level.failed or 0) / total if total else 1.0
+        else:
+            raw = getattr(level, name, None)
+            value = float(raw) if raw is not None else math.inf
+        worst = max(worst, value / limit if limit > 0 else (math.inf if value > 0 else 0.0))
+    return worst
+
+
+def slo_rate_search(recs: Sequence[TrialFacts]) -> go.Figure:
+    """``max_rate_under_slo``: each trial's rate search, the request rate of every step against how close it
+    came to the SLO (its figure over its limit, for the limit nearest to breaking; 1 is the limit). A filled
+    mark held, an open one broke; the star is the rate the trial found. The searches that found the highest
+    rates are drawn (at most :data:`_SLO_TRIALS_SHOWN`)."""
+    import plotly.graph_objects as go
+
+    searched = [r for r in recs if r.slo_rate_search]
+    searched.sort(key=lambda r: (r.slo_rate is None, -(r.slo_rate or 0.0), r.number))
+    fig = go.Figure()
+    top = 1.2  # the y axis reaches past the limit line, up to the highest ratio drawn
+    palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+    for i, rec in enumerate(searched[:_SLO_TRIALS_SHOWN]):
+        steps = sorted(rec.rate_step_levels(), key=lambda sl: sl[0].rate)
+        ratios = [min(slo_ratio(rec, level), _SLO_RATIO_CLIP) for _, level in steps]
+        top = max([top, *ratios])
+        colour = palette[i % len(palette)]
+        found = f"{rec.slo_rate:g} req/s" if rec.slo_rate is not None else "no rate held"
+        fig.add_trace(go.Scatter(
+            x=[step.rate for step, _ in steps], y=ratios, mode="lines+markers",
+            name=f"trial {rec.number}: {found}", line={"color": colour, "width": 1.5},
+            marker={"color": colour, "size": 10,
+                    "symbol": ["circle" if step.holds else "x-open" for step, _ in steps]},
+            customdata=[[rec.number, "held" if step.holds else "; ".join(step.violations)] for step, _ in steps],
+            hovertemplate="trial %{customdata[0]} at %{x:g} req/s: %{customdata[1]}<extra></extra>",
+        ))
+        if rec.slo_rate is not None:
+            at = next((r for (step, _), r in zip(steps, ratios, strict=True) if step.rate == rec.slo_rate), 1.0)
+            fig.add_trace(go.Scatter(
+                x=[rec.slo_rate], y=[at], mode="markers", showlegend=False,
+                marker={"symbol": "star", "size": 16, "color": colour, "line": {"width": 1, "color": "black"}},
+                hovertemplate=f"trial {rec.number}: found {rec.slo_rate:g} req/s<extra></extra>",
+            ))
+    fig.add_hline(y=1.0, line={"dash": "dash", "color": "#d62728"}, annotation_text="SLO limit",
+                  annotation_position="top left")
+    limits = next((r.slo_limits for r in searched if r.slo_limits), None) or {}
+    held = ", ".join(f"{k} <= {v:g}" for k, v in limits.items())
+    fig.update_xaxes(title_text="request rate (req/s, Poisson arrivals)")
+    fig.update_yaxes(title_text="figure / limit, for the limit nearest to breaking",
+                     range=[0, top * 1.08])
+    fig.update_layout(title=f"SLO rate search per trial ({held}){_simulated(recs)}",
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.2})
+    return _styled(fig)
 
 
 # ---- the pareto front -----------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from search.evaluate import Evaluator, level_order
 from search.hosts import preflight
 from search.memory import MARGIN_CONSTRAINT, Candidate, MemoryModel, facts_from_record
 from search.pool import HostSlot
-from search.records import LevelResult, TrialFacts, note_waiting, records, write_facts
+from search.records import LevelResult, RateStepFacts, TrialFacts, note_waiting, records, write_facts
 from search.sampling import normal_params, sample
 from search.slo import find_max_rate
 from search.study import fail_stale
@@ -355,6 +355,9 @@ class Objective:
         found = find_max_rate(measure, space.objective.slo, plan_of)
         facts.slo_rate = found.rate
         facts.slo_rate_steps = len(found.steps)
+        facts.slo_rate_search = [RateStepFacts(rate=s.rate, holds=s.holds, violations=list(s.violations))
+                                 for s in found.steps]
+        facts.slo_limits = dict(space.objective.slo.limits())
         return out
 
     # ---- recording -----------------------------------------------------------------------------

@@ -47,6 +47,7 @@ __all__ = [
     "QUEUED_TAGS",
     "LevelResult",
     "Outcome",
+    "RateStepFacts",
     "TrialFacts",
     "best_record",
     "mark_interrupted",
@@ -157,6 +158,18 @@ class LevelResult(BaseModel):
         return (self.completed or 0) > 0 and not self.failed
 
 
+class RateStepFacts(BaseModel):
+    """One step of a ``max_rate_under_slo`` trial's rate search: the rate measured, whether every SLO limit
+    held there, and which did not (e.g. ``p99_ttft_ms 2310 > 2000``). Its figures are the level of
+    :attr:`TrialFacts.levels` with this ``request_rate``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rate: float
+    holds: bool
+    violations: list[str] = Field(default_factory=list)
+
+
 class TrialFacts(BaseModel):
     """What servetune knows about one trial.
 
@@ -214,6 +227,16 @@ class TrialFacts(BaseModel):
     """``max_rate_under_slo``: the highest request rate (req/s) at which the SLO held; None when none did."""
     slo_rate_steps: int | None = None
     """How many rates the search measured (each is one of :attr:`levels`, with its ``request_rate``)."""
+    slo_rate_search: list[RateStepFacts] = Field(default_factory=list)
+    """The rate search's steps in the order they were measured."""
+    slo_limits: dict[str, float] | None = None
+    """The SLO limits the rate search held the server to (``p99_ttft_ms``, ``p99_tpot_ms``, ``error_rate``)."""
+
+    def rate_step_levels(self) -> list[tuple[RateStepFacts, LevelResult | None]]:
+        """Each rate-search step with its measurement (the level at that request rate; None when the server
+        had died before it)."""
+        by_rate = {lv.request_rate: lv for lv in self.levels if lv.request_rate is not None}
+        return [(step, by_rate.get(step.rate)) for step in self.slo_rate_search]
     duplicate_of: int | None = None
     """Set when the configuration was already measured by that trial and its result reused."""
     startup_s: float | None = None

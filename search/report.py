@@ -107,6 +107,7 @@ def _report_parts(study: optuna.Study, recs: Sequence[TrialFacts]) -> tuple[list
     body = _counts_section(recs)
     body += _front_section(study, recs)
     body += _best_section(study, recs)
+    body += _rate_search_section(recs)
     body += _boundary_section(recs)
     body += _failures_section(recs)
     body += _skipped_section(recs)
@@ -207,6 +208,26 @@ def _distance(a: TrialFacts, b: TrialFacts, recs: Sequence[TrialFacts]) -> float
         elif va != vb:
             total += 0.25
     return math.sqrt(total)
+
+
+def _rate_search_section(recs: Sequence[TrialFacts]) -> list[str]:
+    """``max_rate_under_slo``: per trial, the rate found and each step of its search in the order measured
+    (held, or what broke); nothing for other objectives."""
+    searched = sorted((r for r in recs if r.slo_rate_search), key=lambda r: r.number)
+    if not searched:
+        return []
+    limits = next((r.slo_limits for r in searched if r.slo_limits), None) or {}
+    held = ", ".join(f"`{k}` <= {v:g}" for k, v in limits.items())
+    out = ["## SLO rate search", "",
+           f"Each trial searched the highest request rate (Poisson arrivals) at which {held or 'the SLO'} held: "
+           "it bracketed, then bisected; steps in the order measured.", "",
+           "| trial | rate found (req/s) | steps: rate (req/s) and verdict |", "|---:|---:|---|"]
+    for rec in searched:
+        steps = "; ".join(f"{step.rate:g} " + ("held" if step.holds else "broke: " + ", ".join(step.violations))
+                          for step in rec.slo_rate_search)
+        found = f"{rec.slo_rate:g}" if rec.slo_rate is not None else "none held"
+        out.append(f"| #{rec.number} | {found} | {_escape(steps)} |")
+    return [*out, ""]
 
 
 def _skipped_section(recs: Sequence[TrialFacts]) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import optuna
@@ -173,3 +174,16 @@ def test_figures_callback_in_background_draws_the_latest_state(tmp_path: Path) -
     # After close, the figures show every trial that had finished when the last one was reported.
     assert sum(len(t["customdata"]) for t in json.loads(stored["servetune-oom-map"])["data"]) == 5
     callback.close()  # idempotent
+
+
+def test_slo_ratio_is_the_limit_nearest_to_breaking() -> None:
+    from search.figures import slo_ratio
+    from search.records import LevelResult
+
+    rec = TrialFacts(number=0, slo_limits={"p99_ttft_ms": 2000, "p99_tpot_ms": 100, "error_rate": 0.1})
+    level = LevelResult(max_concurrency=64, completed=9, failed=1, p99_ttft_ms=1000, p99_tpot_ms=80)
+    assert slo_ratio(rec, level) == pytest.approx(1.0)  # 1 failed of 10: exactly at the 10% limit
+    assert slo_ratio(rec, level.model_copy(update={"failed": 0})) == pytest.approx(0.8)  # TPOT nearest
+    assert slo_ratio(rec, level.model_copy(update={"p99_ttft_ms": 3000})) == pytest.approx(1.5)
+    assert slo_ratio(rec, level.model_copy(update={"completed": 0})) == math.inf  # nothing served
+    assert slo_ratio(rec, None) == math.inf  # the server died before this rate

@@ -12,8 +12,10 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from search.figures import SLO_RATE_FIGURE_ID, study_figures
 from search.hosts import local_host
 from search.records import records
+from search.report import report_markdown
 from search.run import RunOptions, run_search
 from search.study import create_or_load, open_storage
 from spaces.schema import load_space
@@ -56,3 +58,18 @@ def test_the_shipped_slo_space_finds_a_rate_per_trial(tmp_path: Path) -> None:
     assert rec.value == (rec.slo_rate or 0.0)
     trial = summary.study.trials[0]
     assert sorted(trial.intermediate_values) == list(range(1, len(steps) + 1))  # one per step, numbered
+    # The record keeps each step's verdict, in the order measured, beside its figures.
+    assert [s.rate for s in rec.slo_rate_search] == rates
+    assert [s.holds for s in rec.slo_rate_search] == [r in held for r in rates]
+    assert all(s.violations for s in rec.slo_rate_search if not s.holds)
+    assert rec.slo_limits == {"p99_ttft_ms": 5000, "p99_tpot_ms": 300, "error_rate": 0}
+    # The report and the figures show the search.
+    report = report_markdown(summary.study)
+    assert "## SLO rate search" in report
+    row = next(line for line in report.splitlines() if line.startswith(f"| #{rec.number} | {rec.slo_rate:g} |"))
+    assert row.count("held") + row.count("broke:") == len(steps)
+    figures = study_figures(summary.study)
+    assert next(iter(figures)) == SLO_RATE_FIGURE_ID
+    drawn = figures[SLO_RATE_FIGURE_ID].data[0]
+    assert list(drawn.x) == sorted(rates) and drawn.name.startswith(f"trial {rec.number}: ")
+    assert [y <= 1.0 for y in drawn.y] == [r in held for r in sorted(rates)]  # at or under the limit: held
