@@ -44,7 +44,7 @@ import yaml
 from _common import ROOT, metadata
 from optuna.trial import TrialState
 
-from search.confirm import CONFIRM_K, CONFIRM_REPEATS, confirmation_plan, confirmed_best
+from search.confirm import confirmation_launches, confirmation_plan, confirmed_best
 from search.evaluate import SimEvaluator
 from search.objective import Objective, TrialEnv, TrialFailed
 from search.records import TrialFacts, records
@@ -153,15 +153,14 @@ def run_servetune(land: Landscape, seed: int, launches: int) -> Run:
     run = Run(land, seed)
     objective = Objective(_env(land.space), run.evaluator)
     study = optuna.create_study(direction="maximize", sampler=make_sampler(seed, launches))
-    search_budget = launches - CONFIRM_K * CONFIRM_REPEATS
+    search_budget = launches - confirmation_launches()
     while len(run.launched) < launches and len(study.trials) < launches * MAX_TRIALS_PER_LAUNCH:
         # The benchmark's budget is launches made (a reuse costs none), confirmations included.
         if len(run.launched) >= search_budget:
             plan = confirmation_plan(records(study), study.direction)
             if not plan:
                 break
-            origin, params = plan[0]
-            study.enqueue_trial(params, user_attrs={"confirmation_of": origin}, skip_if_exists=False)
+            study.enqueue_trial(plan[0].params, user_attrs=plan[0].user_attrs, skip_if_exists=False)
         else:
             enqueue_start(study, land.space)
         run.launch(objective, study, study.ask())

@@ -96,7 +96,10 @@ def run(
     confirm_top: Annotated[int, typer.Option(
         "--confirm-top", min=0, help="Best distinct configurations launched again before the end.")] = 3,
     confirm_repeats: Annotated[int, typer.Option(
-        "--confirm-repeats", min=0, help="More launches of each of them.")] = 2,
+        "--confirm-repeats", min=0, help="More launches of each of them.")] = 1,
+    confirm_final: Annotated[int, typer.Option(
+        "--confirm-final", min=0, help="More launches of the one chosen on them: its reported figure.")
+    ] = 3,
 ) -> None:
     """Run (or resume) a search: launch, benchmark and record one trial after another.
 
@@ -121,7 +124,7 @@ def run(
         accept_new_host_key=accept_new_host_key, mlflow=not no_mlflow, seed=seed,
         cooldown=_duration("--host-cooldown", host_cooldown),
         progress=Progress(console, n_trials=None, metric=space.objective.scored_by, live=live),
-        on_start=on_start, confirm_k=confirm_top, confirm_repeats=confirm_repeats,
+        on_start=on_start, confirm_k=confirm_top, confirm_repeats=confirm_repeats, confirm_final=confirm_final,
     )
     print_run(console, err_console, summary, space)
     name = summary.study.study_name

@@ -528,5 +528,5 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], facts: TrialFacts, *,
 #: state, params, times...), where it came from, and the measured trial's artifact ids.
 _NOT_REUSED = frozenset(
     {name for name, f in TrialFacts.model_fields.items() if f.exclude}
-    | {"duplicate_of", "artifact_ids", "probe", "design", "confirmation_of"}
+    | {"duplicate_of", "artifact_ids", "probe", "design", "confirmation_of", "final"}
 )

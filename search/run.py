@@ -76,7 +76,7 @@ from runners.errors import HostMisconfigured, RunnerError, ServetuneError, Study
 from runners.host import Host, HostInfo, Lease, new_controller_id
 from runners.telemetry import FailureKind
 from search._optuna_compat import enter_optimize_loop, study_id, trial_id
-from search.confirm import CONFIRM_K, CONFIRM_REPEATS, confirmation_plan, search_launches
+from search.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS, confirmation_plan, search_launches
 from search.hosts import preflight
 from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
 from search.pool import HostPool, HostSlot, HostStatus, NoHostsLeft
@@ -126,6 +126,7 @@ class RunOptions:
     lease_ttl: float = LEASE_TTL
     confirm_k: int = CONFIRM_K
     confirm_repeats: int = CONFIRM_REPEATS
+    confirm_final: int = CONFIRM_FINAL
 
 
 class StopReason(StrEnum):
@@ -289,7 +290,7 @@ class _Budget:
 
     def __init__(self, study: optuna.Study, n_trials: int | None, lock: _StudyLock,
                  storage: RDBStorage, space: Space, *, confirm_k: int = CONFIRM_K,
-                 confirm_repeats: int = CONFIRM_REPEATS) -> None:
+                 confirm_repeats: int = CONFIRM_REPEATS, confirm_final: int = CONFIRM_FINAL) -> None:
         self.study = study
         self.n_trials = n_trials
         self.lock = lock
@@ -297,6 +298,7 @@ class _Budget:
         self.space = space
         self.confirm_k = confirm_k
         self.confirm_repeats = confirm_repeats
+        self.confirm_final = confirm_final
 
     def counts(self) -> tuple[int, int]:
         """(finished, running) launches of the search proper: skips (``predicted_oom``), reused
@@ -311,11 +313,11 @@ class _Budget:
     def _queue_confirmation(self) -> str | None:
         """Queue the next confirmation launch (None), or say the study is DONE (or must WAIT for running ones)."""
         trials = records(self.study)
-        plan = confirmation_plan(trials, self.study.direction, k=self.confirm_k, repeats=self.confirm_repeats)
+        plan = confirmation_plan(trials, self.study.direction, k=self.confirm_k, repeats=self.confirm_repeats,
+                                 final=self.confirm_final)
         if not plan:
             return self.DONE if not any(t.state == TrialState.RUNNING for t in trials) else self.WAIT
-        origin, params = plan[0]
-        self.study.enqueue_trial(params, user_attrs={"confirmation_of": origin}, skip_if_exists=False)
+        self.study.enqueue_trial(plan[0].params, user_attrs=plan[0].user_attrs, skip_if_exists=False)
         return None
 
     def reserve(self, host: str) -> optuna.Trial | str:
@@ -633,7 +635,7 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
                     cooldown=options.cooldown, max_set_asides=options.max_set_asides)
     lock = _StudyLock(storage, study_id(study), options.storage_url)
     budget = _Budget(study, options.n_trials, lock, storage, space, confirm_k=options.confirm_k,
-                     confirm_repeats=options.confirm_repeats)
+                     confirm_repeats=options.confirm_repeats, confirm_final=options.confirm_final)
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():
         lock.close()
