@@ -10,9 +10,11 @@ by brute force over the space's grid. Every launch draws the profile's run-to-ru
 Strategies, all through the product's trial path (``search.objective.Objective`` with
 ``search.evaluate.SimEvaluator``; a configuration sampled again is reused and costs no launch):
 
-* ``servetune``: servetune's sampler and memory model: the probe first, skips of configurations the
-  model predicts die (``predicted_oom``, no launch), the memory margin as a constraint, and the
-  confirmation of the top 3 (2 more launches each) *inside* the launch budget;
+* ``servetune``: servetune's sampler and memory model: the probe first, the start-up design placed at
+  the memory boundary the model is sure of, skips of configurations the model predicts die
+  (``predicted_oom``, no launch), the memory margin as a constraint, and the confirmation (one more
+  launch of each of the top 3, then 3 of the one chosen, whose median is reported) *inside* the launch
+  budget;
 * ``tpe``: Optuna's TPE with default settings over the whole space, dead launches told as PRUNED;
 * ``scoot``: SCOOT's hidden-constraint method on top of it: a random-forest classifier over the
   parameters, trained on the launches so far, skips a sampled configuration it predicts infeasible with

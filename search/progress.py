@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from search.confirm import confirmed_best, skip_summary
+from search.confirm import Confirmed, confirmed_best, skip_summary
 from search.records import TrialFacts, best_record, records
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
         params = ", ".join(f"{k}={v}" for k, v in best.params.items())
         console.print(f"[green]best[/] (confirmed over {confirmed.launches} launches, spread "
                       f"{confirmed.spread:.1%}): trial {best.number}, {space.objective.scored_by}="
-                      f"{confirmed.reported:.1f} (median of the repeats) at C={space.target_level}  "
+                      f"{confirmed.reported:.1f} ({_reported_from(confirmed)}) at C={space.target_level}  "
                       f"{escape('[' + params + ']')}")
     elif best is not None:
         params = ", ".join(f"{k}={v}" for k, v in best.params.items())
@@ -262,3 +262,10 @@ def status_view(status: StudyStatus) -> Group:
     if status.hosts:
         parts.append(hosts)
     return Group(*parts)
+
+
+def _reported_from(confirmed: Confirmed) -> str:
+    """Which launches the confirmed figure is the median of."""
+    if confirmed.final:
+        return f"median of the {confirmed.final} launches made after it was chosen"
+    return "median of the repeats"

@@ -139,18 +139,19 @@ def startup_design(space: Space, model: MemoryModel | None = None) -> list[dict[
 
     Without a memory model (or before it has the probe's figures): one knob moved at a time from the
     probe. With one (SGLang's ``--mem-fraction-static`` searched): first the *base*, the probe with the
-    memory knob at the highest value the model is confident survives (the fastest configurations are
+    memory knob at the highest value the model is 95% sure survives (the fastest configurations are
     usually at the largest KV pool that still leaves room for the graphs and the serving peak), then one
-    knob moved at a time from the base, each point again at the highest fraction the model is confident
-    it survives with that point's graph size. The model is refitted before every point is queued, so
-    the fraction follows what the launches so far have shown. The memory model still skips the ones it
-    predicts die."""
+    knob moved at a time from the base, each point at the highest fraction at which launches have
+    already *proven* it survives (:meth:`MemoryModel.proven`: at least the free memory some launch got
+    through every phase with; a point that meets a phase no launch has got through, such as an eager
+    decode step, goes to the low end of the range). The model is refitted before every point is queued,
+    so the fractions follow what the launches so far have shown."""
     probe = probe_params(space)
     if model is None or safe_memory(space, model, probe) is None:
         return _moves(space, probe, memory_placed=False)
     base = place_memory(space, model, probe)
-    return [base] + [place_memory(space, model, p) for p in _moves(space, base, memory_placed=True)
-                     if p != base]
+    return [base] + [place_memory(space, model, p, proven=True)
+                     for p in _moves(space, base, memory_placed=True) if p != base]
 
 
 def _memory_values(dist: optuna.distributions.FloatDistribution) -> list[float]:
@@ -161,31 +162,34 @@ def _memory_values(dist: optuna.distributions.FloatDistribution) -> list[float]:
     return [round(dist.high - i * (dist.high - dist.low) / 20, FLOAT_DIGITS) for i in range(21)]
 
 
-def safe_memory(space: Space, model: MemoryModel, params: Mapping[str, Any]) -> float | None:
-    """The highest value of the memory knob at which ``params`` survive with confidence under ``model``:
-    a margin at least :data:`search.memory.Z` standard deviations above zero and no proven death. None
-    when the knob is not searched or the model has no figures yet."""
+def safe_memory(space: Space, model: MemoryModel, params: Mapping[str, Any], *,
+                proven: bool = False) -> float | None:
+    """The highest value of the memory knob at which ``params`` survive under ``model``: with a margin at
+    least :data:`search.memory.Z` standard deviations above zero and no proven death, or, ``proven``, as
+    launches have already shown (:meth:`MemoryModel.proven`). The low end of the range when no value
+    qualifies; None when the knob is not searched or the model has no figures yet."""
     from search.memory import Candidate, Z
 
     dist = distributions(space).get(MEMORY_KNOB)
     if not isinstance(dist, optuna.distributions.FloatDistribution):
         return None
     bs = params.get(GRAPH_KNOB)
-    seen = False
     for mfs in _memory_values(dist):
-        pred = model.predict(Candidate(mfs=mfs, max_bs=bs if isinstance(bs, int) else None,
-                                       concurrency=space.target_level))
+        cand = Candidate(mfs=mfs, max_bs=bs if isinstance(bs, int) else None, concurrency=space.target_level)
+        pred = model.predict(cand)
         if pred is None:
             return None
-        seen = True
-        if not pred.certain_death and pred.margin_gib - Z * pred.sd_gib >= 0:
+        if pred.certain_death:
+            continue
+        if model.proven(cand) if proven else pred.margin_gib - Z * pred.sd_gib >= 0:
             return mfs
-    return round(dist.low, FLOAT_DIGITS) if seen else None
+    return round(dist.low, FLOAT_DIGITS)
 
 
-def place_memory(space: Space, model: MemoryModel, params: Mapping[str, Any]) -> dict[str, Any]:
+def place_memory(space: Space, model: MemoryModel, params: Mapping[str, Any], *,
+                 proven: bool = False) -> dict[str, Any]:
     """``params`` with the memory knob at :func:`safe_memory` (unchanged when the model cannot say)."""
-    mfs = safe_memory(space, model, params)
+    mfs = safe_memory(space, model, params, proven=proven)
     return dict(params) if mfs is None else {**params, MEMORY_KNOB: mfs}
 
 

@@ -209,7 +209,16 @@ def test_startup_design_puts_the_memory_knob_at_the_boundary_the_model_is_sure_o
     for p in design[1:]:
         moved = [k for k in base.params if k != "mem_fraction_static" and p[k] != base.params[k]]
         assert len(moved) == 1
-        assert p["mem_fraction_static"] == safe_memory(space, model, p)
+        assert p["mem_fraction_static"] == safe_memory(space, model, p, proven=True)
+    # A graph smaller than the target concurrency meets an eager decode step no launch has got through:
+    # not proven at any fraction, so it goes to the low end of the range.
+    eager = next(p for p in design if p["cuda_graph_max_bs"] == 16)
+    assert eager["mem_fraction_static"] == pytest.approx(0.55)
+    # The whole design, each point placed by the model refitted on the launches before it: none dies.
+    while enqueue_start(study, space):
+        assert run_queued(study, objective).launched
+    assert sum(1 for t in records(study) if t.design) == len(design)
+    assert not any(died for _, _, died in evaluator.launches)
 
 
 def test_startup_design_without_memory_figures_moves_from_the_probe(space: Space) -> None:
