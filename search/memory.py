@@ -424,12 +424,16 @@ class MemoryModel:
         """True when launches have already shown that ``cand`` survives: at the pessimistic end of the fit
         it leaves at least the free memory after capture (and the KV pool) with which some launch got
         through each phase it will meet (an eager decode step included when the target concurrency
-        exceeds its largest graph). No prior need enters: a phase no launch has got through is unproven."""
+        exceeds its largest graph), or the same memory knobs served the target in a launch. No prior need
+        enters: a phase no launch has got through is unproven."""
         cap = self.free_after_capture(cand)
         if cap is None:
             return False
+        mfs, bs = self.resolve(cand)
+        if any(f.outcome == "ok" and f.target_served and f.mfs is not None and mfs is not None
+               and abs(f.mfs - mfs) < 1e-6 and f.graph_bs == bs for f in self.facts):
+            return True
         bounds = self.bounds()
-        _, bs = self.resolve(cand)
         phases = ["cuda_graph", "serve"] + (["eager"] if bs is not None and self.target > bs else [])
         for p in phases:
             hi = bounds[p].upper

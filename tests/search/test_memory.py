@@ -204,3 +204,15 @@ def test_vllm_kv_check_margin() -> None:
     # The KV check refuses when max_model_len needs more than the budget leaves.
     assert model.predict(0.45, 32768 * 2) == pytest.approx(0.45 * 80 - 32 - 8) and model.predict(0.45, 65536) < 0
     assert VllmMemoryModel([]).predict(0.9, 1024) is None
+
+
+def test_proven_rests_on_launches_not_on_priors(space: Space) -> None:
+    bench = Bench(space)
+    bench.launch(point(0.55, 80))
+    bench.launch(point(0.70, 80))
+    model = bench.model()
+    assert model.proven(Candidate(0.70, 80, space.target_level))  # these memory knobs served the target
+    assert model.proven(Candidate(0.62, 80, space.target_level))  # more free memory than a survivor
+    assert not model.proven(Candidate(0.74, 80, space.target_level))  # less than any launch got through
+    # An eager decode step (graphs smaller than the target concurrency) no launch has got through.
+    assert not model.proven(Candidate(0.55, 16, space.target_level))
