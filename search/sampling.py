@@ -209,12 +209,22 @@ def enqueue_start(study: optuna.Study, space: Space) -> bool:
         return False
     if any(t.state == optuna.trial.TrialState.WAITING for t in trials):
         return False  # something already queued goes first
-    asked = sum(1 for t in trials if t.design)
-    design = startup_design(space, _memory_model(space, trials))
-    if asked >= len(design):
-        return False
-    study.enqueue_trial(design[asked], user_attrs={"design": True})
-    return True
+    model = _memory_model(space, trials)
+    design = startup_design(space, model)
+    # A point is asked once a design trial moved the same knobs: where the model places the memory knob
+    # it is not compared (another host may have asked for the point before the probe's figures came in,
+    # or the refitted model may place it elsewhere now).
+    placed = model is not None and safe_memory(space, model, probe_params(space)) is not None
+    asked = [_design_key(t.params, placed) for t in trials if t.design]
+    for point in design:
+        if _design_key(point, placed) not in asked:
+            study.enqueue_trial(point, user_attrs={"design": True})
+            return True
+    return False
+
+
+def _design_key(params: Mapping[str, Any], placed: bool) -> dict[str, Any]:
+    return {k: v for k, v in normal_params(params).items() if not (placed and k == MEMORY_KNOB)}
 
 
 def _memory_model(space: Space, trials: Sequence[TrialFacts]) -> MemoryModel | None:

@@ -226,3 +226,33 @@ def test_startup_design_without_memory_figures_moves_from_the_probe(space: Space
     # Numeric choices farthest from the probe's first: a knob's whole effect is seen at once.
     graph = [p["cuda_graph_max_bs"] for p in startup_design(space) if p["cuda_graph_max_bs"] != 80]
     assert graph == [16, 32, 48, 64]
+
+
+def test_a_design_point_asked_before_the_probe_ended_is_not_asked_again(space: Space) -> None:
+    """Two hosts: the second asks for a start-up point while the probe still runs (no memory figures yet),
+    so it gets a move from the probe; once the probe is in, the base comes next, and no move is queued
+    twice (the earlier one is not asked again at its placed fraction)."""
+    evaluator = SimEvaluator(space, seed=0)
+    objective = Objective(TrialEnv(space=space, study_name="t", artifacts_dir=Path("/nonexistent")), evaluator)
+    study = optuna.create_study(direction="maximize")
+    assert enqueue_start(study, space)
+    probe = study.ask()  # running on the first host
+    assert enqueue_start(study, space)
+    early = study.ask()
+    for t in (probe, early):
+        study.tell(t, objective.run(t, None))
+    assert records(study)[1].params == startup_design(space)[0]  # a move from the probe, at its fraction
+    assert enqueue_start(study, space)
+    base = run_queued(study, objective)
+
+    def knobs(params: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in params.items() if k != "mem_fraction_static"}
+
+    assert knobs(base.params) == knobs(records(study)[0].params)
+    assert base.params["mem_fraction_static"] > records(study)[0].params["mem_fraction_static"]
+    while enqueue_start(study, space):
+        run_queued(study, objective)
+    asked = [knobs(t.params) for t in records(study) if t.design]
+    assert all(asked.count(k) == 1 for k in asked)
+    model = MemoryModel.from_trials(records(study), target=space.target_level)
+    assert len(asked) == len(startup_design(space, model))
