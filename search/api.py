@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runners.errors import ConfigError, ServetuneError
-from search.confirm import CONFIRM_K, CONFIRM_REPEATS
+from search.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS
 from search.figures import FiguresCallback
 from search.hosts import build_hosts
 from search.notes import notes_callback
@@ -50,15 +50,16 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
               accept_new_host_key: bool = False, mlflow: bool = True, seed: int | None = None,
               cooldown: float = 300.0, progress: Progress | None = None,
               on_start: Callable[[RunPlan], None] | None = None, confirm_k: int = CONFIRM_K,
-              confirm_repeats: int = CONFIRM_REPEATS) -> RunSummary:
+              confirm_repeats: int = CONFIRM_REPEATS, confirm_final: int = CONFIRM_FINAL) -> RunSummary:
     """Run (or resume) the study of ``space`` until its budget, its timeout or a signal.
 
     ``study_name``, ``n_trials`` and ``timeout`` default to the space's. ``hosts`` are ``user@name[:port]``
     arguments; with neither them nor an ``inventory`` the search runs on this machine. ``progress`` gets
     the trial events and results (its budget is set here); the dashboard figures are redrawn after each
     trial. Before the study ends, the ``confirm_k`` best distinct configurations are launched
-    ``confirm_repeats`` more times each (:mod:`search.confirm`; in a ``pareto`` study, those of the front
-    nearest its ideal point, :mod:`search.front`). The morning summary is written to
+    ``confirm_repeats`` more times each, and the one chosen on them ``confirm_final`` more times: its
+    reported figure is the median of those (:mod:`search.confirm`; in a ``pareto`` study, those of the front
+    nearest its ideal point are repeated, :mod:`search.front`). The morning summary is written to
     ``<artifacts>/<study>/report.md`` and ``report.html`` (``RunSummary.report_path``, ``report_html_path``;
     the HTML is also a study artifact and is logged with the figures to the MLflow parent run); an MLflow
     failure at the end is reported in ``RunSummary.mlflow_error``, never raised. Raises ServetuneError for
@@ -86,7 +87,7 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
         n_trials=budget, timeout=seconds, seed=seed, smi_interval=settings.smi_interval, cooldown=cooldown,
         heartbeat_interval=settings.heartbeat_interval, grace_period=settings.heartbeat_grace,
         callbacks=callbacks, hook=progress.hook if progress is not None else None,
-        confirm_k=confirm_k, confirm_repeats=confirm_repeats,
+        confirm_k=confirm_k, confirm_repeats=confirm_repeats, confirm_final=confirm_final,
     )
     if on_start is not None:
         on_start(RunPlan(name, [h.name for h in opened], settings.storage, budget, seconds, tuple(warnings)))

@@ -100,7 +100,10 @@ def run(
     confirm_top: Annotated[int, typer.Option(
         "--confirm-top", min=0, help="Best distinct configurations launched again before the end.")] = 3,
     confirm_repeats: Annotated[int, typer.Option(
-        "--confirm-repeats", min=0, help="More launches of each of them.")] = 2,
+        "--confirm-repeats", min=0, help="More launches of each of them.")] = 1,
+    confirm_final: Annotated[int, typer.Option(
+        "--confirm-final", min=0, help="More launches of the one chosen on them: its reported figure.")
+    ] = 3,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print the hosts and the first launches with their commands; launch nothing, "
                           "write nothing.")] = False,
@@ -133,7 +136,7 @@ def run(
         cooldown=_duration("--host-cooldown", host_cooldown),
         progress=Progress(console, n_trials=None, metric=space.objective.scored_by, live=live,
                           simulated=space.engine.kind == "sim"),
-        on_start=on_start, confirm_k=confirm_top, confirm_repeats=confirm_repeats,
+        on_start=on_start, confirm_k=confirm_top, confirm_repeats=confirm_repeats, confirm_final=confirm_final,
     )
     print_run(console, err_console, summary, space)
     name = summary.study.study_name

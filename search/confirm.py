@@ -3,7 +3,10 @@
 One lucky run must not win a study. Before a study finishes, the ``k`` best distinct configurations are
 launched ``repeats`` more times each (real trials, queued with the tag ``confirmation_of``; a repeat is never reused
 from an earlier value). :func:`confirmed_best` then picks the best on the repeated measurements (the
-median; a configuration that died on a repeat is out) and reports the spread.
+median with the pooled estimate of its knobs; a configuration that died on a repeat is out), and the one
+chosen is launched ``final`` more times (tag ``final``): its reported figure is the median of those, which
+the choice never saw, so the luck that made it win does not inflate it (the winner's curse). The spread
+over all its launches is reported.
 
 The budget counts launches: a skip (``predicted_oom``) costs no GPU time and holds no slot (a reused
 duplicate still holds one, as it always has); confirmations are launched on top of the search budget.
@@ -16,19 +19,26 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from search.records import TrialFacts
 
-__all__ = ["CONFIRM_K", "CONFIRM_REPEATS", "Confirmed", "confirmation_plan", "confirmed_best",
+__all__ = ["CONFIRM_FINAL", "CONFIRM_K", "CONFIRM_REPEATS", "ConfirmLaunch", "Confirmed", "confirmation_launches",
+           "confirmation_plan", "confirmed_best",
            "is_launch", "launches_of", "origin", "search_launches",
            "skip_summary"]
 
 CONFIRM_K = 3
-CONFIRM_REPEATS = 2
+CONFIRM_REPEATS = 1
+CONFIRM_FINAL = 3
+
+
+def confirmation_launches(k: int = CONFIRM_K, repeats: int = CONFIRM_REPEATS, final: int = CONFIRM_FINAL) -> int:
+    """How many confirmation launches a study makes (none without ``k``)."""
+    return k * repeats + final if k > 0 else 0
 
 
 def is_launch(trial: TrialFacts) -> bool:
@@ -75,10 +85,48 @@ def origin(t: TrialFacts) -> int:
     return t.duplicate_of if t.duplicate_of is not None else t.number
 
 
+class ConfirmLaunch(NamedTuple):
+    """One confirmation launch to queue: the configuration first launched as ``origin``; ``final`` once
+    that configuration is the one chosen (its figure is then what is reported)."""
+
+    origin: int
+    params: dict[str, Any]
+    final: bool = False
+
+    @property
+    def user_attrs(self) -> dict[str, Any]:
+        """The tags to queue it with (``study.enqueue_trial(params, user_attrs=...)``)."""
+        return {"confirmation_of": self.origin, **({"final": True} if self.final else {})}
+
+
 def confirmation_plan(trials: Sequence[TrialFacts], direction: StudyDirection, *, k: int = CONFIRM_K,
-                      repeats: int = CONFIRM_REPEATS) -> list[tuple[int, dict[str, Any]]]:
-    """(origin trial, params) of the confirmation launches still to make, best configuration first."""
-    if k <= 0 or repeats <= 0:
+                      repeats: int = CONFIRM_REPEATS, final: int = CONFIRM_FINAL) -> list[ConfirmLaunch]:
+    """The confirmation launches still to make, in order: first ``repeats`` more launches of each of the
+    ``k`` best distinct configurations (best first), then, once those have all finished, ``final`` more
+    launches of the configuration chosen on them (:func:`confirmed_best`). Empty while the choice waits
+    for a running repeat, and once everything is made."""
+    if k <= 0:
+        return []
+    plan = _screening(trials, direction, k, repeats)
+    if plan or final <= 0:
+        return plan
+    if any(t.confirmation_of is not None and t.state not in _FINISHED for t in trials):
+        return []  # the choice waits for every repeat
+    chosen = confirmed_best(trials, direction)
+    if chosen is None:
+        return []
+    params = next(t.params for t in trials if t.number == chosen.trial)
+    made = sum(1 for t in trials if t.final and t.confirmation_of == chosen.trial and t.state != TrialState.FAIL)
+    return [ConfirmLaunch(chosen.trial, dict(params), final=True)] * max(0, final - made)
+
+
+_FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+def _screening(trials: Sequence[TrialFacts], direction: StudyDirection, k: int,
+               repeats: int) -> list[ConfirmLaunch]:
+    """The repeats of the top ``k`` distinct configurations still to make, best first."""
+    if repeats <= 0:
         return []
     firsts = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and t.feasible
               and t.confirmation_of is None and t.duplicate_of is None]
@@ -95,17 +143,18 @@ def confirmation_plan(trials: Sequence[TrialFacts], direction: StudyDirection, *
     made: dict[int, int] = {}
     for t in trials:
         origin = t.confirmation_of
-        if origin is not None and t.state != TrialState.FAIL:
+        if origin is not None and not t.final and t.state != TrialState.FAIL:
             made[origin] = made.get(origin, 0) + 1
     plan = []
     for t in top:
-        plan += [(t.number, dict(t.params))] * max(0, repeats - made.get(t.number, 0))
+        plan += [ConfirmLaunch(t.number, dict(t.params))] * max(0, repeats - made.get(t.number, 0))
     return plan
 
 
 def pooled_estimates(trials: Sequence[TrialFacts], *, ridge: float = 1.0) -> dict[int, float]:
     """Each COMPLETE launch's value as an additive model of its knobs predicts it (ridge regression on
-    one-hot categorical knobs and linear numeric ones, fitted on every COMPLETE launch).
+    one-hot categorical knobs and linear numeric ones, fitted on every COMPLETE launch but the ``final``
+    ones, which are kept out of the choice).
 
     One launch of a configuration is one noisy draw; the knob values it shares with other launches are
     measured many times. Ranking the candidates for confirmation on the pooled estimate instead of their
@@ -113,7 +162,8 @@ def pooled_estimates(trials: Sequence[TrialFacts], *, ridge: float = 1.0) -> dic
     """
     import numpy as np
 
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and is_launch(t)]
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and is_launch(t)
+            and not t.final]
     if len(done) < 4:
         return {}
     names = sorted({k for t in done for k in t.params})
@@ -147,17 +197,20 @@ class Confirmed:
     """The configuration chosen on repeated measurements."""
 
     trial: int  # the first launch of the configuration
-    median: float  # over all its launches: what it is ranked by
-    values: tuple[float, ...]
-    spread: float  # (max - min) / median over its launches
+    median: float  # over the launches it was chosen on (all but the final ones): what it is ranked by
+    values: tuple[float, ...]  # every launch's figure, in order
+    spread: float  # (max - min) / median over all its launches
     launches: int
-    reported: float  # the median of the repeats alone: the first launch was picked for being high
+    reported: float  # the median of the final launches (else of the repeats): free of the choice's luck
+    final: int = 0  # how many of its launches were made after it was chosen
 
 
 def confirmed_best(trials: Sequence[TrialFacts], direction: StudyDirection) -> Confirmed | None:
-    """The best configuration by the median of its launches; among those with repeats when there are
-    any. A configuration that died on any launch is excluded. Its ``reported`` figure is the median of
-    the repeats alone (the first launch was chosen for being high: counting it inflates the figure)."""
+    """The best configuration by the median of its launches (the ``final`` ones left out: they are made
+    after the choice), averaged with the pooled estimate of its knobs; among those with the most
+    launches. A configuration that died on any launch is excluded. Its ``reported`` figure is the median
+    of its final launches, or without them of its repeats alone: the launches it was chosen on were
+    chosen for being high, and counting them inflates the figure (the winner's curse)."""
     groups: dict[int, list[TrialFacts]] = {}
     for t in trials:
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_launch(t):
@@ -168,15 +221,18 @@ def confirmed_best(trials: Sequence[TrialFacts], direction: StudyDirection) -> C
             continue
         ts = sorted(ts, key=lambda t: t.number)
         values = tuple(float(t.value) for t in ts if t.value is not None)
-        repeats = [float(t.value) for t in ts if t.value is not None and t.confirmation_of is not None]
-        med = statistics.median(values)
-        spread = (max(values) - min(values)) / med if med else 0.0
-        reported = statistics.median(repeats) if repeats else med
-        rows.append(Confirmed(first, med, values, spread, len(values), reported))
+        chosen_on = [float(t.value) for t in ts if t.value is not None and not t.final]
+        finals = [float(t.value) for t in ts if t.value is not None and t.final]
+        repeats = [float(t.value) for t in ts if t.value is not None and t.confirmation_of is not None
+                   and not t.final]
+        med = statistics.median(chosen_on) if chosen_on else statistics.median(values)
+        spread = (max(values) - min(values)) / statistics.median(values) if statistics.median(values) else 0.0
+        reported = statistics.median(finals or repeats or chosen_on)
+        rows.append(Confirmed(first, med, values, spread, len(values), reported, len(finals)))
     if not rows:
         return None
-    most = max(r.launches for r in rows)
-    pool = [r for r in rows if r.launches == most] if most > 1 else rows
+    most = max(r.launches - r.final for r in rows)
+    pool = [r for r in rows if r.launches - r.final == most] if most > 1 else rows
     sign = 1.0 if direction == StudyDirection.MAXIMIZE else -1.0
     # Ranked on the configuration's own launches, averaged with what the rest of the study says about
     # its knobs (the pooled estimate): with a few noisy launches each, neither alone is reliable.

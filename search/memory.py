@@ -22,7 +22,8 @@ most its ``free_cap``. The KV pool has its own threshold on ``KV(mfs)``.
 :meth:`MemoryModel.predict` gives, for a candidate, the margin in GiB (``free_cap`` less the largest
 need, or the KV pool less its need) with a standard deviation that shrinks as launches come in, and
 whether the configuration dies *for certain* under the model: its free memory, even at the optimistic end
-of the fit, is below a need some launch has already proved. Only then does the search skip a launch.
+of the fit, is below a need some launch has already proved. The search skips a launch that dies for
+certain or *likely* (:attr:`Prediction.likely_death`: a margin below 0.43 sd, one chance in three).
 
 vLLM (:class:`VllmMemoryModel`) has the same shape: ``gpu_memory_utilization * total`` less the
 non-KV memory (weights, activations, graphs) is the KV budget, and its KV check refuses a start when
@@ -62,6 +63,12 @@ MARGIN_CONSTRAINT = "memory_margin_gib"
 
 #: One-sided z for "the optimistic end of the fit" (95%).
 Z = 1.645
+#: A sampled configuration is skipped when it dies with a probability above one in three under the
+#: model (its margin is below ``-SKIP_Z`` standard deviations, i.e. below 0.43 sd): a skip costs nothing
+#: and leaves the sampler a constraint to learn from, a death costs a launch (on an 8-GPU host, minutes
+#: of start-up on every card). The model's needs after capture have no term for every activation (a
+#: long chunked prefill), so a margin of a fraction of its sd is not taken as safe.
+SKIP_Z = -0.43
 
 #: Prior needs after capture (GiB) and their spread, before any launch has bounded them.
 PRIOR_NEED = {"kv_pool": (0.05, 0.5), "cuda_graph": (2.0, 1.5), "serve": (1.0, 1.0), "eager": (3.0, 3.0)}
@@ -139,6 +146,11 @@ class Prediction:
     tightest: str  # the phase the margin is taken at
     certain_death: bool  # even the optimistic figure is below a need a launch has proved
     rests_on: tuple[int, ...]  # the trials whose figures the prediction uses
+
+    @property
+    def likely_death(self) -> bool:
+        """Dies under the model with a probability above one in three (:data:`SKIP_Z`), or for certain."""
+        return self.certain_death or self.margin_gib + SKIP_Z * self.sd_gib < 0
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -407,6 +419,28 @@ class MemoryModel:
         return Prediction(margin_gib=margin, sd_gib=sd, kv_gib=kv,
                           free_after_capture_gib=cap[0] if cap else None, tightest=phase,
                           certain_death=certain, rests_on=tuple(sorted(rests)))
+
+    def proven(self, cand: Candidate) -> bool:
+        """True when launches have already shown that ``cand`` survives: at the pessimistic end of the fit
+        it leaves at least the free memory after capture (and the KV pool) with which some launch got
+        through each phase it will meet (an eager decode step included when the target concurrency
+        exceeds its largest graph), or the same memory knobs served the target in a launch. No prior need
+        enters: a phase no launch has got through is unproven."""
+        cap = self.free_after_capture(cand)
+        if cap is None:
+            return False
+        mfs, bs = self.resolve(cand)
+        if any(f.outcome == "ok" and f.target_served and f.mfs is not None and mfs is not None
+               and abs(f.mfs - mfs) < 1e-6 and f.graph_bs == bs for f in self.facts):
+            return True
+        bounds = self.bounds()
+        phases = ["cuda_graph", "serve"] + (["eager"] if bs is not None and self.target > bs else [])
+        for p in phases:
+            hi = bounds[p].upper
+            if hi is None or cap[0] - Z * cap[1] < hi:
+                return False
+        kv, kv_hi = self.kv(cand), bounds["kv_pool"].upper
+        return kv_hi is None or (kv is not None and kv >= kv_hi)
 
     def measured_margin(self, f: LaunchFacts) -> float:
         """The margin a launch showed: an OOM's deficit (negative), else what it had free after capture

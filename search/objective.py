@@ -89,7 +89,7 @@ class Objective:
     """The objective bound to a :class:`TrialEnv`: :meth:`run` runs a trial on a host the caller holds.
 
     A trial goes: sample -> reuse a measured twin -> the memory model's verdict (a configuration it
-    predicts dies, with certainty, is not launched: PRUNED ``predicted_oom``) -> the evaluator (by default
+    predicts dies, likely or for certain, is not launched: PRUNED ``predicted_oom``) -> the evaluator (by default
     this objective's own server launch; :mod:`search.evaluate`) -> the margin as an Optuna constraint.
     Confirmations (``confirmation_of``) and the probe skip the reuse and the verdict.
     """
@@ -164,7 +164,7 @@ class Objective:
         facts.predicted_sd_gib = round(pred.sd_gib, 3)
         facts.predicted_phase = pred.tightest
         facts.prediction_rests_on = list(pred.rests_on)
-        if not pred.certain_death or _skips_in_a_row(trial) >= MAX_SKIPS_IN_A_ROW:
+        if not pred.likely_death or _skips_in_a_row(trial) >= MAX_SKIPS_IN_A_ROW:
             return
         facts.outcome, facts.phase = FailureKind.PREDICTED_OOM, _SKIP_PHASE.get(pred.tightest)
         facts.reason = (f"predicted to die in {pred.tightest}: margin {pred.margin_gib:+.2f} GiB "
@@ -543,5 +543,5 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], facts: TrialFacts, *,
 #: state, params, times...), where it came from, and the measured trial's artifact ids.
 _NOT_REUSED = frozenset(
     {name for name, f in TrialFacts.model_fields.items() if f.exclude}
-    | {"duplicate_of", "artifact_ids", "probe", "design", "confirmation_of"}
+    | {"duplicate_of", "artifact_ids", "probe", "design", "confirmation_of", "final"}
 )

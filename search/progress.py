@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from search.confirm import confirmed_best, skip_summary
+from search.confirm import Confirmed, confirmed_best, skip_summary
 from search.front import Goal, front, pick_record
 from search.records import TrialFacts, best_record, records, value_text
 from spaces.schema import OBJECTIVE_UNITS
@@ -308,19 +308,20 @@ def _print_front(console: Console, summary: RunSummary, recs: list[TrialFacts], 
 def _print_best(console: Console, summary: RunSummary, recs: list[TrialFacts], space: Space) -> None:
     best = best_record(recs, summary.study.direction)
     confirmed = confirmed_best(recs, summary.study.direction)
+    # 4 significant digits: a rate of 0.0656 req/s must not print as 0.1 (nor a throughput lose its unit's sense)
     if confirmed is not None and confirmed.launches > 1:
         best = next(r for r in recs if r.number == confirmed.trial)
         params = ", ".join(f"{k}={v}" for k, v in best.params.items())
         sim = " (simulated)" if best.simulated else ""
         console.print(f"[green]best[/] (confirmed over {confirmed.launches} launches, spread "
                       f"{confirmed.spread:.1%}): trial {best.number}, {space.objective.scored_by}="
-                      f"{confirmed.reported:.1f}{sim} (median of the repeats) at C={space.target_level}  "
-                      f"{escape('[' + params + ']')}")
-    elif best is not None:
+                      f"{confirmed.reported:.4g}{sim} ({_reported_from(confirmed)}) at C={space.target_level}  "
+                      f"{escape('[' + params + ']')}", soft_wrap=True)
+    elif best is not None and best.value is not None:
         params = ", ".join(f"{k}={v}" for k, v in best.params.items())
         sim = " (simulated)" if best.simulated else ""
-        console.print(f"[green]best[/]: trial {best.number}, {space.objective.scored_by}={best.value:.1f}{sim} "
-                      f"at C={space.target_level}  {escape('[' + params + ']')}")
+        console.print(f"[green]best[/]: trial {best.number}, {space.objective.scored_by}={best.value:.4g}{sim} "
+                      f"at C={space.target_level}  {escape('[' + params + ']')}", soft_wrap=True)
     else:
         console.print("[yellow]no COMPLETE trial yet[/]")
 
@@ -427,3 +428,10 @@ def status_view(status: StudyStatus) -> Group:
     if status.hosts:
         parts.append(hosts)
     return Group(*parts)
+
+
+def _reported_from(confirmed: Confirmed) -> str:
+    """Which launches the confirmed figure is the median of."""
+    if confirmed.final:
+        return f"median of the {confirmed.final} launches made after it was chosen"
+    return "median of the repeats"

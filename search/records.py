@@ -17,7 +17,8 @@ How it is stored (Optuna user attrs, JSON values):
 ``retried_from``          written by Optuna's stale-trial retry onto the re-queued trial
 ``waiting_for``           while a trial waits for a twin that another host is running
 ``probe``, ``design``,    tags set when the trial is queued (``enqueue_trial(user_attrs=...)``): the study's
-``confirmation_of``       first launch, a start-up design point, a repeat of that trial's configuration
+``confirmation_of``,      first launch, a start-up design point, a repeat of that trial's configuration (a
+``final``                 ``final`` one once that configuration was chosen)
 ========================  ==================================================================================
 
 Studies stored by servetune 0.1.0 hold the same facts as ~38 separate user attrs (``mem.<figure>``,
@@ -256,6 +257,9 @@ class TrialFacts(BaseModel):
     """A start-up design point (one knob moved from the probe; tag set when it was queued)."""
     confirmation_of: int | None = None
     """This launch repeats the configuration first launched as that trial (tag set when it was queued)."""
+    final: bool = False
+    """A confirmation launch of the configuration already chosen (with ``confirmation_of``): made after the
+    choice, so its figure is what is reported, free of the luck that won the choice."""
     predicted_margin_gib: float | None = None
     """The memory model's margin for the configuration before it was launched (negative: a deficit)."""
     predicted_sd_gib: float | None = None
@@ -492,7 +496,7 @@ def value_text(rec: TrialFacts, fmt: str = "{:.1f}") -> str:
 
 
 #: Tags a trial is queued with (``study.enqueue_trial(params, user_attrs=...)``), read back into the record.
-QUEUED_TAGS = ("probe", "design", "confirmation_of")
+QUEUED_TAGS = ("probe", "design", "confirmation_of", "final")
 
 
 def _queued_tags(attrs: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:

@@ -76,7 +76,14 @@ from runners.errors import HostMisconfigured, RunnerError, ServetuneError, Study
 from runners.host import Host, HostInfo, Lease, new_controller_id
 from runners.telemetry import FailureKind
 from search._optuna_compat import enter_optimize_loop, study_id, trial_id
-from search.confirm import CONFIRM_K, CONFIRM_REPEATS, confirmation_plan, search_launches
+from search.confirm import (
+    CONFIRM_FINAL,
+    CONFIRM_K,
+    CONFIRM_REPEATS,
+    ConfirmLaunch,
+    confirmation_plan,
+    search_launches,
+)
 from search.front import Goal
 from search.front import confirmation_plan as front_confirmation_plan
 from search.hosts import preflight
@@ -128,6 +135,7 @@ class RunOptions:
     lease_ttl: float = LEASE_TTL
     confirm_k: int = CONFIRM_K
     confirm_repeats: int = CONFIRM_REPEATS
+    confirm_final: int = CONFIRM_FINAL
 
 
 class StopReason(StrEnum):
@@ -291,7 +299,7 @@ class _Budget:
 
     def __init__(self, study: optuna.Study, n_trials: int | None, lock: _StudyLock,
                  storage: RDBStorage, space: Space, *, confirm_k: int = CONFIRM_K,
-                 confirm_repeats: int = CONFIRM_REPEATS) -> None:
+                 confirm_repeats: int = CONFIRM_REPEATS, confirm_final: int = CONFIRM_FINAL) -> None:
         self.study = study
         self.n_trials = n_trials
         self.lock = lock
@@ -299,6 +307,7 @@ class _Budget:
         self.space = space
         self.confirm_k = confirm_k
         self.confirm_repeats = confirm_repeats
+        self.confirm_final = confirm_final
 
     def counts(self) -> tuple[int, int]:
         """(finished, running) launches of the search proper: skips (``predicted_oom``), reused
@@ -314,14 +323,15 @@ class _Budget:
         """Queue the next confirmation launch (None), or say the study is DONE (or must WAIT for running ones)."""
         trials = records(self.study)
         goal = Goal.of(self.study)
-        if goal.pareto:
-            plan = front_confirmation_plan(trials, goal, k=self.confirm_k, repeats=self.confirm_repeats)
+        if goal.pareto:  # the front's configurations, each repeated; no single winner to launch finally
+            plan = [ConfirmLaunch(origin, params) for origin, params in
+                    front_confirmation_plan(trials, goal, k=self.confirm_k, repeats=self.confirm_repeats)]
         else:
-            plan = confirmation_plan(trials, self.study.direction, k=self.confirm_k, repeats=self.confirm_repeats)
+            plan = confirmation_plan(trials, self.study.direction, k=self.confirm_k, repeats=self.confirm_repeats,
+                                     final=self.confirm_final)
         if not plan:
             return self.DONE if not any(t.state == TrialState.RUNNING for t in trials) else self.WAIT
-        origin, params = plan[0]
-        self.study.enqueue_trial(params, user_attrs={"confirmation_of": origin}, skip_if_exists=False)
+        self.study.enqueue_trial(plan[0].params, user_attrs=plan[0].user_attrs, skip_if_exists=False)
         return None
 
     def reserve(self, host: str) -> optuna.Trial | str:
@@ -643,7 +653,7 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
                     cooldown=options.cooldown, max_set_asides=options.max_set_asides)
     lock = _StudyLock(storage, study_id(study), options.storage_url)
     budget = _Budget(study, options.n_trials, lock, storage, space, confirm_k=options.confirm_k,
-                     confirm_repeats=options.confirm_repeats)
+                     confirm_repeats=options.confirm_repeats, confirm_final=options.confirm_final)
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():
         lock.close()

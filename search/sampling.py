@@ -2,19 +2,24 @@
 
 Knobs the engine version ignores are not searched (:func:`inert_knobs`): they are held at the engine's
 default unless the space insists (``search_inert``). The first launch of a study is a safe probe
-(:func:`probe_params`), so the memory model has a launch's figures early.
+(:func:`probe_params`), so the memory model has a launch's figures early; the start-up design after it
+(:func:`startup_design`) puts the memory knob at the highest value the model is confident survives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
 from runners.engines import get_engine
 from spaces.launch import engine_options
 from spaces.schema import UNSET, BoolChoices, FloatRange, IntChoices, Space
+
+if TYPE_CHECKING:
+    from search.memory import MemoryModel
+    from search.records import TrialFacts
 
 #: Sampled floats are rounded to this many decimals, so that ``0.6100000000000001`` is ``0.61``.
 FLOAT_DIGITS = 6
@@ -91,37 +96,109 @@ def normal_params(params: Mapping[str, Any]) -> dict[str, Any]:
     return {k: round(v, FLOAT_DIGITS) if isinstance(v, float) else v for k, v in params.items()}
 
 
-def startup_design(space: Space) -> list[dict[str, Any]]:
-    """The launches after the probe, before the sampler models anything: one knob moved at a time from
-    the probe (every other choice of a categorical knob, fewest choices first; a float range at a third
-    and two thirds), so each knob's effect is seen once. The memory model still skips the ones it
-    predicts die."""
-    probe = probe_params(space)
-    dists = distributions(space)
+#: The static-memory knob the memory model places at the boundary (SGLang's ``--mem-fraction-static``).
+MEMORY_KNOB = "mem_fraction_static"
+#: The graph-size knob the model's graph pool is a function of.
+GRAPH_KNOB = "cuda_graph_max_bs"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _moves(space: Space, base: Mapping[str, Any], *, memory_placed: bool) -> list[dict[str, Any]]:
+    """One knob moved at a time from ``base``: every other choice of a categorical knob (fewest choices
+    first; numeric choices farthest from the base's first, so a knob's whole effect is seen at once), a
+    float range at a third and two thirds (the memory knob not, when the model placed it: the probe and
+    the base already show it at both ends)."""
     moves: list[tuple[int, list[dict[str, Any]]]] = []
-    for name, dist in dists.items():
+    for name, dist in distributions(space).items():
         if isinstance(dist, optuna.distributions.FloatDistribution):
+            if memory_placed and name == MEMORY_KNOB:
+                continue
             span = dist.high - dist.low
             values = [dist.low + span / 3, dist.low + 2 * span / 3]
             if dist.step:
                 values = [dist.low + round((v - dist.low) / dist.step) * dist.step for v in values]
-            points = [{**probe, name: round(v, FLOAT_DIGITS)} for v in values]
-            moves.append((1 << 20, points))
-        else:
-            assert isinstance(dist, optuna.distributions.CategoricalDistribution)
-            points = [{**probe, name: c} for c in dist.choices if c != probe[name]]
-            moves.append((len(points), points))
+            moves.append((1 << 20, [{**base, name: round(v, FLOAT_DIGITS)} for v in values]))
+            continue
+        assert isinstance(dist, optuna.distributions.CategoricalDistribution)
+        choices = [c for c in dist.choices if c != base[name]]
+        here = base[name]
+        if isinstance(here, int | float) and all(_number(c) for c in (*choices, here)):
+            choices.sort(key=lambda c: -abs(float(c) - float(here)))  # type: ignore[arg-type]
+        moves.append((len(choices), [{**base, name: c} for c in choices]))
     out: list[dict[str, Any]] = []
     for _, points in sorted(moves, key=lambda m: m[0]):
         out += [p for p in points if p not in out]
     return out
 
 
+def startup_design(space: Space, model: MemoryModel | None = None) -> list[dict[str, Any]]:
+    """The launches after the probe, before the sampler models anything.
+
+    Without a memory model (or before it has the probe's figures): one knob moved at a time from the
+    probe. With one (SGLang's ``--mem-fraction-static`` searched): first the *base*, the probe with the
+    memory knob at the highest value the model is 95% sure survives (the fastest configurations are
+    usually at the largest KV pool that still leaves room for the graphs and the serving peak), then one
+    knob moved at a time from the base, each point at the highest fraction at which launches have
+    already *proven* it survives (:meth:`MemoryModel.proven`: at least the free memory some launch got
+    through every phase with; a point that meets a phase no launch has got through, such as an eager
+    decode step, goes to the low end of the range). The model is refitted before every point is queued,
+    so the fractions follow what the launches so far have shown."""
+    probe = probe_params(space)
+    if model is None or safe_memory(space, model, probe) is None:
+        return _moves(space, probe, memory_placed=False)
+    base = place_memory(space, model, probe)
+    return [base] + [place_memory(space, model, p, proven=True)
+                     for p in _moves(space, base, memory_placed=True) if p != base]
+
+
+def _memory_values(dist: optuna.distributions.FloatDistribution) -> list[float]:
+    """The memory knob's values from high to low (its grid, or 20 steps without one)."""
+    if dist.step:
+        n = round((dist.high - dist.low) / dist.step)
+        return [round(dist.low + i * dist.step, FLOAT_DIGITS) for i in range(n, -1, -1)]
+    return [round(dist.high - i * (dist.high - dist.low) / 20, FLOAT_DIGITS) for i in range(21)]
+
+
+def safe_memory(space: Space, model: MemoryModel, params: Mapping[str, Any], *,
+                proven: bool = False) -> float | None:
+    """The highest value of the memory knob at which ``params`` survive under ``model``: with a margin at
+    least :data:`search.memory.Z` standard deviations above zero and no proven death, or, ``proven``, as
+    launches have already shown (:meth:`MemoryModel.proven`). The low end of the range when no value
+    qualifies; None when the knob is not searched or the model has no figures yet."""
+    from search.memory import Candidate, Z
+
+    dist = distributions(space).get(MEMORY_KNOB)
+    if not isinstance(dist, optuna.distributions.FloatDistribution):
+        return None
+    bs = params.get(GRAPH_KNOB)
+    for mfs in _memory_values(dist):
+        cand = Candidate(mfs=mfs, max_bs=bs if isinstance(bs, int) else None, concurrency=space.target_level)
+        pred = model.predict(cand)
+        if pred is None:
+            return None
+        if pred.certain_death:
+            continue
+        if model.proven(cand) if proven else pred.margin_gib - Z * pred.sd_gib >= 0:
+            return mfs
+    return round(dist.low, FLOAT_DIGITS)
+
+
+def place_memory(space: Space, model: MemoryModel, params: Mapping[str, Any], *,
+                 proven: bool = False) -> dict[str, Any]:
+    """``params`` with the memory knob at :func:`safe_memory` (unchanged when the model cannot say)."""
+    mfs = safe_memory(space, model, params, proven=proven)
+    return dict(params) if mfs is None else {**params, MEMORY_KNOB: mfs}
+
+
 def enqueue_start(study: optuna.Study, space: Space) -> bool:
     """Queue the study's next start-up launch, one at a time so that no backlog waits in the study: the
-    probe (user attr ``probe``) for a new study, then the points of :func:`startup_design` (``design``).
-    False once they have all been asked for (or the study did not start with a probe: a resumed study
-    or one whose first trials someone queued)."""
+    probe (user attr ``probe``) for a new study, then the points of :func:`startup_design` (``design``),
+    placed by the memory model as refitted from every trial so far. False once they have all been asked
+    for (or the study did not start with a probe: a resumed study or one whose first trials someone
+    queued)."""
     from search.records import records  # records reads params through this module
 
     trials = records(study)
@@ -132,9 +209,28 @@ def enqueue_start(study: optuna.Study, space: Space) -> bool:
         return False
     if any(t.state == optuna.trial.TrialState.WAITING for t in trials):
         return False  # something already queued goes first
-    asked = sum(1 for t in trials if t.design)
-    design = startup_design(space)
-    if asked >= len(design):
-        return False
-    study.enqueue_trial(design[asked], user_attrs={"design": True})
-    return True
+    model = _memory_model(space, trials)
+    design = startup_design(space, model)
+    # A point is asked once a design trial moved the same knobs: where the model places the memory knob
+    # it is not compared (another host may have asked for the point before the probe's figures came in,
+    # or the refitted model may place it elsewhere now).
+    placed = model is not None and safe_memory(space, model, probe_params(space)) is not None
+    asked = [_design_key(t.params, placed) for t in trials if t.design]
+    for point in design:
+        if _design_key(point, placed) not in asked:
+            study.enqueue_trial(point, user_attrs={"design": True})
+            return True
+    return False
+
+
+def _design_key(params: Mapping[str, Any], placed: bool) -> dict[str, Any]:
+    return {k: v for k, v in normal_params(params).items() if not (placed and k == MEMORY_KNOB)}
+
+
+def _memory_model(space: Space, trials: Sequence[TrialFacts]) -> MemoryModel | None:
+    """The study's memory model for placing the start-up design (SGLang-style engines only)."""
+    from search.memory import MemoryModel
+
+    if space.engine.kind not in ("sglang", "sim"):
+        return None
+    return MemoryModel.from_trials(trials, target=space.target_level)

@@ -46,9 +46,10 @@ class Bench:
         self.objective = Objective(env, self.evaluator, memory_gate=gate)
         self.study = optuna.create_study(direction="maximize")
 
-    def launch(self, params: dict[str, Any], **attrs: Any) -> optuna.trial.FrozenTrial:
-        """Run ``params`` as the sampler's own proposal (so the model may skip it)."""
-        self.study.enqueue_trial(params, user_attrs={"design": True, **attrs})
+    def launch(self, params: dict[str, Any], *, forced: bool = False, **attrs: Any) -> optuna.trial.FrozenTrial:
+        """Run ``params`` as the sampler's own proposal (so the model may skip it), or ``forced`` as a
+        configuration someone queued (launched whatever the model says)."""
+        self.study.enqueue_trial(params, user_attrs=attrs if forced else {"design": True, **attrs})
         trial = self.study.ask()
         try:
             value = self.objective.run(trial, None)
@@ -95,7 +96,7 @@ def test_capture_death_makes_tighter_configurations_certain_deaths(space: Space)
     bench = Bench(space, gate=False)
     bench.launch(point(0.55, 80))
     bench.launch(point(0.60, 16))
-    dead = bench.launch(point(0.86, 64))
+    dead = bench.launch(point(0.86, 64), forced=True)
     assert facts(dead).outcome == "oom" and facts(dead).phase == "cuda_graph"
     model = bench.model()
     bound = model.bounds()["cuda_graph"]
@@ -141,7 +142,7 @@ def test_objective_skips_a_certain_death_without_launching(space: Space) -> None
     bench = Bench(space)
     bench.launch(point(0.55, 80))
     bench.launch(point(0.60, 16))
-    bench.launch(point(0.86, 64))
+    bench.launch(point(0.86, 64), forced=True)
     launches = len(bench.evaluator.launches)
     skipped = bench.launch(point(0.88, 80))
     assert len(bench.evaluator.launches) == launches  # no GPU time spent
@@ -157,12 +158,24 @@ def test_objective_skips_a_certain_death_without_launching(space: Space) -> None
     assert facts(again).duplicate_of is None
 
 
+def test_a_likely_death_is_skipped_before_any_launch_has_died(space: Space) -> None:
+    bench = Bench(space)
+    bench.launch(point(0.55, 80))  # the probe: no death seen yet, so nothing is certain
+    pred = bench.model().predict(Candidate(0.84, 80, space.target_level))
+    assert pred is not None and not pred.certain_death and pred.likely_death
+    skipped = bench.launch(point(0.84, 80))
+    assert facts(skipped).predicted_oom and len(bench.evaluator.launches) == 1
+    # Where the model is sure it survives (margin above zero) it launches.
+    kept = bench.launch(point(0.70, 80))
+    assert facts(kept).launched and len(bench.evaluator.launches) == 2
+
+
 def test_launched_trials_carry_their_measured_margin(space: Space) -> None:
     bench = Bench(space)
     ok = bench.launch(point(0.55, 80))
     assert ok.state == TrialState.COMPLETE
     assert ok.constraints[MARGIN_CONSTRAINT] <= 0  # feasible
-    dead = bench.launch(point(0.86, 64))
+    dead = bench.launch(point(0.86, 64), forced=True)
     assert facts(dead).outcome == "oom"
     assert dead.constraints[MARGIN_CONSTRAINT] > 0
     margin = facts(dead).measured_margin_gib
@@ -173,7 +186,7 @@ def test_probe_and_confirmations_are_launched_whatever_the_model_says(space: Spa
     bench = Bench(space)
     bench.launch(point(0.55, 80))
     bench.launch(point(0.60, 16))
-    bench.launch(point(0.86, 64))
+    bench.launch(point(0.86, 64), forced=True)
     launches = len(bench.evaluator.launches)
     bench.study.enqueue_trial(point(0.88, 80), user_attrs={"confirmation_of": 0})
     trial = bench.study.ask()
@@ -191,3 +204,15 @@ def test_vllm_kv_check_margin() -> None:
     # The KV check refuses when max_model_len needs more than the budget leaves.
     assert model.predict(0.45, 32768 * 2) == pytest.approx(0.45 * 80 - 32 - 8) and model.predict(0.45, 65536) < 0
     assert VllmMemoryModel([]).predict(0.9, 1024) is None
+
+
+def test_proven_rests_on_launches_not_on_priors(space: Space) -> None:
+    bench = Bench(space)
+    bench.launch(point(0.55, 80))
+    bench.launch(point(0.70, 80))
+    model = bench.model()
+    assert model.proven(Candidate(0.70, 80, space.target_level))  # these memory knobs served the target
+    assert model.proven(Candidate(0.62, 80, space.target_level))  # more free memory than a survivor
+    assert not model.proven(Candidate(0.74, 80, space.target_level))  # less than any launch got through
+    # An eager decode step (graphs smaller than the target concurrency) no launch has got through.
+    assert not model.proven(Candidate(0.55, 16, space.target_level))

@@ -1,19 +1,32 @@
-"""The search around the memory model: inert knobs, the probe and start-up design, the launch budget,
-and confirming the winner over noise."""
+"""The search around the memory model: inert knobs, the probe and start-up design (placed at the memory
+boundary by the model), the launch budget, and confirming the winner over noise."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.study import StudyDirection
 from optuna.trial import TrialState, create_trial
 
 from search.confirm import confirmation_plan, confirmed_best, search_launches, skip_summary
-from search.records import TrialFacts
-from search.sampling import distributions, held_inert, inert_knobs, probe_params, startup_design
+from search.evaluate import SimEvaluator
+from search.memory import MemoryModel
+from search.objective import Objective, TrialEnv
+from search.records import TrialFacts, records
+from search.sampling import (
+    distributions,
+    enqueue_start,
+    held_inert,
+    inert_knobs,
+    place_memory,
+    probe_params,
+    safe_memory,
+    startup_design,
+)
 from spaces.launch import engine_options
 from spaces.schema import Space, load_space
 
@@ -85,11 +98,59 @@ def test_confirmation_plan_repeats_the_top_distinct_configurations() -> None:
     trials = [trial(0, 10.0, cfg(0.6, 16)), trial(1, 12.0, cfg(0.7, 32)), trial(2, 12.0, cfg(0.7, 32),
               duplicate_of=1), trial(3, 11.0, cfg(0.6, 64)), trial(4, 9.0, cfg(0.5, 64))]
     plan = confirmation_plan(trials, StudyDirection.MAXIMIZE, k=3, repeats=2)
-    assert [origin for origin, _ in plan] == [1, 1, 3, 3, 0, 0]
+    assert [step.origin for step in plan] == [1, 1, 3, 3, 0, 0]
+    assert not any(step.final for step in plan)
     trials.append(trial(5, 11.5, cfg(0.7, 32), confirmation_of=1))
     plan = confirmation_plan(trials, StudyDirection.MAXIMIZE, k=3, repeats=2)
-    assert [origin for origin, _ in plan] == [1, 3, 3, 0, 0]
+    assert [step.origin for step in plan] == [1, 3, 3, 0, 0]
+    assert plan[0].user_attrs == {"confirmation_of": 1}
     assert confirmation_plan(trials, StudyDirection.MAXIMIZE, k=0) == []
+
+
+def screened() -> list[TrialFacts]:
+    """Three configurations, each launched once more: 1 is the best on its two launches."""
+    return [trial(0, 10.0, cfg(0.6, 16)), trial(1, 12.0, cfg(0.7, 32)), trial(2, 11.0, cfg(0.6, 64)),
+            trial(3, 12.2, cfg(0.7, 32), confirmation_of=1), trial(4, 10.1, cfg(0.6, 64), confirmation_of=2),
+            trial(5, 9.9, cfg(0.6, 16), confirmation_of=0)]
+
+
+def test_the_chosen_configuration_gets_its_final_launches_after_the_screening() -> None:
+    trials = screened()
+    plan = confirmation_plan(trials, StudyDirection.MAXIMIZE, k=3, repeats=1, final=3)
+    assert [(step.origin, step.final) for step in plan] == [(1, True)] * 3
+    assert plan[0].params == cfg(0.7, 32)
+    assert plan[0].user_attrs == {"confirmation_of": 1, "final": True}
+    trials.append(trial(6, 11.0, cfg(0.7, 32), confirmation_of=1, final=True))
+    assert len(confirmation_plan(trials, StudyDirection.MAXIMIZE, k=3, repeats=1, final=3)) == 2
+    assert confirmation_plan(trials, StudyDirection.MAXIMIZE, k=3, repeats=1, final=1) == []
+
+
+def test_the_final_launches_wait_for_every_screening_repeat() -> None:
+    trials = screened()
+    running = create_trial(state=TrialState.RUNNING, params=cfg(0.6, 16), distributions=DISTS,
+                           user_attrs={"confirmation_of": 0})
+    running.number = 6
+    trials = [t for t in trials if t.number != 5] + [TrialFacts.from_trial(running)]
+    # Trial 0's repeat is still running: nothing more is queued until it ends (the caller waits).
+    assert confirmation_plan(trials, StudyDirection.MAXIMIZE, k=3, repeats=1, final=3) == []
+
+
+def test_reported_figure_is_the_final_launches_median_and_they_do_not_change_the_choice() -> None:
+    trials = screened()
+    best = confirmed_best(trials, StudyDirection.MAXIMIZE)
+    assert best is not None and best.trial == 1
+    assert best.reported == pytest.approx(12.2)  # without final launches: the repeat's figure
+    # Final launches below the runner-up's figures: the choice made on the screening stands, and the
+    # figure reported is theirs (the luck that won the choice is not in it).
+    trials += [trial(6, 10.5, cfg(0.7, 32), confirmation_of=1, final=True),
+               trial(7, 10.9, cfg(0.7, 32), confirmation_of=1, final=True),
+               trial(8, 10.7, cfg(0.7, 32), confirmation_of=1, final=True)]
+    best = confirmed_best(trials, StudyDirection.MAXIMIZE)
+    assert best is not None and best.trial == 1
+    assert best.reported == pytest.approx(10.7)
+    assert best.median == pytest.approx(12.1)  # what it was ranked by: its first launch and the repeat
+    assert best.launches == 5 and best.final == 3
+    assert best.spread == pytest.approx((12.2 - 10.5) / 10.9)
 
 
 def test_confirmed_best_is_chosen_on_the_median_not_one_lucky_run() -> None:
@@ -111,3 +172,87 @@ def test_a_configuration_that_died_on_a_repeat_is_not_chosen() -> None:
               trial(5, 11.9, cfg(0.7, 32), confirmation_of=1)]
     best = confirmed_best(trials, StudyDirection.MAXIMIZE)
     assert best is not None and best.trial == 1
+
+
+def run_queued(study: optuna.Study, objective: Objective) -> TrialFacts:
+    """Ask for the queued trial and run it through the product's objective."""
+    t = study.ask()
+    try:
+        study.tell(t, objective.run(t, None))
+    except optuna.TrialPruned:
+        study.tell(t, state=TrialState.PRUNED)
+    return records(study)[-1]
+
+
+def test_startup_design_puts_the_memory_knob_at_the_boundary_the_model_is_sure_of(space: Space) -> None:
+    evaluator = SimEvaluator(space, seed=0)
+    objective = Objective(TrialEnv(space=space, study_name="t", artifacts_dir=Path("/nonexistent")), evaluator)
+    study = optuna.create_study(direction="maximize")
+    assert enqueue_start(study, space)
+    probe = run_queued(study, objective)
+    assert probe.probe and probe.params == probe_params(space) and probe.state == TrialState.COMPLETE
+    model = MemoryModel.from_trials(records(study), target=space.target_level)
+    high = safe_memory(space, model, probe.params)
+    assert high is not None and high > probe.params["mem_fraction_static"] + 0.1
+    # The base: the probe with the memory knob moved up to that boundary; it survives.
+    assert enqueue_start(study, space)
+    base = run_queued(study, objective)
+    assert base.design and base.params == {**probe.params, "mem_fraction_static": high}
+    assert base.state == TrialState.COMPLETE and not evaluator.launches[-1][2]
+    # A smaller graph pool (still no eager decode at the target) leaves room for a larger static
+    # fraction; the design's next points are one knob moved from the base, each at its own boundary.
+    model = MemoryModel.from_trials(records(study), target=space.target_level)
+    smaller = safe_memory(space, model, {**base.params, "cuda_graph_max_bs": 64})
+    assert smaller is not None and smaller >= high
+    design = startup_design(space, model)
+    assert design[0] == place_memory(space, model, base.params)
+    for p in design[1:]:
+        moved = [k for k in base.params if k != "mem_fraction_static" and p[k] != base.params[k]]
+        assert len(moved) == 1
+        assert p["mem_fraction_static"] == safe_memory(space, model, p, proven=True)
+    # A graph smaller than the target concurrency meets an eager decode step no launch has got through:
+    # not proven at any fraction, so it goes to the low end of the range.
+    eager = next(p for p in design if p["cuda_graph_max_bs"] == 16)
+    assert eager["mem_fraction_static"] == pytest.approx(0.55)
+    # The whole design, each point placed by the model refitted on the launches before it: none dies.
+    while enqueue_start(study, space):
+        assert run_queued(study, objective).launched
+    assert sum(1 for t in records(study) if t.design) == len(design)
+    assert not any(died for _, _, died in evaluator.launches)
+
+
+def test_startup_design_without_memory_figures_moves_from_the_probe(space: Space) -> None:
+    assert startup_design(space, MemoryModel(target=space.target_level)) == startup_design(space)
+    # Numeric choices farthest from the probe's first: a knob's whole effect is seen at once.
+    graph = [p["cuda_graph_max_bs"] for p in startup_design(space) if p["cuda_graph_max_bs"] != 80]
+    assert graph == [16, 32, 48, 64]
+
+
+def test_a_design_point_asked_before_the_probe_ended_is_not_asked_again(space: Space) -> None:
+    """Two hosts: the second asks for a start-up point while the probe still runs (no memory figures yet),
+    so it gets a move from the probe; once the probe is in, the base comes next, and no move is queued
+    twice (the earlier one is not asked again at its placed fraction)."""
+    evaluator = SimEvaluator(space, seed=0)
+    objective = Objective(TrialEnv(space=space, study_name="t", artifacts_dir=Path("/nonexistent")), evaluator)
+    study = optuna.create_study(direction="maximize")
+    assert enqueue_start(study, space)
+    probe = study.ask()  # running on the first host
+    assert enqueue_start(study, space)
+    early = study.ask()
+    for t in (probe, early):
+        study.tell(t, objective.run(t, None))
+    assert records(study)[1].params == startup_design(space)[0]  # a move from the probe, at its fraction
+    assert enqueue_start(study, space)
+    base = run_queued(study, objective)
+
+    def knobs(params: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in params.items() if k != "mem_fraction_static"}
+
+    assert knobs(base.params) == knobs(records(study)[0].params)
+    assert base.params["mem_fraction_static"] > records(study)[0].params["mem_fraction_static"]
+    while enqueue_start(study, space):
+        run_queued(study, objective)
+    asked = [knobs(t.params) for t in records(study) if t.design]
+    assert all(asked.count(k) == 1 for k in asked)
+    model = MemoryModel.from_trials(records(study), target=space.target_level)
+    assert len(asked) == len(startup_design(space, model))
