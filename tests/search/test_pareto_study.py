@@ -177,9 +177,10 @@ def test_the_memory_aware_search_skips_certain_deaths_in_a_pareto_study() -> Non
     study = optuna.create_study(directions=["maximize", "minimize"])
     nccl = {"nccl.NCCL_PROTO": "unset", "nccl.NCCL_ALGO": "unset"}
 
-    def launch(mfs: float, bs: int) -> TrialFacts:
+    def launch(mfs: float, bs: int, *, ours: bool = True) -> TrialFacts:
+        # ours: a proposal of the search's own, which may be skipped; else one the user queued, always launched
         study.enqueue_trial({"mem_fraction_static": mfs, "cuda_graph_max_bs": bs, **nccl},
-                            user_attrs={"design": True})  # a proposal of the search's own: may be skipped
+                            user_attrs={"design": True} if ours else None)
         trial = study.ask()
         try:
             study.tell(trial, run.run(trial, None))
@@ -191,7 +192,7 @@ def test_the_memory_aware_search_skips_certain_deaths_in_a_pareto_study() -> Non
         row = next(lv for lv in rec.levels if lv.max_concurrency == space.target_level)
         assert rec.state == TrialState.COMPLETE and rec.values == [row.output_throughput, row.mean_tpot_ms]
         assert rec.measured_margin_gib is not None and rec.feasible  # the margin is a constraint, as ever
-    dead = launch(0.86, 64)
+    dead = launch(0.86, 64, ours=False)  # the model would skip it already: launched because a user asked
     assert dead.state == TrialState.PRUNED and dead.outcome == "oom" and dead.values is None
     skipped = launch(0.88, 80)  # less free memory than the one that died in graph capture: not launched
     assert skipped.predicted_oom and skipped.state == TrialState.PRUNED and not skipped.feasible
