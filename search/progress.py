@@ -254,6 +254,9 @@ def print_dry_run(console: Console, plan: DryRun, *, simulated: bool) -> None:
         lines.append("(the memory model may skip a launch it predicts dies; the sampler proposes the rest"
                      + ("; flags as the newest release spells them, the host's version decides)"
                         if plan.version_unknown else ")"))
+    if simulated and "local (this machine)" in plan.hosts:
+        lines.append("(on this machine the simulated host binds a free loopback port for each launch, not the "
+                     "space's port: another run may be serving on it)")
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 

@@ -156,6 +156,7 @@ def test_dry_run_shows_the_first_launches_and_writes_nothing(tmp_path: Path) -> 
     assert len(commands) == 3 and all("runners.simhost.server" in c for c in commands)
     assert "NCCL_ALGO=allreduce:ring" in commands[1][0]
     assert not db.exists() and not (tmp_path / "artifacts").exists()
+    assert "free loopback port" not in out
 
 
 def test_dry_run_of_a_study_with_trials_says_it_resumes(tmp_path: Path) -> None:
@@ -165,6 +166,9 @@ def test_dry_run_of_a_study_with_trials_says_it_resumes(tmp_path: Path) -> None:
     assert code == 0, out
     assert "the study holds 1 trial(s): the run resumes it" in out
     assert "probe:" not in out
+    # On this machine the built-in host picks its port per launch: the dry run says so (the remote hosts of
+    # the test above bind the space's port, and it says nothing there).
+    assert "binds a free loopback port for each launch" in out
     after = optuna.load_study(study_name="demo-sim-dsv4", storage=url)
     assert len(after.trials) == 1 and after.user_attrs == {}  # a run would have stored its space's attrs
 
