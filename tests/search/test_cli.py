@@ -133,7 +133,7 @@ def test_a_misspelt_top_level_key_and_nccl_variable(tmp_path: Path) -> None:
 
 def test_a_misspelt_key_in_an_inventory_gets_a_suggestion(tmp_path: Path) -> None:
     inventory = tmp_path / "hosts.yaml"
-    inventory.write_text("hosts:\n  - {name: a, adress: 10.0.0.1}\n")
+    inventory.write_text("hosts:\n  - {name: a, adress: 127.0.0.1}\n")
     code, out = invoke("run", str(demo_space(tmp_path)), "--inventory", str(inventory), "--dry-run")
     assert code == 1
     assert "unknown key 'adress' in hosts[0] (did you mean 'address'?)" in out
@@ -328,7 +328,7 @@ def test_export_engine_sglang_renders_the_real_command(sim_study: tuple[str, opt
 def test_export_engine_takes_the_space_and_flags(sim_study: tuple[str, optuna.Study], tmp_path: Path) -> None:
     url, _ = sim_study
     space = demo_space(tmp_path, deploy={"python": "/srv/venv/bin/python", "model_path": "/data/m",
-                                         "host": "10.1.2.3", "port": 8000, "gpus": [4, 5, 6, 7],
+                                         "host": "127.0.0.5", "port": 8000, "gpus": [4, 5, 6, 7],
                                          "version": "0.5.23"})
     code, script = invoke("export", "--study", "demo-sim-dsv4", "--storage", url, "--engine", "sglang",
                           "--space", str(space), "--bind", "::")
