@@ -32,6 +32,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from search.front import Goal, configurations, non_dominated, pick_record
+from search.hosts import tp_flag
 from search.records import LevelResult, TrialFacts, best_record, records
 
 if TYPE_CHECKING:
@@ -444,20 +445,13 @@ def progress_points(recs: Sequence[TrialFacts], direction: StudyDirection) -> li
     return out
 
 
-_TP_FLAGS = ("--tp", "--tp-size", "--tensor-parallel-size", "-tp")
-
-
 def gpus_used(rec: TrialFacts) -> int:
     """GPUs a trial's server held: its tensor-parallel size when the launch names one, else the host's GPU
     count, else 1."""
     launch = rec.launch_config or {}
-    args = [str(a) for a in launch.get("fixed_args") or ()]
-    for i, arg in enumerate(args):
-        flag, _, value = arg.partition("=")
-        if flag in _TP_FLAGS:
-            value = value or (args[i + 1] if i + 1 < len(args) else "")
-            if value.isdigit():
-                return int(value)
+    tp = tp_flag([str(a) for a in launch.get("fixed_args") or ()])
+    if tp is not None:
+        return tp
     for name in ("tp", "tp_size", "tensor_parallel_size"):
         knob = (launch.get("knobs") or {}).get(name)
         if isinstance(knob, int) and knob > 0:

@@ -109,9 +109,9 @@ def host_names(host_args: Sequence[str], inventory: Path | None) -> list[str]:
     return [s.name for s in specs]
 
 
-def tp_size(args: Sequence[str]) -> int:
+def tp_flag(args: Sequence[str]) -> int | None:
     """The tensor parallel size ``args`` ask for (``--tp 4``, ``--tp-size=4``, ``--tensor-parallel-size 4``);
-    1 when none."""
+    None when they name none."""
     flags = ("--tp", "--tp-size", "--tensor-parallel-size", "-tp")
     for i, arg in enumerate(args):
         name, eq, value = arg.partition("=")
@@ -119,7 +119,12 @@ def tp_size(args: Sequence[str]) -> int:
             text = value if eq else (args[i + 1] if i + 1 < len(args) else "")
             if text.isdigit():
                 return int(text)
-    return 1
+    return None
+
+
+def tp_size(args: Sequence[str]) -> int:
+    """:func:`tp_flag`, 1 when none."""
+    return tp_flag(args) or 1
 
 
 def preflight(host: Host, space: Space, engine: Engine | None = None) -> HostInfo:
