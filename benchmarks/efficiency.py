@@ -109,6 +109,8 @@ class Landscape:
         self.sim = SimEvaluator(self.space)
         self.noise_pct = self.sim.profile.timing.noise_pct
         self.gpus = gpus(self.space)
+        #: what the simulated host's nvidia-smi reports (a run's preflight reads it before the probe)
+        self.card_mib = float(self.sim.profile.host.memory_total_mib)
 
     def true_value(self, params: dict[str, Any]) -> float | None:
         return self.sim.true_value(LaunchConfig.from_params(self.space, params))
@@ -166,7 +168,7 @@ def run_servetune(land: Landscape, seed: int, launches: int) -> Run:
                 break
             study.enqueue_trial(plan[0].params, user_attrs=plan[0].user_attrs, skip_if_exists=False)
         else:
-            enqueue_start(study, land.space)
+            enqueue_start(study, land.space, land.card_mib)
         run.launch(objective, study, study.ask())
     best = confirmed_best(records(study), study.direction)
     run.pick = None if best is None else (normal_params(study.trials[best.trial].params), best.reported)  # type: ignore[attr-defined]

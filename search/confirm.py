@@ -16,6 +16,7 @@ Everything here reads a study's trials as :class:`~search.records.TrialFacts` (`
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,9 +26,10 @@ from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from search.records import TrialFacts
+from spaces.schema import UNSET
 
 __all__ = ["CONFIRM_FINAL", "CONFIRM_K", "CONFIRM_REPEATS", "ConfirmLaunch", "Confirmed", "confirmation_launches",
-           "confirmation_plan", "confirmed_best",
+           "confirmation_plan", "confirmed_best", "forced_settings",
            "is_launch", "launches_of", "origin", "search_launches",
            "skip_summary"]
 
@@ -140,6 +142,7 @@ def _screening(trials: Sequence[TrialFacts], direction: StudyDirection, k: int,
             top.append(t)
         if len(top) == k:
             break
+    top = _with_plainest(top, firsts, pooled, trials, direction)
     made: dict[int, int] = {}
     for t in trials:
         origin = t.confirmation_of
@@ -149,6 +152,68 @@ def _screening(trials: Sequence[TrialFacts], direction: StudyDirection, k: int,
     for t in top:
         plan += [ConfirmLaunch(t.number, dict(t.params))] * max(0, repeats - made.get(t.number, 0))
     return plan
+
+
+def forced_settings(params: dict[str, Any]) -> int:
+    """How many environment overrides a configuration sets (``nccl.*`` knobs not left ``unset``): each
+    overrides the library's own tuner, and forcing one can be unsafe on some hardware (``LL128`` off
+    NVLink can corrupt data; a bare ``NCCL_ALGO=Tree`` kills NCCL >= 2.24), so one is kept only when the
+    measurements show it pays."""
+    return sum(1 for k, v in params.items() if k.startswith("nccl.") and v != UNSET)
+
+
+def _with_plainest(top: list[TrialFacts], ranked: Sequence[TrialFacts], pooled: dict[int, float],
+                   trials: Sequence[TrialFacts], direction: StudyDirection) -> list[TrialFacts]:
+    """``top`` with its last slot given to the plainest configuration (fewest :func:`forced_settings`)
+    whose pooled estimate is within one run-to-run sd of the leader's, when ``top`` has none as plain:
+    the choice can then prefer it (:func:`confirmed_best`'s one-standard-error rule)."""
+    if len(top) < 2 or not pooled:
+        return top
+    plainest = min(forced_settings(t.params) for t in top)
+    sd = _noise_sd(trials)
+    lead = pooled.get(top[0].number, top[0].value or 0.0)
+    sign = 1.0 if direction == StudyDirection.MAXIMIZE else -1.0
+    for t in ranked:
+        if t in top or forced_settings(t.params) >= plainest or any(t.params == u.params for u in top):
+            continue
+        if sd is not None and sign * (lead - pooled.get(t.number, t.value or 0.0)) <= sd * abs(lead):
+            return [*top[:-1], t]
+    return top
+
+
+def _noise_sd(trials: Sequence[TrialFacts]) -> float | None:
+    """The run-to-run noise as a share of the value: the pooled within-configuration sd of the
+    configurations launched more than once, else the residual sd of :func:`pooled_estimates`'s fit."""
+    groups: dict[int, list[float]] = {}
+    for t in trials:
+        if t.state == TrialState.COMPLETE and t.value is not None and is_launch(t) and not t.final:
+            groups.setdefault(origin(t), []).append(float(t.value))
+    ss = dof = 0.0
+    for values in groups.values():
+        if len(values) > 1:
+            mean = statistics.fmean(values)
+            if mean:
+                ss += sum((v / mean - 1) ** 2 for v in values)
+                dof += len(values) - 1
+    if dof >= 2:
+        return math.sqrt(ss / dof)
+    pooled = pooled_estimates(trials)
+    resid = [float(t.value) / pooled[t.number] - 1 for t in trials
+             if t.number in pooled and t.value is not None and pooled[t.number]]
+    dof = len(resid) - _columns(trials) - 1  # the fit's own parameters leave that many degrees of freedom
+    return math.sqrt(sum(r * r for r in resid) / dof) if dof >= 3 else None
+
+
+def _columns(trials: Sequence[TrialFacts]) -> int:
+    """How many parameters :func:`pooled_estimates` fits (one per numeric knob, one per level otherwise)."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and is_launch(t)
+            and not t.final]
+    n = 0
+    for name in {k for t in done for k in t.params}:
+        values = [t.params.get(name) for t in done]
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        n += 1 if numeric and len(set(values)) > 3 else len({repr(v) for v in values})
+    return n
 
 
 def pooled_estimates(trials: Sequence[TrialFacts], *, ridge: float = 1.0) -> dict[int, float]:
@@ -242,7 +307,21 @@ def confirmed_best(trials: Sequence[TrialFacts], direction: StudyDirection) -> C
         own = pooled.get(r.trial)
         return sign * (r.median if own is None else (r.median + own) / 2)
 
-    return max(pool, key=score)
+    best = max(pool, key=score)
+    # The one-standard-error rule: among the configurations the measurements cannot tell from the best
+    # (within one standard error of the difference), the one that forces the fewest settings.
+    sd = _noise_sd(trials)
+    if sd is None:
+        return best
+    params = {t.number: t.params for t in trials}
+
+    def close(r: Confirmed) -> bool:
+        n_best, n_r = best.launches - best.final, r.launches - r.final
+        se = sd * abs(best.median) * math.sqrt(1 / max(n_best, 1) + 1 / max(n_r, 1))
+        return score(best) - score(r) <= se
+
+    band = [r for r in pool if close(r)]
+    return min(band, key=lambda r: (forced_settings(params.get(r.trial, {})), -score(r)))
 
 
 def launches_of(trials: Sequence[TrialFacts], number: int) -> list[TrialFacts]:

@@ -66,10 +66,23 @@ def grid_size(space: Space) -> int | None:
     return total
 
 
+def sim_card_mib(space: Space) -> float | None:
+    """The card memory the simulated host's nvidia-smi reports (the probe's fraction follows it); None for
+    a GPU engine, whose cards are read on the host when the run starts."""
+    if space.engine.kind != "sim" or space.engine.sim is None:
+        return None
+    from runners.simhost.profile import load_profile
+
+    try:
+        return float(load_profile(Path(space.engine.sim.profile)).host.memory_total_mib)
+    except (OSError, ValueError):
+        return None
+
+
 def example_command(space: Space, params: Mapping[str, Any] | None = None) -> tuple[str, dict[str, str]]:
     """The server command (shell words) and exported environment of one configuration (default: the probe,
     the study's first launch), rendered exactly as a trial renders it."""
-    launch = LaunchConfig.from_params(space, probe_params(space) if params is None else params)
+    launch = LaunchConfig.from_params(space, probe_params(space, sim_card_mib(space)) if params is None else params)
     engine = engine_for(launch)
     rendered = render(engine, launch, space.engine.version or getattr(engine, "version", None) or _NEWEST)
     return " ".join(shlex.quote(a) for a in rendered.argv), rendered.env
@@ -153,6 +166,8 @@ def describe_space(space: Space) -> list[str]:
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
     spelled = "" if space.engine.version or space.engine.kind == "sim" else \
         "; flags as the newest release spells them, the host's version decides"
+    if space.engine.kind == "sglang" and "mem_fraction_static" in distributions(space):
+        spelled += "; --mem-fraction-static follows the host's cards (SGLang's default with twice its reserve)"
     lines.append(f"first launch (the probe{spelled}): " + (f"{exports} " if exports else "") + command)
     return lines
 
@@ -179,7 +194,7 @@ def dry_run(space: Space, *, study: str, hosts: Sequence[str], n_trials: int | N
     ``first - 1`` start-up launches (:func:`search.sampling.startup_design`), each with its command."""
     launches: list[tuple[str, dict[str, Any], str]] = []
     if existing_trials == 0:
-        plan = [("probe", probe_params(space))]
+        plan = [("probe", probe_params(space, sim_card_mib(space)))]
         plan += [(f"start-up {i + 1}", p) for i, p in enumerate(startup_design(space)[:max(0, first - 1)])]
         for label, params in plan:
             command, env = example_command(space, params)

@@ -59,7 +59,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -299,8 +299,10 @@ class _Budget:
 
     def __init__(self, study: optuna.Study, n_trials: int | None, lock: _StudyLock,
                  storage: RDBStorage, space: Space, *, confirm_k: int = CONFIRM_K,
-                 confirm_repeats: int = CONFIRM_REPEATS, confirm_final: int = CONFIRM_FINAL) -> None:
+                 confirm_repeats: int = CONFIRM_REPEATS, confirm_final: int = CONFIRM_FINAL,
+                 gpu_mem_mib: float | None = None) -> None:
         self.study = study
+        self.gpu_mem_mib = gpu_mem_mib  # the hosts' smallest card (nvidia-smi), for the probe
         self.n_trials = n_trials
         self.lock = lock
         self.storage = storage
@@ -348,7 +350,7 @@ class _Budget:
                     return self.WAIT
                 elif len(self.study.get_trials(deepcopy=False)) >= self.n_trials * MAX_TRIALS_PER_LAUNCH:
                     return self.DONE  # the sampler keeps proposing skips and twins: stop rather than spin
-            enqueue_start(self.study, self.space)
+            enqueue_start(self.study, self.space, self.gpu_mem_mib)
             trial = self.study.ask()
             # Named at once: `servetune status` and a recovering controller see which host runs it.
             note_host(trial, host)
@@ -653,7 +655,9 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
                     cooldown=options.cooldown, max_set_asides=options.max_set_asides)
     lock = _StudyLock(storage, study_id(study), options.storage_url)
     budget = _Budget(study, options.n_trials, lock, storage, space, confirm_k=options.confirm_k,
-                     confirm_repeats=options.confirm_repeats, confirm_final=options.confirm_final)
+                     confirm_repeats=options.confirm_repeats, confirm_final=options.confirm_final,
+                     gpu_mem_mib=smallest_card_mib(env.preflight_cache[h.name] for h in hosts
+                                                   if h.name in env.preflight_cache))
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():
         lock.close()
@@ -703,6 +707,13 @@ def _usable_hosts(space: Space, hosts: Sequence[Host], env: TrialEnv,
     for line in dropped:
         log.error("%s; the run goes on without it", line)
     return kept, dropped
+
+
+def smallest_card_mib(infos: Iterable[HostInfo]) -> float | None:
+    """The smallest GPU's ``memory.total`` over the hosts' preflights (what SGLang sizes its default by),
+    None when no host reported one."""
+    totals = [g.total_mib for info in infos for g in info.gpus if g.total_mib]
+    return min(totals) if totals else None
 
 
 def preflight_hosts(space: Space, hosts: Sequence[Host],

@@ -12,12 +12,14 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.study import StudyDirection
 from optuna.trial import TrialState, create_trial
 
-from search.confirm import confirmation_plan, confirmed_best, search_launches, skip_summary
+from runners.engines.sglang_memory import default_memory
+from search.confirm import confirmation_plan, confirmed_best, forced_settings, search_launches, skip_summary
 from search.evaluate import SimEvaluator
 from search.memory import MemoryModel
 from search.objective import Objective, TrialEnv
 from search.records import TrialFacts, records
 from search.sampling import (
+    PROBE_RESERVE_FACTOR,
     distributions,
     enqueue_start,
     held_inert,
@@ -32,7 +34,8 @@ from spaces.schema import Space, load_space
 
 ROOT = Path(__file__).resolve().parents[2]
 DISTS = {"mem_fraction_static": FloatDistribution(0.5, 0.9, step=0.01),
-         "cuda_graph_max_bs": CategoricalDistribution([16, 32, 64])}
+         "cuda_graph_max_bs": CategoricalDistribution([16, 32, 64]),
+         "nccl.NCCL_PROTO": CategoricalDistribution(["unset", "LL", "Simple"])}
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +67,31 @@ def test_probe_is_the_safe_end_of_the_memory_knobs(space: Space) -> None:
     assert probe["nccl.NCCL_PROTO"] == "unset" and probe["nccl.NCCL_ALGO"] == "unset"
 
 
+def test_probe_follows_sglangs_default_arithmetic_with_twice_its_reserve(space: Space) -> None:
+    """With the card's memory known (the host's nvidia-smi), the probe's fraction is SGLang's own default
+    (sglang-facts §1.3) with twice the reserve, rounded down onto the space's grid."""
+    # SGLang 0.5.10 on seed 003's 97,887 MiB cards, TP4, graphs to 80: reserve 512 + 8192 * 1.5 + 80 * 2
+    # + 4/8 * 1024 + 1.5 GiB of prefill graphs = 15,008 MiB -> 0.847, the default that died in capture.
+    defaults = default_memory("0.5.10", 97887, 4, cuda_graph_max_bs=80)
+    assert defaults.reserved_mib == pytest.approx(15008) and defaults.mem_fraction_static == pytest.approx(0.847)
+    assert default_memory("0.5.10", 97887, 4, cuda_graph_max_bs=80,
+                          reserve_factor=PROBE_RESERVE_FACTOR).mem_fraction_static == pytest.approx(0.693)
+    assert probe_params(space, 97887)["mem_fraction_static"] == pytest.approx(0.69)
+    # 8 x H200 (143,771 MiB), TP8, graphs to 512: SGLang's default 0.886; the probe 0.772 -> 0.76 on the
+    # space's 0.02 grid from 0.70.
+    assert default_memory("0.5.10", 143771, 8).mem_fraction_static == pytest.approx(0.886)
+    deepseek = load_space(ROOT / "spaces" / "sim-deepseek-v3-tp8-h200.yaml")
+    assert probe_params(deepseek, 143771)["mem_fraction_static"] == pytest.approx(0.76)
+    # 0.5.2's tiers: (12 + 4/2) GiB on a 97,887 MiB card at TP4.
+    assert default_memory("0.5.2", 97887, 4).mem_fraction_static == pytest.approx(round(1 - 14 * 1024 / 97887, 3))
+    # A card too small for the doubled reserve, or unknown memory: the low end of the range.
+    assert probe_params(space, 24 * 1024)["mem_fraction_static"] == pytest.approx(0.55)
+    assert probe_params(space, None) == probe_params(space)
+    # Only where the engine has that arithmetic: a vLLM space keeps the low end of its own knob.
+    vllm = load_space(ROOT / "spaces" / "vllm-cpu-tiny.yaml")
+    assert probe_params(vllm, 97887) == probe_params(vllm)
+
+
 def test_startup_design_moves_one_knob_at_a_time(space: Space) -> None:
     probe = probe_params(space)
     design = startup_design(space)
@@ -71,12 +99,12 @@ def test_startup_design_moves_one_knob_at_a_time(space: Space) -> None:
         assert sum(point[k] != probe[k] for k in probe) == 1
     moved = {next(k for k in probe if p[k] != probe[k]) for p in design}
     assert moved == set(distributions(space))
-    assert len(design) == 2 + 3 + 4 + 2  # NCCL_ALGO, NCCL_PROTO, graph sizes, two memory fractions
+    assert len(design) == 2 + 2 + 4 + 2  # NCCL_ALGO, NCCL_PROTO, graph sizes, two memory fractions
 
 
 def trial(number: int, value: float | None, params: dict[str, Any], **attrs: Any) -> TrialFacts:
     """A finished trial as the search reads it (its record), with the given facts as user attrs."""
-    t = create_trial(value=value, params=params, distributions=DISTS, user_attrs=attrs,
+    t = create_trial(value=value, params=params, distributions={k: DISTS[k] for k in params}, user_attrs=attrs,
                      state=TrialState.COMPLETE if value is not None else TrialState.PRUNED)
     t.number = number
     return TrialFacts.from_trial(t)
@@ -127,7 +155,7 @@ def test_the_chosen_configuration_gets_its_final_launches_after_the_screening() 
 
 def test_the_final_launches_wait_for_every_screening_repeat() -> None:
     trials = screened()
-    running = create_trial(state=TrialState.RUNNING, params=cfg(0.6, 16), distributions=DISTS,
+    running = create_trial(state=TrialState.RUNNING, params=cfg(0.6, 16), distributions={k: DISTS[k] for k in cfg(0.6, 16)},
                            user_attrs={"confirmation_of": 0})
     running.number = 6
     trials = [t for t in trials if t.number != 5] + [TrialFacts.from_trial(running)]
@@ -172,6 +200,56 @@ def test_a_configuration_that_died_on_a_repeat_is_not_chosen() -> None:
               trial(5, 11.9, cfg(0.7, 32), confirmation_of=1)]
     best = confirmed_best(trials, StudyDirection.MAXIMIZE)
     assert best is not None and best.trial == 1
+
+
+def nccl(mfs: float, bs: int, proto: str) -> dict[str, Any]:
+    return {**cfg(mfs, bs), "nccl.NCCL_PROTO": proto}
+
+
+def test_forced_settings_count_the_environment_overrides() -> None:
+    assert forced_settings(nccl(0.7, 32, "unset")) == 0
+    assert forced_settings({**nccl(0.7, 32, "LL"), "nccl.NCCL_ALGO": "allreduce:ring"}) == 2
+    assert forced_settings(cfg(0.7, 32)) == 0
+
+
+def noisy_screening(plain: tuple[float, float], forced: tuple[float, float]) -> list[TrialFacts]:
+    """Two candidates launched twice each (a plain one and one forcing NCCL_PROTO=LL), a third one much
+    worse, and other launches: the noise is measured from the repeats."""
+    return [trial(0, forced[0], nccl(0.7, 32, "LL")), trial(1, plain[0], nccl(0.7, 32, "unset")),
+            trial(2, 8.0, nccl(0.6, 16, "Simple")), trial(3, 8.1, nccl(0.6, 16, "unset")),
+            trial(4, forced[1], nccl(0.7, 32, "LL"), confirmation_of=0),
+            trial(5, plain[1], nccl(0.7, 32, "unset"), confirmation_of=1),
+            trial(6, 8.3, nccl(0.6, 16, "Simple"), confirmation_of=2)]
+
+
+def test_a_forced_setting_the_noise_cannot_tell_apart_is_not_chosen() -> None:
+    """The one-standard-error rule: the forced configuration leads by 1%, the repeats differ by ~4%, so
+    the measurements cannot tell them apart and the plain one (NCCL left to its own tuner) is chosen."""
+    best = confirmed_best(noisy_screening(plain=(12.0, 11.5), forced=(12.5, 11.2)), StudyDirection.MAXIMIZE)
+    assert best is not None and best.trial == 1
+
+
+def test_a_forced_setting_that_clearly_pays_is_chosen() -> None:
+    """Repeats within 0.3% of each other, and the forced configuration 8% ahead: it is chosen."""
+    best = confirmed_best(noisy_screening(plain=(12.0, 12.03), forced=(13.0, 12.97)), StudyDirection.MAXIMIZE)
+    assert best is not None and best.trial == 0
+
+
+def test_the_screening_makes_room_for_a_plain_configuration_near_the_top() -> None:
+    """The top three all force NCCL_PROTO; a plain configuration within the noise of the leader takes
+    the last screening slot, so the choice can prefer it."""
+    values = [(12.4, 0.7, 32, "LL"), (12.3, 0.7, 64, "LL"), (12.2, 0.7, 32, "Simple"), (12.3, 0.7, 32, "unset"),
+              (9.0, 0.5, 16, "unset"), (9.4, 0.5, 16, "LL"), (11.0, 0.6, 16, "Simple"), (10.2, 0.6, 16, "LL"),
+              (11.3, 0.6, 64, "unset"), (9.9, 0.5, 64, "Simple"), (10.8, 0.6, 32, "LL"), (9.2, 0.5, 32, "unset"),
+              (11.9, 0.7, 16, "LL"), (10.1, 0.5, 64, "LL")]
+    trials = [trial(i, v, nccl(m, b, p)) for i, (v, m, b, p) in enumerate(values)]
+    plan = confirmation_plan(trials, StudyDirection.MAXIMIZE, k=3, repeats=1)
+    assert 3 in [step.origin for step in plan]
+    assert len(plan) == 3 and sum(forced_settings(step.params) == 0 for step in plan) == 1
+    # Far below the leader (beyond the noise), a plain configuration takes no slot.
+    far = [t for t in trials if t.number != 3]
+    plan = confirmation_plan(far, StudyDirection.MAXIMIZE, k=3, repeats=1)
+    assert sorted(step.origin for step in plan) == [0, 1, 2]
 
 
 def run_queued(study: optuna.Study, objective: Objective) -> TrialFacts:
