@@ -25,16 +25,17 @@ whether the configuration dies *for certain* under the model: its free memory, e
 of the fit, is below a need some launch has already proved. The search skips a launch that dies for
 certain or *likely* (:attr:`Prediction.likely_death`: a margin below 0.43 sd, one chance in three).
 
-vLLM (:class:`VllmMemoryModel`) has the same shape: ``gpu_memory_utilization * total`` less the
-non-KV memory (weights, activations, graphs) is the KV budget, and its KV check refuses a start when
-that budget is below what ``max_model_len`` needs (the refusal says both figures).
+vLLM (:class:`VllmMemoryModel`) is fitted the same way from its own lines: its start-up checks refuse a
+KV cache larger than what is free (the refusal says both figures) and a ``max_model_len`` whose one
+request needs more KV cache than the budget leaves (``gpu_memory_utilization * total`` less weights,
+activations and graphs; the refusal says what was needed and what was available).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,8 @@ from runners.telemetry import FailureKind
 from search.records import TrialFacts
 
 __all__ = [
+    "VLLM_ALLOCATION",
+    "VLLM_MAX_LEN",
     "Bound",
     "Candidate",
     "LaunchFacts",
@@ -53,6 +56,7 @@ __all__ = [
     "VllmMemoryModel",
     "facts_from_record",
     "facts_from_trial",
+    "vllm_facts_from_record",
 ]
 
 #: What a skip's outcome says (a :class:`~runners.telemetry.FailureKind`; its facts are fields of
@@ -442,6 +446,25 @@ class MemoryModel:
         kv, kv_hi = self.kv(cand), bounds["kv_pool"].upper
         return kv_hi is None or (kv is not None and kv >= kv_hi)
 
+    def candidate(self, params: Mapping[str, Any]) -> Candidate:
+        """A trial's params as the model reads them (knobs not searched: as launched)."""
+        mfs, bs = params.get("mem_fraction_static"), params.get("cuda_graph_max_bs")
+        return Candidate(mfs=float(mfs) if isinstance(mfs, float) else None,
+                         max_bs=int(bs) if isinstance(bs, int) else None, concurrency=self.target)
+
+    def predict_params(self, params: Mapping[str, Any]) -> Prediction | None:
+        """:meth:`predict` for a trial's params."""
+        return self.predict(self.candidate(params))
+
+    def add_record(self, rec: TrialFacts) -> float | None:
+        """Take a finished launch in at once (a launch that contradicts a prediction counts for the
+        next); its :meth:`measured_margin`, or None when it says nothing about memory."""
+        launch = facts_from_record(rec, target=self.target)
+        if launch is None or launch.outcome not in ("ok", "oom"):
+            return None
+        self.facts.append(launch)
+        return self.measured_margin(launch)
+
     def measured_margin(self, f: LaunchFacts) -> float:
         """The margin a launch showed: an OOM's deficit (negative), else what it had free after capture
         less the needs the model knows (never below zero: it survived)."""
@@ -457,40 +480,171 @@ class MemoryModel:
 
 # ---- vLLM ------------------------------------------------------------------------------------------
 
+#: The two start-up checks of vLLM a configuration can fail, by the phase name a skip records.
+VLLM_ALLOCATION = "kv_pool"  # the KV cache (or the utilization's share of the card) must fit what is free
+VLLM_MAX_LEN = "max_model_len"  # one request of max_model_len must fit in the KV cache
+
+#: The spread of "what is free" between launches (GiB): another process, the page cache, fragmentation.
+VLLM_FREE_SD = 0.25
+
 
 @dataclass(frozen=True)
 class VllmFacts:
-    """One vLLM launch: its ``--gpu-memory-utilization`` and ``--max-model-len``, the card, and what the
-    KV check said (``available`` KV memory; ``requested`` for one max-length request) when it refused."""
+    """What one vLLM launch says about its memory checks (GiB). ``demand``: what the allocation check
+    compares with what is free (the explicit KV cache space, else ``utilization * total``);
+    ``available``: what a refusal said was free; ``kv``: the KV cache a survivor got; a max-model-len
+    refusal's ``needed`` KV for ``max_model_len`` tokens."""
 
     number: int
-    utilization: float
-    max_model_len: int
-    total_gib: float
-    available_kv_gib: float | None
-    requested_kv_gib: float | None
-    refused: bool
+    outcome: str
+    demand: float | None
+    available: float | None = None
+    refused: str | None = None  # VLLM_ALLOCATION | VLLM_MAX_LEN | None
+    kv: float | None = None
+    needed: float | None = None
+    max_model_len: int | None = None
+    utilization: float | None = None
+    total: float | None = None
+
+
+def _vllm_demand(params: Mapping[str, Any], fixed: Mapping[str, float], total: float | None) -> float | None:
+    """What vLLM's allocation check asks for: the explicit KV cache space, else utilization x total."""
+    kv = params.get("kv_cache_space_gib", fixed.get("kv_cache_space_gib"))
+    if isinstance(kv, int | float) and not isinstance(kv, bool):
+        return float(kv)
+    util = params.get("gpu_memory_utilization", fixed.get("gpu_memory_utilization"))
+    if isinstance(util, int | float) and not isinstance(util, bool) and total:
+        return float(util) * total
+    return None
+
+
+def vllm_facts_from_record(rec: TrialFacts, fixed: Mapping[str, float] | None = None) -> VllmFacts | None:
+    """The memory-check facts of a launched vLLM trial (None for a skip, a reuse or a trial with none)."""
+    if rec.outcome is None or not rec.launched or rec.outcome not in ("ok", "oom"):
+        return None
+    fixed = fixed or {}
+    mem, params = rec.memory, rec.params
+    total = _num(mem, "gpu_total_gib") or _num(mem, "node_total_gib")
+    length = params.get("max_model_len", fixed.get("max_model_len"))
+    util = params.get("gpu_memory_utilization", fixed.get("gpu_memory_utilization"))
+    refused = None
+    if rec.outcome == "oom" and rec.phase is not None and rec.phase.value == "kv_pool":
+        if _num(mem, "context_len") is not None and "max model len" in (rec.reason or ""):
+            refused = VLLM_MAX_LEN
+            length = int(mem["context_len"])
+        elif _num(mem, "kv_available_gib") is not None:
+            refused = VLLM_ALLOCATION
+    return VllmFacts(
+        number=rec.number, outcome=str(rec.outcome), demand=_vllm_demand(params, fixed, total),
+        available=_num(mem, "kv_available_gib") if refused == VLLM_ALLOCATION else None, refused=refused,
+        kv=_num(mem, "kv_available_gib") if refused == VLLM_MAX_LEN else _num(mem, "kv_gib"),
+        needed=_num(mem, "kv_requested_gib") if refused == VLLM_MAX_LEN else None,
+        max_model_len=int(length) if isinstance(length, int | float) and not isinstance(length, bool) else None,
+        utilization=float(util) if isinstance(util, int | float) and not isinstance(util, bool) else None,
+        total=total)
 
 
 @dataclass
 class VllmMemoryModel:
-    """``available(u) = u * total - non_kv``; ``needed(len) = len * bytes_per_token``; the margin is
-    their difference. ``non_kv`` and the bytes per token come from any launch's KV figures."""
+    """vLLM's start-up memory checks fitted to a study's launches (sglang-facts §vLLM, the KV checks):
 
-    facts: Sequence[VllmFacts]
+    * the allocation check: what a configuration asks for (``VLLM_CPU_KVCACHE_SPACE`` /
+      ``--kv-cache-memory-bytes`` on the CPU backend, ``gpu_memory_utilization * total`` on a GPU) must
+      not exceed what is free; a refusal says what was free, a survivor that it had at least its demand;
+    * the max-model-len check: one request of ``max_model_len`` tokens needs ``len * bytes_per_token`` of
+      KV cache (a refusal says how much for its length), which must fit in the KV cache the configuration
+      gets (the explicit space, else ``utilization * total - non_kv``, ``non_kv`` from any survivor).
 
-    def non_kv_gib(self) -> float | None:
-        seen = [f.utilization * f.total_gib - f.available_kv_gib for f in self.facts if f.available_kv_gib is not None]
-        return statistics.fmean(seen) if seen else None
+    Both are deterministic pre-checks: a configuration predicted to fail one with confidence is not
+    launched (``predicted_oom``), and each launch's margin is the trial's memory constraint.
+    """
+
+    facts: list[VllmFacts] = field(default_factory=list)
+    fixed: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_trials(cls, trials: Iterable[FrozenTrial | TrialFacts],
+                    fixed: Mapping[str, float] | None = None) -> VllmMemoryModel:
+        recs = [t if isinstance(t, TrialFacts) else TrialFacts.from_trial(t) for t in trials]
+        facts = [f for f in (vllm_facts_from_record(r, fixed) for r in recs
+                             if r.state in (TrialState.COMPLETE, TrialState.PRUNED)) if f is not None]
+        return cls(facts=facts, fixed=dict(fixed or {}))
+
+    def _total(self) -> float | None:
+        seen = [f.total for f in self.facts if f.total is not None]
+        return statistics.median(seen) if seen else None
+
+    def free(self) -> tuple[float, tuple[int, ...]] | None:
+        """What the allocation check found free (the smallest refusal's figure), and the trials it rests on."""
+        seen = [(f.available, f.number) for f in self.facts if f.available is not None]
+        if not seen:
+            return None
+        low = min(a for a, _ in seen)
+        return low, tuple(n for _, n in seen)
 
     def gib_per_token(self) -> float | None:
-        seen = [f.requested_kv_gib / f.max_model_len for f in self.facts if f.requested_kv_gib is not None]
+        seen = [f.needed / f.max_model_len for f in self.facts
+                if f.needed is not None and f.max_model_len]
         return statistics.fmean(seen) if seen else None
 
-    def predict(self, utilization: float, max_model_len: int) -> float | None:
-        """Margin in GiB of the KV check (negative: vLLM refuses to start), or None without figures."""
-        non_kv, per_token = self.non_kv_gib(), self.gib_per_token()
-        total = next((f.total_gib for f in self.facts), None)
-        if non_kv is None or per_token is None or total is None:
+    def non_kv_gib(self) -> float | None:
+        """``utilization * total - kv`` of the survivors (GPU backend)."""
+        seen = [f.utilization * f.total - f.kv for f in self.facts
+                if f.kv is not None and f.utilization is not None and f.total is not None
+                and (f.outcome == "ok" or f.refused == VLLM_MAX_LEN)
+                and "kv_cache_space_gib" not in self.fixed]
+        return statistics.fmean(seen) if seen else None
+
+    def _kv_of(self, params: Mapping[str, Any]) -> float | None:
+        kv = params.get("kv_cache_space_gib", self.fixed.get("kv_cache_space_gib"))
+        if isinstance(kv, int | float) and not isinstance(kv, bool):
+            return float(kv)
+        util = params.get("gpu_memory_utilization", self.fixed.get("gpu_memory_utilization"))
+        non_kv, total = self.non_kv_gib(), self._total()
+        if isinstance(util, int | float) and non_kv is not None and total is not None:
+            return float(util) * total - non_kv
+        return None
+
+    def predict_params(self, params: Mapping[str, Any]) -> Prediction | None:
+        """The margin of the tighter check in GiB, or None while no launch has given its figures."""
+        options: list[tuple[float, float, str, bool, tuple[int, ...]]] = []
+        demand = _vllm_demand(params, self.fixed, self._total())
+        free = self.free()
+        if demand is not None and free is not None:
+            margin = free[0] - demand
+            proven = any(f.outcome == "ok" and f.demand is not None and f.demand >= demand for f in self.facts)
+            certain = margin < 0 and any(f.refused == VLLM_ALLOCATION and f.demand is not None
+                                         and f.demand <= demand for f in self.facts)
+            if not proven:
+                options.append((margin, VLLM_FREE_SD, VLLM_ALLOCATION, certain, free[1]))
+        per_token, kv = self.gib_per_token(), self._kv_of(params)
+        length = params.get("max_model_len", self.fixed.get("max_model_len"))
+        if per_token is not None and kv is not None and isinstance(length, int | float):
+            margin = kv - per_token * float(length)
+            rests = tuple(f.number for f in self.facts if f.needed is not None or f.kv is not None)
+            options.append((margin, 0.05 + 0.02 * abs(kv), VLLM_MAX_LEN, False, rests))
+        if not options:
             return None
-        return utilization * total - non_kv - per_token * max_model_len
+        margin, sd, phase, certain, rests = min(options, key=lambda o: o[0])
+        certain = certain or margin + Z * sd < 0
+        return Prediction(margin_gib=margin, sd_gib=sd, kv_gib=kv, free_after_capture_gib=None, tightest=phase,
+                          certain_death=certain, rests_on=tuple(sorted(rests)))
+
+    def add_record(self, rec: TrialFacts) -> float | None:
+        """Take a finished launch in; its margin (a refusal's deficit, else the predicted headroom, at
+        least zero), or None when it says nothing about memory."""
+        f = vllm_facts_from_record(rec, self.fixed)
+        if f is None:
+            return None
+        self.facts.append(f)
+        if f.refused == VLLM_ALLOCATION and f.demand is not None and f.available is not None:
+            return min(f.available - f.demand, -0.01)
+        if f.refused == VLLM_MAX_LEN and f.needed is not None and f.kv is not None:
+            return min(f.kv - f.needed, -0.01)
+        if f.outcome == "oom":
+            return -0.01
+        free = self.free()
+        if free is not None and f.demand is not None:  # it got through: what was free less what it asked
+            return max(free[0] - f.demand, 0.0)
+        pred = self.predict_params(rec.params)
+        return max(pred.margin_gib, 0.0) if pred is not None else 0.0

