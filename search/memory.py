@@ -54,6 +54,7 @@ __all__ = [
     "Prediction",
     "VllmFacts",
     "VllmMemoryModel",
+    "batch_tokens",
     "facts_from_record",
     "facts_from_trial",
     "vllm_facts_from_record",
@@ -99,6 +100,7 @@ class LaunchFacts:
     free_at_oom: float | None = None
     total: float | None = None
     target_served: bool = False
+    chunk: int | None = None  # the resolved --chunked-prefill-size (-1: chunked prefill off)
 
     @property
     def graph_bs(self) -> int | None:
@@ -115,6 +117,7 @@ class Candidate:
     mfs: float | None
     max_bs: int | None
     concurrency: int
+    chunk: int | None = None  # --chunked-prefill-size (None: as launched)
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,12 @@ def _num(memory: Mapping[str, Any], key: str) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def batch_tokens(target: int, input_len: int | None, prefix_len: int = 0) -> int | None:
+    """The most new tokens one prefill batch of a workload can hold: every request at the target level
+    arriving together (``None`` for prompts of unknown length, such as a dataset's)."""
+    return None if input_len is None else target * (input_len + prefix_len)
+
+
 def facts_from_trial(trial: FrozenTrial | TrialFacts, *, target: int) -> LaunchFacts | None:
     """The memory facts of a finished, launched trial (None for a skip, a reuse, a FAIL, a waiting one)."""
     rec = trial if isinstance(trial, TrialFacts) else TrialFacts.from_trial(trial)
@@ -193,6 +202,9 @@ def facts_from_record(rec: TrialFacts, *, target: int) -> LaunchFacts | None:
     if max_bs_f is None and isinstance(params.get("cuda_graph_max_bs"), int):
         max_bs_f = float(params["cuda_graph_max_bs"])
     running = _num(memory, "max_running_requests")
+    chunk = _num(memory, "chunked_prefill_size")
+    if chunk is None and isinstance(params.get("chunked_prefill_size"), int):
+        chunk = float(params["chunked_prefill_size"])
     served = any(lv.max_concurrency == target and lv.served for lv in rec.levels)
     return LaunchFacts(
         number=rec.number, outcome=str(rec.outcome), phase=rec.phase.value if rec.phase else None, mfs=mfs,
@@ -203,7 +215,13 @@ def facts_from_record(rec: TrialFacts, *, target: int) -> LaunchFacts | None:
         max_running=None if running is None else int(running),
         tried=_num(memory, "tried_to_allocate_gib"), free_at_oom=_num(memory, "free_at_oom_gib"),
         total=_num(memory, "gpu_total_gib"), target_served=served or rec.outcome == "ok",
+        chunk=None if chunk is None else int(chunk),
     )
+
+
+def _covers(served: int | None, tokens: int | None) -> bool:
+    """A launch that served prefill batches of ``served`` tokens covers a candidate's ``tokens``."""
+    return served == tokens or (served is not None and tokens is not None and served >= tokens)
 
 
 @dataclass
@@ -212,11 +230,25 @@ class MemoryModel:
 
     target: int
     facts: list[LaunchFacts] = field(default_factory=list)
+    #: The most new tokens one prefill batch of the workload holds (target x prompt length); None: unknown.
+    batch_tokens: int | None = None
 
     @classmethod
-    def from_trials(cls, trials: Iterable[FrozenTrial | TrialFacts], *, target: int) -> MemoryModel:
+    def from_trials(cls, trials: Iterable[FrozenTrial | TrialFacts], *, target: int,
+                    batch_tokens: int | None = None) -> MemoryModel:
         facts = [f for f in (facts_from_trial(t, target=target) for t in trials) if f is not None]
-        return cls(target=target, facts=facts)
+        return cls(target=target, facts=facts, batch_tokens=batch_tokens)
+
+    def prefill_tokens(self, chunk: int | None) -> int | None:
+        """New tokens in the workload's largest prefill batch at ``chunk`` (None: as launched): the chunk,
+        cut at what the workload sends at once. The activations of a prefill grow with it, so the
+        serving need is compared only between launches in the right order (see :meth:`bounds`)."""
+        c = chunk if chunk is not None else self._default("chunk")
+        if c is None:
+            return None
+        if c <= 0:  # chunked prefill off: the whole batch at once
+            return self.batch_tokens
+        return int(min(c, self.batch_tokens) if self.batch_tokens else c)
 
     # ---- the static fit ---------------------------------------------------------------------------
 
@@ -329,12 +361,21 @@ class MemoryModel:
             return "serve"
         return None
 
-    def bounds(self) -> dict[str, Bound]:
-        """Each phase's need, bounded by the launches that died there and those that got through."""
+    def bounds(self, tokens: int | None = None) -> dict[str, Bound]:
+        """Each phase's need, bounded by the launches that died there and those that got through. The
+        serving need grows with a prefill batch's ``tokens``: for a candidate at ``tokens`` only a death
+        at as many tokens or fewer bounds it from below, only a survival at as many or more from above."""
         lower: dict[str, list[tuple[float, int]]] = {p: [] for p in PRIOR_NEED}
         upper: dict[str, list[tuple[float, int]]] = {p: [] for p in PRIOR_NEED}
         for f in self.facts:
             self._bound(f, lower, upper)
+            t = self.prefill_tokens(f.chunk)
+            if tokens is not None and t is not None and t != tokens:
+                serve_low, serve_up = lower["serve"], upper["serve"]
+                if t > tokens:
+                    lower["serve"] = [x for x in serve_low if x[1] != f.number]
+                else:
+                    upper["serve"] = [x for x in serve_up if x[1] != f.number]
         out: dict[str, Bound] = {}
         for p in PRIOR_NEED:
             ups = upper[p]
@@ -387,7 +428,7 @@ class MemoryModel:
         cap = self.free_after_capture(cand)
         if kv is None and cap is None:
             return None
-        bounds = self.bounds()
+        bounds = self.bounds(self.prefill_tokens(cand.chunk))
         _, bs = self.resolve(cand)
         pre = self._pre()
         rests: set[int] = set(pre[1]) if pre is not None else set()
@@ -410,9 +451,11 @@ class MemoryModel:
         # A death that is certain under the proven bounds, or a margin below zero with confidence.
         options = [(m, d, p, c or m + Z * d < 0) for m, d, p, c in options]
         mfs, _ = self.resolve(cand)
+        tokens = self.prefill_tokens(cand.chunk)
         for f in self.facts:  # the same configuration died of OOM: memory does not vary between runs
             if (f.outcome == "oom" and f.mfs is not None and mfs is not None and abs(f.mfs - mfs) < 1e-6
-                    and f.graph_bs == bs and self._phase_of(f) is not None):
+                    and f.graph_bs == bs and self._phase_of(f) is not None
+                    and self.prefill_tokens(f.chunk) == tokens):
                 died = self._phase_of(f) or "oom"
                 options.append((self.measured_margin(f), 0.02, died, True))
                 rests.add(f.number)
@@ -434,10 +477,12 @@ class MemoryModel:
         if cap is None:
             return False
         mfs, bs = self.resolve(cand)
+        tokens = self.prefill_tokens(cand.chunk)
         if any(f.outcome == "ok" and f.target_served and f.mfs is not None and mfs is not None
-               and abs(f.mfs - mfs) < 1e-6 and f.graph_bs == bs for f in self.facts):
+               and abs(f.mfs - mfs) < 1e-6 and f.graph_bs == bs and _covers(self.prefill_tokens(f.chunk), tokens)
+               for f in self.facts):
             return True
-        bounds = self.bounds()
+        bounds = self.bounds(tokens)
         phases = ["cuda_graph", "serve"] + (["eager"] if bs is not None and self.target > bs else [])
         for p in phases:
             hi = bounds[p].upper
@@ -449,8 +494,10 @@ class MemoryModel:
     def candidate(self, params: Mapping[str, Any]) -> Candidate:
         """A trial's params as the model reads them (knobs not searched: as launched)."""
         mfs, bs = params.get("mem_fraction_static"), params.get("cuda_graph_max_bs")
+        chunk = params.get("chunked_prefill_size")
         return Candidate(mfs=float(mfs) if isinstance(mfs, float) else None,
-                         max_bs=int(bs) if isinstance(bs, int) else None, concurrency=self.target)
+                         max_bs=int(bs) if isinstance(bs, int) else None, concurrency=self.target,
+                         chunk=chunk if isinstance(chunk, int) and not isinstance(chunk, bool) else None)
 
     def predict_params(self, params: Mapping[str, Any]) -> Prediction | None:
         """:meth:`predict` for a trial's params."""
@@ -472,7 +519,7 @@ class MemoryModel:
             if f.tried is not None and f.free_at_oom is not None:
                 return min(f.free_at_oom - f.tried, -0.01)
             return -0.01
-        pred = self.predict(Candidate(f.mfs, f.max_bs, self.target))
+        pred = self.predict(Candidate(f.mfs, f.max_bs, self.target, f.chunk))
         if pred is None:
             return f.free_cap if f.free_cap is not None else 0.0
         return max(pred.margin_gib, 0.0)

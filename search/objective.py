@@ -37,7 +37,7 @@ from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
 from search._optuna_compat import ArtifactStore, was_enqueued
 from search.evaluate import Evaluator, level_order
 from search.hosts import preflight
-from search.memory import MARGIN_CONSTRAINT, MemoryModel, VllmMemoryModel
+from search.memory import MARGIN_CONSTRAINT, MemoryModel, VllmMemoryModel, batch_tokens
 from search.pool import HostSlot
 from search.records import LevelResult, RateStepFacts, TrialFacts, note_waiting, records, write_facts
 from search.sampling import normal_params, sample
@@ -57,6 +57,13 @@ MAX_SKIPS_IN_A_ROW = 30
 #: The phase a skip is recorded at, for the need the memory model found short.
 _SKIP_PHASE = {"kv_pool": Phase.KV_POOL, "cuda_graph": Phase.CUDA_GRAPH, "serve": Phase.SERVING,
                "eager": Phase.DECODE, "max_model_len": Phase.KV_POOL}
+
+
+def workload_batch_tokens(space: Space) -> int | None:
+    """:func:`search.memory.batch_tokens` of the space's workload."""
+    wl = space.workload
+    return batch_tokens(space.target_level, None if wl.dataset else wl.input_len,
+                        wl.prefix.len if wl.prefix is not None else 0)
 
 
 def vllm_fixed(space: Space) -> dict[str, float]:
@@ -171,7 +178,7 @@ class Objective:
             return VllmMemoryModel.from_trials(past, vllm_fixed(space))
         if space.engine.kind not in ("sglang", "sim"):
             return None
-        return MemoryModel.from_trials(past, target=space.target_level)
+        return MemoryModel.from_trials(past, target=space.target_level, batch_tokens=workload_batch_tokens(space))
 
     def _verdict(self, trial: optuna.Trial, params: dict[str, Any], model: MemoryModel | VllmMemoryModel,
                  facts: TrialFacts) -> None:

@@ -264,4 +264,6 @@ def _memory_model(space: Space, trials: Sequence[TrialFacts]) -> MemoryModel | N
 
     if space.engine.kind not in ("sglang", "sim"):
         return None
-    return MemoryModel.from_trials(trials, target=space.target_level)
+    from search.objective import workload_batch_tokens
+
+    return MemoryModel.from_trials(trials, target=space.target_level, batch_tokens=workload_batch_tokens(space))

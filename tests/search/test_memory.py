@@ -22,9 +22,9 @@ from search.memory import (
     MemoryModel,
     VllmMemoryModel,
 )
-from search.objective import Objective, TrialEnv
+from search.objective import Objective, TrialEnv, workload_batch_tokens
 from search.records import TrialFacts
-from spaces.schema import Space, load_space
+from spaces.schema import IntChoices, Space, load_space
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / "tests" / "data" / "logs"
@@ -63,7 +63,8 @@ class Bench:
         return self.study.trials[-1]
 
     def model(self) -> MemoryModel:
-        return MemoryModel.from_trials(self.study.trials, target=self.space.target_level)
+        return MemoryModel.from_trials(self.study.trials, target=self.space.target_level,
+                                       batch_tokens=workload_batch_tokens(self.space))
 
 
 def facts(t: optuna.trial.FrozenTrial) -> TrialFacts:
@@ -316,3 +317,38 @@ def test_a_vllm_search_skips_what_a_real_refusal_predicts() -> None:
     assert skip.predicted_margin_gib == pytest.approx(13.0 - 32)
     assert study.trials[2].constraints[MARGIN_CONSTRAINT] == pytest.approx(32 - 13.0)  # infeasible
     assert recs[3].state == TrialState.COMPLETE and recs[3].measured_margin_gib == pytest.approx(11.0)
+
+
+def test_the_serving_need_grows_with_the_prefill_chunk(space: Space) -> None:
+    """4096-token prompts at 64 concurrent requests, --chunked-prefill-size searched: a prefill batch's
+    activations grow with the chunk. On seed 003's host at 0.80, chunks up to 4096 serve and 8192 and
+    up die in prefill. A survival at a small chunk says nothing of a larger one, and a death at a large
+    chunk nothing of a smaller one; each bounds the other side."""
+    long = space.model_copy(update={
+        "workload": space.workload.model_copy(update={"input_len": 4096, "output_len": 32}),
+        "knobs": space.knobs.model_copy(update={"chunked_prefill_size": IntChoices(choices=[1024, 2048, 8192, 16384])})})
+    bench = Bench(long)
+
+    def at(chunk: int) -> dict[str, Any]:
+        return {**point(0.80, 80), "chunked_prefill_size": chunk}
+
+    def cand(chunk: int) -> Candidate:
+        return Candidate(0.80, 80, long.target_level, chunk)
+
+    assert facts(bench.launch(at(2048), forced=True)).outcome == "ok"
+    model = bench.model()
+    assert model.prefill_tokens(2048) == 2048 and model.batch_tokens == 64 * 4096
+    assert model.proven(cand(1024))  # a smaller batch than one that served
+    assert not model.proven(cand(16384))  # a larger one: not shown by the survival
+    died = facts(bench.launch(at(16384), forced=True))
+    assert died.outcome == "oom" and died.phase == "prefill"
+    model = bench.model()
+    assert model.predict(cand(16384)).certain_death  # type: ignore[union-attr]
+    assert model.bounds(model.prefill_tokens(16384))["serve"].lower is not None
+    assert model.bounds(model.prefill_tokens(1024))["serve"].lower is None  # the death bounds no smaller chunk
+    small = model.predict(cand(1024))
+    assert small is not None and not small.likely_death and model.proven(cand(1024))
+    # In the search: the model skips the large chunk with less memory free, launches the smaller chunk.
+    skip = facts(bench.launch({**at(16384), "mem_fraction_static": 0.82}))
+    assert skip.predicted_oom and skip.predicted_phase == "serve" and died.number in skip.prediction_rests_on
+    assert facts(bench.launch(at(1024))).outcome == "ok"

@@ -439,7 +439,10 @@ RETRACT = (
 @pytest.mark.slow
 def test_retraction_is_logged_at_a_tight_mem_fraction_with_long_outputs(simhost) -> None:  # type: ignore[no-untyped-def]
     sp = simhost.start(
-        LLAMA, "--model-path", "/models/Llama-3.1-8B-Instruct", "--mem-fraction-static", "0.25", speed=2000
+        # Speed 50: the 16 requests must all be running before the first ones finish (at 2000 times real
+        # time, 3000 decode steps take a few wall-clock milliseconds, less than a loaded machine takes to
+        # send them all).
+        LLAMA, "--model-path", "/models/Llama-3.1-8B-Instruct", "--mem-fraction-static", "0.25", speed=50
     )
     assert sp.wait_ready()
     results = sp.load(concurrency=16, requests=16, input_len=1000, output_len=3000)
