@@ -59,6 +59,15 @@ def was_enqueued(trial: optuna.Trial) -> bool:
     return "fixed_params" in trial.storage.get_trial_system_attrs(trial_id(trial))
 
 
+def known_params(trial: FrozenTrial) -> dict[str, Any]:
+    """A trial's params, or for a queued one not yet sampled (WAITING, or RUNNING before its first
+    ``suggest_*``) the params it was queued with (Optuna keeps them in the system attr ``fixed_params``)."""
+    if trial.params:
+        return dict(trial.params)
+    fixed = trial.system_attrs.get("fixed_params")
+    return dict(fixed) if isinstance(fixed, dict) else {}
+
+
 def study_id(study: optuna.Study) -> int:
     """The storage's id of a study (``_study_id``), the key of the study-wide budget lock."""
     return int(_attr(study, "_study_id"))

@@ -34,7 +34,7 @@ from runners.errors import RunnerError, ServetuneError
 from runners.host import HostInfo
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
 from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
-from search._optuna_compat import ArtifactStore, was_enqueued
+from search._optuna_compat import ArtifactStore, known_params, was_enqueued
 from search.evaluate import Evaluator, level_order
 from search.hosts import preflight
 from search.memory import MARGIN_CONSTRAINT, MemoryModel, VllmMemoryModel, batch_tokens
@@ -550,8 +550,9 @@ def _reuse(trial: optuna.Trial, params: dict[str, Any], facts: TrialFacts, *,
         # A twin whose controller died must not be waited for forever: fail it once it is stale
         # (its configuration is then re-queued), as the budget reservation does.
         fail_stale(study)
+        # A twin that was queued and has not sampled yet counts by its queued params.
         twins = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                 if t.number < trial.number and normal_params(t.params) == params]
+                 if t.number < trial.number and normal_params(known_params(t)) == params]
         if not twins:
             return None
         if abort is not None and abort.is_set():

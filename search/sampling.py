@@ -230,6 +230,7 @@ def enqueue_start(study: optuna.Study, space: Space, gpu_mem_mib: float | None =
     placed by the memory model as refitted from every trial so far. False once they have all been asked
     for (or the study did not start with a probe: a resumed study or one whose first trials someone
     queued)."""
+    from search._optuna_compat import known_params
     from search.records import records  # records reads params through this module
 
     trials = records(study)
@@ -246,7 +247,10 @@ def enqueue_start(study: optuna.Study, space: Space, gpu_mem_mib: float | None =
     # it is not compared (another host may have asked for the point before the probe's figures came in,
     # or the refitted model may place it elsewhere now).
     placed = model is not None and safe_memory(space, model, probe_params(space)) is not None
-    asked = [_design_key(t.params, placed) for t in trials if t.design]
+    # A design point another controller asked a moment ago may not have sampled its params yet: its
+    # queued params count (else both controllers would launch it).
+    queued = {t.number: known_params(t) for t in study.get_trials(deepcopy=False)}
+    asked = [_design_key(queued.get(t.number) or t.params, placed) for t in trials if t.design]
     for point in design:
         if _design_key(point, placed) not in asked:
             study.enqueue_trial(point, user_attrs={"design": True})

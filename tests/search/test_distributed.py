@@ -86,7 +86,9 @@ def test_two_workers_share_one_postgres_study_and_mlflow_is_back_filled(
     ran = [t for t in done if TrialFacts.from_trial(t).measured]
     reused = len(done) - len(ran)
     configs = [tuple(sorted(t.params.items())) for t in ran]
-    assert len(set(configs)) == len(configs), "a configuration was run twice"
+    twice = [(t.number, TrialFacts.from_trial(t).host, t.params, TrialFacts.from_trial(t).probe,
+              TrialFacts.from_trial(t).design) for t in ran if configs.count(tuple(sorted(t.params.items()))) > 1]
+    assert len(set(configs)) == len(configs), f"a configuration was run twice: {twice}"
     print(f"{len(ran)} trials ran, {reused} reused a measured configuration, "
           f"{sum(1 for t in ts if t.state == TrialState.FAIL)} FAIL")
     by_host = {h: sum(1 for t in ran if TrialFacts.from_trial(t).host == h) for h in ("gpu-a", "gpu-b")}

@@ -334,3 +334,21 @@ def test_a_design_point_asked_before_the_probe_ended_is_not_asked_again(space: S
     assert all(asked.count(k) == 1 for k in asked)
     model = MemoryModel.from_trials(records(study), target=space.target_level)
     assert len(asked) == len(startup_design(space, model))
+
+
+def test_a_design_point_another_host_has_not_sampled_yet_is_not_queued_twice(space: Space) -> None:
+    """Host A takes the base (RUNNING, its params not yet sampled: Optuna holds them as the queued
+    ones); host B, asking at that moment, gets the next design point, not the base again."""
+    evaluator = SimEvaluator(space, seed=0)
+    objective = Objective(TrialEnv(space=space, study_name="t", artifacts_dir=Path("/nonexistent")), evaluator)
+    study = optuna.create_study(direction="maximize")
+    assert enqueue_start(study, space, 97887)
+    run_queued(study, objective)  # the probe
+    assert enqueue_start(study, space, 97887)
+    taken = study.ask()  # host A: the base, not sampled yet
+    assert taken.params == {}
+    assert enqueue_start(study, space, 97887)  # host B
+    queued = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
+    assert len(queued) == 1
+    base = study.get_trials(deepcopy=False)[taken.number].system_attrs["fixed_params"]
+    assert queued[0].system_attrs["fixed_params"] != base

@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 from search._optuna_compat import (
     OptunaCompatError,
     enter_optimize_loop,
+    known_params,
     note_target,
     set_trial_user_attr,
     storage_of,
@@ -74,3 +75,19 @@ def test_a_note_is_saved_for_a_finished_trial(study: optuna.Study) -> None:
 def test_a_missing_attribute_says_where_to_look() -> None:
     with pytest.raises(OptunaCompatError, match=r"object\._study_id is gone.*search/_optuna_compat.py"):
         study_id(object())  # type: ignore[arg-type]
+
+
+def test_a_queued_trial_shows_its_params_before_it_samples(tmp_path: Path) -> None:
+    """Optuna keeps a queued trial's params in the system attr ``fixed_params`` until it samples them:
+    another controller sees them (a twin it must wait for, a design point already asked)."""
+    study = create_or_load(open_storage(f"sqlite:///{tmp_path}/q.db", heartbeat=False), "q")
+    study.enqueue_trial({"x": 1.5})
+    assert known_params(study.get_trials(deepcopy=False)[0]) == {"x": 1.5}  # WAITING
+    trial = study.ask()
+    assert known_params(study.get_trials(deepcopy=False)[0]) == {"x": 1.5}  # RUNNING, not sampled yet
+    trial.suggest_float("x", 0.0, 2.0)
+    assert known_params(study.get_trials(deepcopy=False)[0]) == {"x": 1.5}
+    study.tell(trial, 1.0)
+    fresh = study.ask()
+    assert known_params(study.get_trials(deepcopy=False)[1]) == {}  # sampled, not queued: nothing yet
+    study.tell(fresh, state=TrialState.FAIL)
