@@ -132,7 +132,10 @@ def _screening(trials: Sequence[TrialFacts], direction: StudyDirection, k: int,
         return []
     firsts = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and t.feasible
               and t.confirmation_of is None and t.duplicate_of is None]
-    pooled = pooled_estimates(trials)
+    # Ranked on the search's launches only: the repeats come in one by one, and a ranking that moved with
+    # them would send more than k configurations to the screening.
+    search = [t for t in trials if t.confirmation_of is None]
+    pooled = pooled_estimates(search)
     firsts.sort(key=lambda t: pooled.get(t.number, t.value or 0.0), reverse=direction == StudyDirection.MAXIMIZE)
     top: list[TrialFacts] = []
     seen: list[dict[str, Any]] = []
@@ -142,7 +145,7 @@ def _screening(trials: Sequence[TrialFacts], direction: StudyDirection, k: int,
             top.append(t)
         if len(top) == k:
             break
-    top = _with_plainest(top, firsts, pooled, trials, direction)
+    top = _with_plainest(top, firsts, pooled, search, direction)
     made: dict[int, int] = {}
     for t in trials:
         origin = t.confirmation_of

@@ -352,3 +352,14 @@ def test_a_design_point_another_host_has_not_sampled_yet_is_not_queued_twice(spa
     assert len(queued) == 1
     base = study.get_trials(deepcopy=False)[taken.number].system_attrs["fixed_params"]
     assert queued[0].system_attrs["fixed_params"] != base
+
+
+def test_the_screening_set_does_not_move_as_its_repeats_come_in() -> None:
+    """The top three are fixed by the search's launches: a repeat that comes in low does not let a
+    fourth configuration into the screening."""
+    trials = [trial(0, 12.0, cfg(0.7, 32)), trial(1, 11.9, cfg(0.7, 64)), trial(2, 11.8, cfg(0.6, 64)),
+              trial(3, 11.7, cfg(0.6, 32)), trial(4, 9.0, cfg(0.5, 16)), trial(5, 9.2, cfg(0.5, 32))]
+    first = confirmation_plan(trials, StudyDirection.MAXIMIZE, k=3, repeats=1)
+    assert sorted(step.origin for step in first) == [0, 1, 2]
+    trials += [trial(6, 9.5, cfg(0.7, 32), confirmation_of=0), trial(7, 9.4, cfg(0.7, 64), confirmation_of=1)]
+    assert [step.origin for step in confirmation_plan(trials, StudyDirection.MAXIMIZE, k=3, repeats=1)] == [2]
