@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from runners.engines.common import Version, parse_version
 
-__all__ = ["MemoryDefaults", "default_memory"]
+__all__ = ["MemoryDefaults", "default_memory", "memory_tiers", "reserved_before_055"]
 
 #: 0.5.10+: the prefill CUDA graphs' reserve; 1.5 GiB for MLA models, ``8 MiB * len(token sizes)``
 #: otherwise. Before a launch the attention kind is not known: the larger (MLA) figure is taken.
@@ -39,7 +39,7 @@ class MemoryDefaults:
     mem_fraction_static: float
 
 
-def _tiers(v: Version, gpu_mem: float) -> tuple[int, int, int]:
+def memory_tiers(v: Version, gpu_mem: float) -> tuple[int, int, int]:
     """(chunked_prefill_size, cuda_graph_max_bs for tp < 4, for tp >= 4) from 0.5.5 (§1.3 table)."""
     if gpu_mem < 20 * 1024:
         return 2048, 8, 8
@@ -62,19 +62,21 @@ def _flag(args: Sequence[str], *names: str) -> str | None:
     return None
 
 
-def _reserved_before_055(gpu_mem: float, ps: int, args: Sequence[str]) -> float:
+def reserved_before_055(gpu_mem: float, parallel: int, *, speculative: str | None = None,
+                        dp_attention: bool = False) -> float:
+    """The reserve (MiB) SGLang 0.5.2-0.5.4 keeps out of ``mem_fraction_static``: per memory tier and
+    parallel size (tp x pp), more with speculative decoding or DP attention."""
     if gpu_mem < 35 * 1024:
-        reserved = (2.8 + ps / 10) * 1024
+        reserved = (2.8 + parallel / 10) * 1024
     elif gpu_mem < 90 * 1024:
-        reserved = (9.5 + ps / 2) * 1024
+        reserved = (9.5 + parallel / 2) * 1024
     elif gpu_mem < 160 * 1024:
-        reserved = (12 + ps / 2) * 1024
+        reserved = (12 + parallel / 2) * 1024
     else:
         reserved = 32 * 1024
-    spec = _flag(args, "--speculative-algorithm")
-    if spec:
-        reserved += (6 if spec.upper() == "STANDALONE" else 2) * 1024
-    if "--enable-dp-attention" in args:
+    if speculative:
+        reserved += (6 if speculative.upper() == "STANDALONE" else 2) * 1024
+    if dp_attention:
         reserved += 4 * 1024
     return reserved
 
@@ -93,9 +95,10 @@ def default_memory(version: str, gpu_mem_mib: float, tp_size: int, *, fixed_args
         chunked = int(chunked_arg) if chunked_arg else 2048 if gpu_mem_mib < 35 * 1024 else (
             8192 if gpu_mem_mib < 160 * 1024 else 16384)
         max_bs = cuda_graph_max_bs or (8 if tp_size < 4 else 80)
-        reserved = _reserved_before_055(gpu_mem_mib, ps, fixed_args)
+        reserved = reserved_before_055(gpu_mem_mib, ps, speculative=_flag(fixed_args, "--speculative-algorithm"),
+                                       dp_attention="--enable-dp-attention" in fixed_args)
     else:
-        tier_chunked, bs_small, bs_large = _tiers(v, gpu_mem_mib)
+        tier_chunked, bs_small, bs_large = memory_tiers(v, gpu_mem_mib)
         chunked = int(chunked_arg) if chunked_arg else tier_chunked
         max_bs = cuda_graph_max_bs or (bs_small if tp_size < 4 else bs_large)
         dp_attention = "--enable-dp-attention" in fixed_args

@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from runners.engines.sglang_memory import memory_tiers, reserved_before_055
 from runners.simhost import texts
 from runners.simhost.engine import BatchEngine, OomDetail, RuntimeSpec, SimRequest, oom_detail
 from runners.simhost.launch import DEFAULT_VERSION, V_NEW_CG_FLAGS, BadFlag, SimLaunch, Version
@@ -260,15 +261,7 @@ def _round(value: Any, digits: int) -> Any:
 
 def _tiers(v: Version, gpu_mem: int) -> tuple[int, int, int]:
     """(chunked_prefill_size, cuda_graph_max_bs tp<4, tp>=4) for 0.5.5+ (sglang-facts §1.3)."""
-    if gpu_mem < 20 * 1024:
-        return 2048, 8, 8
-    if gpu_mem < 35 * 1024:
-        return (4096, 48, 160) if v >= (0, 5, 20) else (2048, 24, 80)
-    if gpu_mem < 60 * 1024:
-        return 4096, 32, 160
-    if gpu_mem < 160 * 1024:
-        return 8192, 256, 512
-    return 16384, 512, 512
+    return memory_tiers(v, gpu_mem)
 
 
 def _capture_candidates(
@@ -299,20 +292,8 @@ def _capture_candidates(
 
 def _reserved_mib_before_055(launch: SimLaunch, gpu_mem: int) -> float:
     """Memory SGLang < 0.5.5 keeps out of ``mem_fraction_static`` (MiB)."""
-    ps = launch.tp_size
-    if gpu_mem < 35 * 1024:
-        reserved = (2.8 + ps / 10) * 1024
-    elif gpu_mem < 90 * 1024:
-        reserved = (9.5 + ps / 2) * 1024
-    elif gpu_mem < 160 * 1024:
-        reserved = (12 + ps / 2) * 1024
-    else:
-        reserved = 32 * 1024
-    if launch.speculative_algorithm:
-        reserved += (6 if launch.speculative_algorithm.upper() == "STANDALONE" else 2) * 1024
-    if launch.enable_dp_attention:
-        reserved += 4 * 1024
-    return reserved
+    return reserved_before_055(gpu_mem, launch.tp_size, speculative=launch.speculative_algorithm or None,
+                               dp_attention=bool(launch.enable_dp_attention))
 
 
 def _defaults_before_055(profile: SimProfile, launch: SimLaunch) -> tuple[int, int | None, float]:
