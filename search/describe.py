@@ -194,7 +194,9 @@ def dry_run(space: Space, *, study: str, hosts: Sequence[str], n_trials: int | N
     ``first - 1`` start-up launches (:func:`search.sampling.startup_design`), each with its command."""
     launches: list[tuple[str, dict[str, Any], str]] = []
     if existing_trials == 0:
-        plan = [("probe", probe_params(space, sim_card_mib(space)))]
+        follows = space.engine.kind == "sglang" and "mem_fraction_static" in distributions(space)
+        plan = [("probe (its --mem-fraction-static is set from the host's cards when the run starts)" if follows
+                 else "probe", probe_params(space, sim_card_mib(space)))]
         plan += [(f"start-up {i + 1}", p) for i, p in enumerate(startup_design(space)[:max(0, first - 1)])]
         for label, params in plan:
             command, env = example_command(space, params)

@@ -300,9 +300,10 @@ class _Budget:
     def __init__(self, study: optuna.Study, n_trials: int | None, lock: _StudyLock,
                  storage: RDBStorage, space: Space, *, confirm_k: int = CONFIRM_K,
                  confirm_repeats: int = CONFIRM_REPEATS, confirm_final: int = CONFIRM_FINAL,
-                 gpu_mem_mib: float | None = None) -> None:
+                 gpu_mem_mib: float | None = None, engine_version: str | None = None) -> None:
         self.study = study
         self.gpu_mem_mib = gpu_mem_mib  # the hosts' smallest card (nvidia-smi), for the probe
+        self.engine_version = engine_version  # the engine version the preflight found, for the probe
         self.n_trials = n_trials
         self.lock = lock
         self.storage = storage
@@ -350,7 +351,7 @@ class _Budget:
                     return self.WAIT
                 elif len(self.study.get_trials(deepcopy=False)) >= self.n_trials * MAX_TRIALS_PER_LAUNCH:
                     return self.DONE  # the sampler keeps proposing skips and twins: stop rather than spin
-            enqueue_start(self.study, self.space, self.gpu_mem_mib)
+            enqueue_start(self.study, self.space, self.gpu_mem_mib, self.engine_version)
             trial = self.study.ask()
             # Named at once: `servetune status` and a recovering controller see which host runs it.
             note_host(trial, host)
@@ -657,7 +658,10 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
     budget = _Budget(study, options.n_trials, lock, storage, space, confirm_k=options.confirm_k,
                      confirm_repeats=options.confirm_repeats, confirm_final=options.confirm_final,
                      gpu_mem_mib=smallest_card_mib(env.preflight_cache[h.name] for h in hosts
-                                                   if h.name in env.preflight_cache))
+                                                   if h.name in env.preflight_cache),
+                     engine_version=next((env.preflight_cache[h.name].engine_version for h in hosts
+                                          if h.name in env.preflight_cache
+                                          and env.preflight_cache[h.name].engine_version), None))
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():
         lock.close()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from runners.engines import get_engine
+from runners.errors import ConfigError
 from spaces.launch import engine_options
 from spaces.schema import UNSET, BoolChoices, FloatRange, IntChoices, Space
 
@@ -73,11 +74,12 @@ def sample(trial: optuna.Trial, space: Space) -> dict[str, Any]:
 PROBE_RESERVE_FACTOR = 2.0
 
 
-def probe_params(space: Space, gpu_mem_mib: float | None = None) -> dict[str, Any]:
+def probe_params(space: Space, gpu_mem_mib: float | None = None, version: str | None = None) -> dict[str, Any]:
     """The study's first launch: safe memory settings, the engine's defaults elsewhere.
 
     ``--mem-fraction-static`` (SGLang and the simulated host, when the card's memory ``gpu_mem_mib`` is
-    known from the host's nvidia-smi) is SGLang's own default arithmetic with
+    known from the host's nvidia-smi; the space's engine version, else ``version`` as the preflight found it
+    on the host) is SGLang's own default arithmetic with
     :data:`PROBE_RESERVE_FACTOR` times its reserve, rounded down onto the space's range; otherwise the
     lowest static-memory fraction in range (``mem_fraction_static``, ``gpu_memory_utilization``), which
     leaves the most memory to graphs and activations. The largest graph batch size keeps the target
@@ -97,25 +99,27 @@ def probe_params(space: Space, gpu_mem_mib: float | None = None) -> dict[str, An
             params[name] = UNSET
         else:
             params[name] = choices[0]
-    mfs = _probe_memory(space, gpu_mem_mib, params.get(GRAPH_KNOB))
+    mfs = _probe_memory(space, gpu_mem_mib, space.engine.version or version, params.get(GRAPH_KNOB))
     if mfs is not None:
         params[MEMORY_KNOB] = mfs
     return params
 
 
-def _probe_memory(space: Space, gpu_mem_mib: float | None, max_bs: Any) -> float | None:
+def _probe_memory(space: Space, gpu_mem_mib: float | None, version: str | None, max_bs: Any) -> float | None:
     """The probe's ``--mem-fraction-static`` from SGLang's default arithmetic (None: the low end stays)."""
     from runners.engines.sglang_memory import default_memory
     from search.hosts import tp_size
 
     dist = distributions(space).get(MEMORY_KNOB)
-    version = space.engine.version
     if (gpu_mem_mib is None or gpu_mem_mib <= 0 or version is None or space.engine.kind not in ("sglang", "sim")
             or not isinstance(dist, optuna.distributions.FloatDistribution)):
         return None
-    value = default_memory(version, gpu_mem_mib, tp_size(space.fixed_args), fixed_args=space.fixed_args,
-                           cuda_graph_max_bs=max_bs if isinstance(max_bs, int) else None,
-                           reserve_factor=PROBE_RESERVE_FACTOR).mem_fraction_static
+    try:
+        value = default_memory(version, gpu_mem_mib, tp_size(space.fixed_args), fixed_args=space.fixed_args,
+                               cuda_graph_max_bs=max_bs if isinstance(max_bs, int) else None,
+                               reserve_factor=PROBE_RESERVE_FACTOR).mem_fraction_static
+    except ConfigError:  # a version the host reported that reads as no release
+        return None
     below = [v for v in _memory_values(dist) if v <= value + 1e-9]
     return below[0] if below else round(dist.low, FLOAT_DIGITS)
 
@@ -223,9 +227,11 @@ def place_memory(space: Space, model: MemoryModel, params: Mapping[str, Any], *,
     return dict(params) if mfs is None else {**params, MEMORY_KNOB: mfs}
 
 
-def enqueue_start(study: optuna.Study, space: Space, gpu_mem_mib: float | None = None) -> bool:
+def enqueue_start(study: optuna.Study, space: Space, gpu_mem_mib: float | None = None,
+                  version: str | None = None) -> bool:
     """Queue the study's next start-up launch, one at a time so that no backlog waits in the study: the
-    probe (user attr ``probe``; ``gpu_mem_mib``: the hosts' smallest card, see :func:`probe_params`) for a
+    probe (user attr ``probe``; ``gpu_mem_mib``, ``version``: the hosts' smallest card and the engine
+    version found on them, see :func:`probe_params`) for a
     new study, then the points of :func:`startup_design` (``design``),
     placed by the memory model as refitted from every trial so far. False once they have all been asked
     for (or the study did not start with a probe: a resumed study or one whose first trials someone
@@ -235,7 +241,7 @@ def enqueue_start(study: optuna.Study, space: Space, gpu_mem_mib: float | None =
 
     trials = records(study)
     if not trials:
-        study.enqueue_trial(probe_params(space, gpu_mem_mib), user_attrs={"probe": True})
+        study.enqueue_trial(probe_params(space, gpu_mem_mib, version), user_attrs={"probe": True})
         return True
     if not any(t.probe for t in trials):
         return False

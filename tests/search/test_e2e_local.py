@@ -235,3 +235,21 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path: Path, args: list[str], need
     assert needle in lines[0]
     assert "Traceback" not in res.stderr
     assert not (tmp_path / "servetune.db").exists()  # nothing half-written
+
+
+def test_the_probe_takes_its_memory_fraction_from_the_hosts_cards(tmp_path: Path) -> None:
+    """A new study's first launch on a real (simulated) host: the preflight reads the cards' memory.total
+    with the host's nvidia-smi (97,887 MiB on seed 003's host), and the probe's --mem-fraction-static is
+    SGLang's default arithmetic with twice its reserve on them (0.69), not the low end of the range."""
+    space_path = kit_make_space(tmp_path / "space.yaml", speed=1000, safe=False, budget={"n_trials": 1})
+    space = load_space(space_path)
+    url = f"sqlite:///{tmp_path}/s.db"
+    host = local_host(space, runs_root=str(tmp_path / "runs"), sim_dir=tmp_path / "sim")
+    options = RunOptions(study_name="probe", storage_url=url, artifacts_dir=tmp_path / "artifacts", n_trials=1,
+                         timeout=None, seed=0, smi_interval=0.0, confirm_k=0)
+    summary = run_search(space, [host], options)
+    first = TrialFacts.from_trial(summary.study.trials[0])
+    assert first.probe and first.state == TrialState.COMPLETE, first.reason
+    assert first.params["mem_fraction_static"] == pytest.approx(0.69)
+    assert first.memory["mem_fraction_static"] == pytest.approx(0.69)  # as the server logged it
+    assert first.params["cuda_graph_max_bs"] == 80

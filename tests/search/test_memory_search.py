@@ -87,6 +87,11 @@ def test_probe_follows_sglangs_default_arithmetic_with_twice_its_reserve(space: 
     # A card too small for the doubled reserve, or unknown memory: the low end of the range.
     assert probe_params(space, 24 * 1024)["mem_fraction_static"] == pytest.approx(0.55)
     assert probe_params(space, None) == probe_params(space)
+    # A space that leaves the version to the host: the version the preflight found there.
+    unversioned = space.model_copy(update={"engine": space.engine.model_copy(update={"version": None})})
+    assert probe_params(unversioned, 97887)["mem_fraction_static"] == pytest.approx(0.55)
+    assert probe_params(unversioned, 97887, "0.5.10.post1")["mem_fraction_static"] == pytest.approx(0.69)
+    assert probe_params(unversioned, 97887, "not-a-version")["mem_fraction_static"] == pytest.approx(0.55)
     # Only where the engine has that arithmetic: a vLLM space keeps the low end of its own knob.
     vllm = load_space(ROOT / "spaces" / "vllm-cpu-tiny.yaml")
     assert probe_params(vllm, 97887) == probe_params(vllm)
