@@ -25,10 +25,11 @@ from typing import Any, NamedTuple
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
-from search.records import TrialFacts
+from search.records import TrialFacts, best_record
 from spaces.schema import UNSET
 
-__all__ = ["CONFIRM_FINAL", "CONFIRM_K", "CONFIRM_REPEATS", "ConfirmLaunch", "Confirmed", "confirmation_launches",
+__all__ = ["CONFIRM_FINAL", "CONFIRM_K", "CONFIRM_REPEATS", "ConfirmLaunch", "Confirmed", "chosen_record",
+           "confirmation_launches",
            "confirmation_plan", "confirmed_best", "forced_settings",
            "is_launch", "launches_of", "origin", "search_launches",
            "skip_summary"]
@@ -325,6 +326,17 @@ def confirmed_best(trials: Sequence[TrialFacts], direction: StudyDirection) -> C
 
     band = [r for r in pool if close(r)]
     return min(band, key=lambda r: (forced_settings(params.get(r.trial, {})), -score(r)))
+
+
+def chosen_record(trials: Sequence[TrialFacts], direction: StudyDirection) -> TrialFacts | None:
+    """The record of the configuration :func:`confirmed_best` chose (its first launch), when it was
+    launched more than once; else the best single launch (:func:`search.records.best_record`)."""
+    confirmed = confirmed_best(trials, direction)
+    if confirmed is not None and confirmed.launches > 1:
+        rec = next((t for t in trials if t.number == confirmed.trial), None)
+        if rec is not None:
+            return rec
+    return best_record(trials, direction)
 
 
 def launches_of(trials: Sequence[TrialFacts], number: int) -> list[TrialFacts]:

@@ -31,9 +31,10 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from search.confirm import chosen_record
 from search.front import Goal, configurations, non_dominated, pick_record
 from search.hosts import tp_flag
-from search.records import LevelResult, TrialFacts, best_record, records
+from search.records import LevelResult, TrialFacts, records
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -365,7 +366,7 @@ def _ladder_trials(recs: Sequence[TrialFacts], numbers: Sequence[int] | None,
     if numbers is not None:
         return [by_number[n] for n in numbers if n in by_number]
     chosen: list[TrialFacts] = []
-    best = best_record(recs, direction)
+    best = chosen_record(recs, direction)
     if best is not None:
         chosen.append(best)
     died = [r for r in recs if r.label == "oom" and r.memory]
@@ -375,7 +376,7 @@ def _ladder_trials(recs: Sequence[TrialFacts], numbers: Sequence[int] | None,
 
 
 def _ladder_label(rec: TrialFacts, recs: Sequence[TrialFacts], direction: StudyDirection) -> str:
-    best = best_record(recs, direction)
+    best = chosen_record(recs, direction)
     tag = "best" if best is not None and best.number == rec.number else rec.label
     if rec.label == "oom" and rec.oom_phase:
         tag = f"OOM in {rec.oom_phase}"

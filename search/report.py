@@ -28,9 +28,9 @@ import optuna
 from optuna.trial import TrialState
 from pydantic import BaseModel
 
-from search.confirm import launches_of, origin
+from search.confirm import chosen_record, confirmed_best, launches_of, origin
 from search.front import Goal, front, pick_record
-from search.records import LevelResult, TrialFacts, best_record, records, value_text
+from search.records import LevelResult, TrialFacts, records, value_text
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -130,7 +130,15 @@ def study_best(study: optuna.Study, recs: Sequence[TrialFacts]) -> TrialFacts | 
     """The trial the study's summary leads with: the best COMPLETE feasible one, or in a ``pareto`` study the
     knee of the front (:mod:`search.front`; its ``values`` are the medians over its launches)."""
     goal = Goal.of(study)
-    return pick_record(recs, goal) if goal.pareto else best_record(recs, study.direction)
+    if goal.pareto:
+        return pick_record(recs, goal)
+    # The configuration chosen on its repeated launches, with the figure `run` and `export` report (not the
+    # best single launch, which is the luckiest).
+    rec = chosen_record(recs, study.direction)
+    confirmed = confirmed_best(recs, study.direction)
+    if rec is not None and confirmed is not None and confirmed.trial == rec.number and confirmed.launches > 1:
+        return rec.model_copy(update={"value": confirmed.reported})
+    return rec
 
 
 def _figures_text(rec: TrialFacts, goal: Goal, *, units: bool = True) -> str:
@@ -168,6 +176,11 @@ def _verdict_section(study: optuna.Study, recs: Sequence[TrialFacts]) -> list[st
     if goal.pareto and len(runs) > 1:
         confirmed = (f"{len(runs)} launches (trials {', '.join(f'#{r.number}' for r in runs)}); the figures are "
                      "their medians")
+    elif len(runs) > 1 and (chosen := confirmed_best(recs, study.direction)) is not None:
+        which = (f"the median of the {chosen.final} launches made after it was chosen" if chosen.final
+                 else "the median of its repeats")
+        confirmed = (f"{len(runs)} launches (trials {', '.join(f'#{r.number}' for r in runs)}), spread "
+                     f"{chosen.spread:.1%}; the figure is {which}")
     if best.simulated:
         confirmed += " of the simulated GPU host (not real hardware: confirm on a GPU before serving)"
     if same:

@@ -114,3 +114,22 @@ def test_format_duration() -> None:
     assert format_duration(42.5) == "42.5s"
     assert format_duration(125) == "2m 05s"
     assert format_duration(3725) == "1h 02m 05s"
+
+
+def test_the_verdict_leads_with_the_confirmed_configuration(tmp_path: Path) -> None:
+    """With confirmation launches, the verdict names the configuration chosen on its repeated launches and
+    the figure `run` and `export` report (the median of the launches made after the choice), not the
+    luckiest single launch (trial 1's 120)."""
+    def launch(value: float, mfs: float, **attrs: object) -> optuna.trial.FrozenTrial:
+        t = make_trial(state=TrialState.COMPLETE, mfs=mfs, cgbs=128, value=value, levels=[level(16, value)])
+        t.user_attrs.update(attrs)
+        return t
+
+    trials = [launch(100.0, 0.8), launch(120.0, 0.7), launch(101.0, 0.8, confirmation_of=0),
+              launch(70.0, 0.7, confirmation_of=1), *(launch(v, 0.8, confirmation_of=0, final=True)
+                                                      for v in (99.0, 100.0, 98.0))]
+    text = report_markdown(build_study(f"sqlite:///{tmp_path / 'c.db'}", "c", trials))
+    verdict = text.split("## Verdict", 1)[1].split("## Figures", 1)[0]
+    assert "**Best: trial 0**, `output_throughput` = 99.0 tok/s at concurrency 16" in verdict, verdict
+    assert ("**Confirmed by:** 5 launches (trials #0, #2, #4, #5, #6), spread 3.0%; the figure is the median "
+            "of the 3 launches made after it was chosen") in verdict
