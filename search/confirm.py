@@ -178,7 +178,7 @@ def _with_plainest(top: list[TrialFacts], ranked: Sequence[TrialFacts], pooled: 
     lead = pooled.get(top[0].number, top[0].value or 0.0)
     sign = 1.0 if direction == StudyDirection.MAXIMIZE else -1.0
     for t in ranked:
-        if t in top or forced_settings(t.params) >= plainest or any(t.params == u.params for u in top):
+        if forced_settings(t.params) >= plainest or any(t.params == u.params for u in top):
             continue
         if sd is not None and sign * (lead - pooled.get(t.number, t.value or 0.0)) <= sd * abs(lead):
             return [*top[:-1], t]
@@ -329,13 +329,14 @@ def confirmed_best(trials: Sequence[TrialFacts], direction: StudyDirection) -> C
 
 
 def chosen_record(trials: Sequence[TrialFacts], direction: StudyDirection) -> TrialFacts | None:
-    """The record of the configuration :func:`confirmed_best` chose (its first launch), when it was
-    launched more than once; else the best single launch (:func:`search.records.best_record`)."""
+    """The record of the configuration :func:`confirmed_best` chose (its first launch), with the figure
+    reported for it as its value, when it was launched more than once; else the best single launch
+    (:func:`search.records.best_record`)."""
     confirmed = confirmed_best(trials, direction)
     if confirmed is not None and confirmed.launches > 1:
         rec = next((t for t in trials if t.number == confirmed.trial), None)
         if rec is not None:
-            return rec
+            return rec.model_copy(update={"value": confirmed.reported})
     return best_record(trials, direction)
 
 

@@ -79,6 +79,11 @@ def sim_card_mib(space: Space) -> float | None:
         return None
 
 
+def _probe_follows_cards(space: Space) -> bool:
+    """The probe's --mem-fraction-static is only known once the run reads a GPU host's cards."""
+    return space.engine.kind == "sglang" and "mem_fraction_static" in distributions(space)
+
+
 def example_command(space: Space, params: Mapping[str, Any] | None = None) -> tuple[str, dict[str, str]]:
     """The server command (shell words) and exported environment of one configuration (default: the probe,
     the study's first launch), rendered exactly as a trial renders it."""
@@ -166,7 +171,7 @@ def describe_space(space: Space) -> list[str]:
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
     spelled = "" if space.engine.version or space.engine.kind == "sim" else \
         "; flags as the newest release spells them, the host's version decides"
-    if space.engine.kind == "sglang" and "mem_fraction_static" in distributions(space):
+    if _probe_follows_cards(space):
         spelled += "; --mem-fraction-static follows the host's cards (SGLang's default with twice its reserve)"
     lines.append(f"first launch (the probe{spelled}): " + (f"{exports} " if exports else "") + command)
     return lines
@@ -194,9 +199,8 @@ def dry_run(space: Space, *, study: str, hosts: Sequence[str], n_trials: int | N
     ``first - 1`` start-up launches (:func:`search.sampling.startup_design`), each with its command."""
     launches: list[tuple[str, dict[str, Any], str]] = []
     if existing_trials == 0:
-        follows = space.engine.kind == "sglang" and "mem_fraction_static" in distributions(space)
-        plan = [("probe (its --mem-fraction-static is set from the host's cards when the run starts)" if follows
-                 else "probe", probe_params(space, sim_card_mib(space)))]
+        plan = [("probe (its --mem-fraction-static is set from the host's cards when the run starts)"
+                 if _probe_follows_cards(space) else "probe", probe_params(space, sim_card_mib(space)))]
         plan += [(f"start-up {i + 1}", p) for i, p in enumerate(startup_design(space)[:max(0, first - 1)])]
         for label, params in plan:
             command, env = example_command(space, params)

@@ -369,13 +369,10 @@ class MemoryModel:
         upper: dict[str, list[tuple[float, int]]] = {p: [] for p in PRIOR_NEED}
         for f in self.facts:
             self._bound(f, lower, upper)
-            t = self.prefill_tokens(f.chunk)
-            if tokens is not None and t is not None and t != tokens:
-                serve_low, serve_up = lower["serve"], upper["serve"]
-                if t > tokens:
-                    lower["serve"] = [x for x in serve_low if x[1] != f.number]
-                else:
-                    upper["serve"] = [x for x in serve_up if x[1] != f.number]
+        if tokens is not None:
+            t_of = {f.number: self.prefill_tokens(f.chunk) for f in self.facts}
+            lower["serve"] = [x for x in lower["serve"] if (t := t_of.get(x[1])) is None or t <= tokens]
+            upper["serve"] = [x for x in upper["serve"] if (t := t_of.get(x[1])) is None or t >= tokens]
         out: dict[str, Bound] = {}
         for p in PRIOR_NEED:
             ups = upper[p]
@@ -653,7 +650,8 @@ class VllmMemoryModel:
         return None
 
     def predict_params(self, params: Mapping[str, Any]) -> Prediction | None:
-        """The margin of the tighter check in GiB, or None while no launch has given its figures."""
+        """The margin of the tighter check in GiB, or None when no check applies: no launch has given its
+        figures, or a survivor already asked for as much."""
         options: list[tuple[float, float, str, bool, tuple[int, ...]]] = []
         demand = _vllm_demand(params, self.fixed, self._total())
         free = self.free()

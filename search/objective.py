@@ -29,6 +29,7 @@ from optuna.artifacts import upload_artifact
 from optuna.trial import TrialState
 
 from runners.engines import Engine, engine_for
+from runners.engines.common import flag_value
 from runners.engines.script import render
 from runners.errors import RunnerError, ServetuneError
 from runners.host import HostInfo
@@ -69,18 +70,14 @@ def workload_batch_tokens(space: Space) -> int | None:
 def vllm_fixed(space: Space) -> dict[str, float]:
     """The vLLM memory settings a space fixes rather than searches: ``--max-model-len`` and
     ``--gpu-memory-utilization`` in ``fixed_args``, ``VLLM_CPU_KVCACHE_SPACE`` in ``env``."""
-    args, out = list(space.fixed_args), {}
-    for flag, key in (("--max-model-len", "max_model_len"), ("--gpu-memory-utilization", "gpu_memory_utilization")):
-        for i, a in enumerate(args):
-            value = args[i + 1] if a == flag and i + 1 < len(args) else a.split("=", 1)[1] \
-                if a.startswith(flag + "=") else None
-            if value is not None:
-                with contextlib.suppress(ValueError):
-                    out[key] = float(value)
-    kv = (space.env or {}).get("VLLM_CPU_KVCACHE_SPACE")
-    if kv is not None:
-        with contextlib.suppress(ValueError):
-            out["kv_cache_space_gib"] = float(kv)
+    given = {"max_model_len": flag_value(space.fixed_args, "--max-model-len"),
+             "gpu_memory_utilization": flag_value(space.fixed_args, "--gpu-memory-utilization"),
+             "kv_cache_space_gib": (space.env or {}).get("VLLM_CPU_KVCACHE_SPACE")}
+    out: dict[str, float] = {}
+    for key, value in given.items():
+        if value is not None:
+            with contextlib.suppress(ValueError):
+                out[key] = float(value)
     return out
 
 ProgressHook = Callable[[int, str, Any], None]

@@ -40,6 +40,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, Field
 
 from runners.telemetry import FailureKind, Phase, Telemetry
+from search._optuna_compat import known_params
 from search.sampling import normal_params
 
 __all__ = [
@@ -291,7 +292,7 @@ class TrialFacts(BaseModel):
             number=trial.number,
             state=trial.state,
             **_values(trial),
-            params=normal_params(trial.params),
+            params=normal_params(known_params(trial)),  # a queued trial not yet sampled: its queued params
             feasible=all(float(v) <= 0 for v in trial.constraints.values()),
             datetime_start=trial.datetime_start,
             datetime_complete=trial.datetime_complete,

@@ -134,11 +134,7 @@ def study_best(study: optuna.Study, recs: Sequence[TrialFacts]) -> TrialFacts | 
         return pick_record(recs, goal)
     # The configuration chosen on its repeated launches, with the figure `run` and `export` report (not the
     # best single launch, which is the luckiest).
-    rec = chosen_record(recs, study.direction)
-    confirmed = confirmed_best(recs, study.direction)
-    if rec is not None and confirmed is not None and confirmed.trial == rec.number and confirmed.launches > 1:
-        return rec.model_copy(update={"value": confirmed.reported})
-    return rec
+    return chosen_record(recs, study.direction)
 
 
 def _figures_text(rec: TrialFacts, goal: Goal, *, units: bool = True) -> str:

@@ -655,13 +655,11 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
     pool = HostPool(list(hosts), max_consecutive_failures=space.budget.max_consecutive_failures,
                     cooldown=options.cooldown, max_set_asides=options.max_set_asides)
     lock = _StudyLock(storage, study_id(study), options.storage_url)
+    found = [env.preflight_cache[h.name] for h in hosts if h.name in env.preflight_cache]
     budget = _Budget(study, options.n_trials, lock, storage, space, confirm_k=options.confirm_k,
                      confirm_repeats=options.confirm_repeats, confirm_final=options.confirm_final,
-                     gpu_mem_mib=smallest_card_mib(env.preflight_cache[h.name] for h in hosts
-                                                   if h.name in env.preflight_cache),
-                     engine_version=next((env.preflight_cache[h.name].engine_version for h in hosts
-                                          if h.name in env.preflight_cache
-                                          and env.preflight_cache[h.name].engine_version), None))
+                     gpu_mem_mib=smallest_card_mib(found),
+                     engine_version=next((info.engine_version for info in found if info.engine_version), None))
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():
         lock.close()

@@ -69,8 +69,9 @@ def sample(trial: optuna.Trial, space: Space) -> dict[str, Any]:
 
 #: The probe keeps this many times SGLang's own reserve out of ``--mem-fraction-static``. SGLang's
 #: reserve is its estimate of activations and graph buffers, and it can be short: on seed 003's host
-#: (97,887 MiB cards, TP4) SGLang's default, 0.85 (a reserve of 14.7 GiB), dies in CUDA-graph capture,
-#: where survivors need about 19 GiB. Twice the reserve puts the probe at 0.69 there.
+#: (97,887 MiB cards, TP4) SGLang's default, 0.85 (a reserve of 14.7 GiB), dies in CUDA-graph capture;
+#: the simulated host's model of it survives up to 0.80 at graph batch size 80 (a reserve of about
+#: 19 GiB). Twice the reserve puts the probe at 0.69 there.
 PROBE_RESERVE_FACTOR = 2.0
 
 
@@ -236,7 +237,6 @@ def enqueue_start(study: optuna.Study, space: Space, gpu_mem_mib: float | None =
     placed by the memory model as refitted from every trial so far. False once they have all been asked
     for (or the study did not start with a probe: a resumed study or one whose first trials someone
     queued)."""
-    from search._optuna_compat import known_params
     from search.records import records  # records reads params through this module
 
     trials = records(study)
@@ -253,10 +253,9 @@ def enqueue_start(study: optuna.Study, space: Space, gpu_mem_mib: float | None =
     # it is not compared (another host may have asked for the point before the probe's figures came in,
     # or the refitted model may place it elsewhere now).
     placed = model is not None and safe_memory(space, model, probe_params(space)) is not None
-    # A design point another controller asked a moment ago may not have sampled its params yet: its
-    # queued params count (else both controllers would launch it).
-    queued = {t.number: known_params(t) for t in study.get_trials(deepcopy=False)}
-    asked = [_design_key(queued.get(t.number) or t.params, placed) for t in trials if t.design]
+    # A design point another controller asked a moment ago counts by its queued params (the record's) even
+    # before it has sampled them (else both controllers would launch it).
+    asked = [_design_key(t.params, placed) for t in trials if t.design]
     for point in design:
         if _design_key(point, placed) not in asked:
             study.enqueue_trial(point, user_attrs={"design": True})

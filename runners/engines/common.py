@@ -70,6 +70,15 @@ def flag_name(arg: str) -> str:
     return arg.split("=", 1)[0]
 
 
+def flag_value(args: Sequence[str], *names: str) -> str | None:
+    """The value the first of ``names`` is given in ``args`` (``--flag value`` or ``--flag=value``)."""
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in names:
+            return value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return None
+
+
 def number_arg(knob: str, value: Any, *, is_float: bool) -> str:
     """A knob value as its flag's argument (or environment value): a float short and exact (4 decimals)
     when ``is_float``, else an integer (a whole float such as ``64.0`` is accepted). Raises ConfigError."""

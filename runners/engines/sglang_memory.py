@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from runners.engines.common import Version, parse_version
+from runners.engines.common import Version, flag_value, parse_version
 
 __all__ = ["MemoryDefaults", "default_memory", "memory_tiers", "reserved_before_055"]
 
@@ -52,16 +52,6 @@ def memory_tiers(v: Version, gpu_mem: float) -> tuple[int, int, int]:
     return 16384, 512, 512
 
 
-def _flag(args: Sequence[str], *names: str) -> str | None:
-    for i, a in enumerate(args):
-        for name in names:
-            if a == name and i + 1 < len(args):
-                return args[i + 1]
-            if a.startswith(name + "="):
-                return a.split("=", 1)[1]
-    return None
-
-
 def reserved_before_055(gpu_mem: float, parallel: int, *, speculative: str | None = None,
                         dp_attention: bool = False) -> float:
     """The reserve (MiB) SGLang 0.5.2-0.5.4 keeps out of ``mem_fraction_static``: per memory tier and
@@ -88,24 +78,24 @@ def default_memory(version: str, gpu_mem_mib: float, tp_size: int, *, fixed_args
     ``--pp-size``, ``--enable-dp-attention``/``--dp-size``, ``--speculative-algorithm``; a given
     ``cuda_graph_max_bs`` replaces the tier's."""
     v = parse_version(version)
-    pp = int(_flag(fixed_args, "--pp-size", "--pipeline-parallel-size") or 1)
+    pp = int(flag_value(fixed_args, "--pp-size", "--pipeline-parallel-size") or 1)
     ps = tp_size * pp
-    chunked_arg = _flag(fixed_args, "--chunked-prefill-size")
+    chunked_arg = flag_value(fixed_args, "--chunked-prefill-size")
     if v < (0, 5, 5):
         chunked = int(chunked_arg) if chunked_arg else 2048 if gpu_mem_mib < 35 * 1024 else (
             8192 if gpu_mem_mib < 160 * 1024 else 16384)
         max_bs = cuda_graph_max_bs or (8 if tp_size < 4 else 80)
-        reserved = reserved_before_055(gpu_mem_mib, ps, speculative=_flag(fixed_args, "--speculative-algorithm"),
+        reserved = reserved_before_055(gpu_mem_mib, ps, speculative=flag_value(fixed_args, "--speculative-algorithm"),
                                        dp_attention="--enable-dp-attention" in fixed_args)
     else:
         tier_chunked, bs_small, bs_large = memory_tiers(v, gpu_mem_mib)
         chunked = int(chunked_arg) if chunked_arg else tier_chunked
         max_bs = cuda_graph_max_bs or (bs_small if tp_size < 4 else bs_large)
         dp_attention = "--enable-dp-attention" in fixed_args
-        spec = _flag(fixed_args, "--speculative-algorithm")
+        spec = flag_value(fixed_args, "--speculative-algorithm")
         reserved = 512 + max(chunked, 2048) * 1.5 + max_bs * 2 + ps / 8 * 1024
         if dp_attention:
-            dp = int(_flag(fixed_args, "--dp-size", "--dp") or 1)
+            dp = int(flag_value(fixed_args, "--dp-size", "--dp") or 1)
             reserved += max_bs * dp * 3 + (max_bs * dp * 1.5 if max_bs > 300 else 0)
         prefill_graphs = (v >= (0, 5, 10) and not dp_attention and not spec
                           and not {"--disable-piecewise-cuda-graph", "--disable-cuda-graph",
