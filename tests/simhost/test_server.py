@@ -409,14 +409,20 @@ def test_binds_only_to_the_given_host(simhost) -> None:  # type: ignore[no-untyp
     assert sp.get("/health")[0] == 200
 
 
-def test_health_is_503_until_warm_and_endpoints(simhost) -> None:  # type: ignore[no-untyped-def]
+def test_health_is_503_until_warm_and_endpoints(simhost, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # Start-up in about a second, then a warm-up of 2 s real time: a window a loaded machine cannot miss.
+    profile = real_time_profile(tmp_path, NVFP4)
+    data = yaml.safe_load(profile.read_text())
+    data["timing"]["warmup_s"] = 2.0
+    profile.write_text(yaml.safe_dump(data))
+    simhost.profile_override = str(profile)
     sp = simhost.start(
-        NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.7", "--cuda-graph-max-bs", "32", "--enable-metrics", speed=20
+        NVFP4, *NVFP4_FLAGS, "--mem-fraction-static", "0.7", "--cuda-graph-max-bs", "32", "--enable-metrics", speed=1
     )
     deadline = time.monotonic() + 30
     while "Uvicorn running" not in sp.log() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert sp.get("/health")[0] == 503  # warm-up takes 3 simulated seconds = 0.15 s here
+    assert sp.get("/health")[0] == 503  # warming up
     assert sp.wait_ready()
     assert sp.get("/health")[0] == 200
     assert sp.get("/server_info")[0] == 200 and sp.get("/model_info")[0] == 200
