@@ -174,7 +174,7 @@ def _with_plainest(top: list[TrialFacts], ranked: Sequence[TrialFacts], pooled: 
     if len(top) < 2 or not pooled:
         return top
     plainest = min(forced_settings(t.params) for t in top)
-    sd = _noise_sd(trials)
+    sd = _noise_sd(trials, pooled)
     lead = pooled.get(top[0].number, top[0].value or 0.0)
     sign = 1.0 if direction == StudyDirection.MAXIMIZE else -1.0
     for t in ranked:
@@ -185,9 +185,10 @@ def _with_plainest(top: list[TrialFacts], ranked: Sequence[TrialFacts], pooled: 
     return top
 
 
-def _noise_sd(trials: Sequence[TrialFacts]) -> float | None:
+def _noise_sd(trials: Sequence[TrialFacts], pooled: dict[int, float]) -> float | None:
     """The run-to-run noise as a share of the value: the pooled within-configuration sd of the
-    configurations launched more than once, else the residual sd of :func:`pooled_estimates`'s fit."""
+    configurations launched more than once, else the residual sd of ``pooled``, :func:`pooled_estimates`'s
+    fit to ``trials``."""
     groups: dict[int, list[float]] = {}
     for t in trials:
         if t.state == TrialState.COMPLETE and t.value is not None and is_launch(t) and not t.final:
@@ -201,7 +202,6 @@ def _noise_sd(trials: Sequence[TrialFacts]) -> float | None:
                 dof += len(values) - 1
     if dof >= 2:
         return math.sqrt(ss / dof)
-    pooled = pooled_estimates(trials)
     resid = [float(t.value) / pooled[t.number] - 1 for t in trials
              if t.number in pooled and t.value is not None and pooled[t.number]]
     dof = len(resid) - _columns(trials) - 1  # the fit's own parameters leave that many degrees of freedom
@@ -314,7 +314,7 @@ def confirmed_best(trials: Sequence[TrialFacts], direction: StudyDirection) -> C
     best = max(pool, key=score)
     # The one-standard-error rule: among the configurations the measurements cannot tell from the best
     # (within one standard error of the difference), the one that forces the fewest settings.
-    sd = _noise_sd(trials)
+    sd = _noise_sd(trials, pooled)
     if sd is None:
         return best
     params = {t.number: t.params for t in trials}

@@ -551,15 +551,18 @@ class VllmFacts:
     total: float | None = None
 
 
+def _vllm_setting(params: Mapping[str, Any], fixed: Mapping[str, float], key: str) -> float | None:
+    """A vLLM memory setting: searched (``params``), else fixed by the space (``fixed``)."""
+    return _num(params, key) if key in params else _num(fixed, key)
+
+
 def _vllm_demand(params: Mapping[str, Any], fixed: Mapping[str, float], total: float | None) -> float | None:
     """What vLLM's allocation check asks for: the explicit KV cache space, else utilization x total."""
-    kv = params.get("kv_cache_space_gib", fixed.get("kv_cache_space_gib"))
-    if isinstance(kv, int | float) and not isinstance(kv, bool):
-        return float(kv)
-    util = params.get("gpu_memory_utilization", fixed.get("gpu_memory_utilization"))
-    if isinstance(util, int | float) and not isinstance(util, bool) and total:
-        return float(util) * total
-    return None
+    kv = _vllm_setting(params, fixed, "kv_cache_space_gib")
+    if kv is not None:
+        return kv
+    util = _vllm_setting(params, fixed, "gpu_memory_utilization")
+    return util * total if util is not None and total else None
 
 
 def vllm_facts_from_record(rec: TrialFacts, fixed: Mapping[str, float] | None = None) -> VllmFacts | None:
@@ -569,13 +572,12 @@ def vllm_facts_from_record(rec: TrialFacts, fixed: Mapping[str, float] | None = 
     fixed = fixed or {}
     mem, params = rec.memory, rec.params
     total = _num(mem, "gpu_total_gib") or _num(mem, "node_total_gib")
-    length = params.get("max_model_len", fixed.get("max_model_len"))
-    util = params.get("gpu_memory_utilization", fixed.get("gpu_memory_utilization"))
+    length = _vllm_setting(params, fixed, "max_model_len")
     refused = None
     if rec.outcome == "oom" and rec.phase is not None and rec.phase.value == "kv_pool":
         if _num(mem, "context_len") is not None and "max model len" in (rec.reason or ""):
             refused = VLLM_MAX_LEN
-            length = int(mem["context_len"])
+            length = _num(mem, "context_len")
         elif _num(mem, "kv_available_gib") is not None:
             refused = VLLM_ALLOCATION
     return VllmFacts(
@@ -583,9 +585,8 @@ def vllm_facts_from_record(rec: TrialFacts, fixed: Mapping[str, float] | None = 
         available=_num(mem, "kv_available_gib") if refused == VLLM_ALLOCATION else None, refused=refused,
         kv=_num(mem, "kv_available_gib") if refused == VLLM_MAX_LEN else _num(mem, "kv_gib"),
         needed=_num(mem, "kv_requested_gib") if refused == VLLM_MAX_LEN else None,
-        max_model_len=int(length) if isinstance(length, int | float) and not isinstance(length, bool) else None,
-        utilization=float(util) if isinstance(util, int | float) and not isinstance(util, bool) else None,
-        total=total)
+        max_model_len=None if length is None else int(length),
+        utilization=_vllm_setting(params, fixed, "gpu_memory_utilization"), total=total)
 
 
 @dataclass
@@ -640,13 +641,13 @@ class VllmMemoryModel:
         return statistics.fmean(seen) if seen else None
 
     def _kv_of(self, params: Mapping[str, Any]) -> float | None:
-        kv = params.get("kv_cache_space_gib", self.fixed.get("kv_cache_space_gib"))
-        if isinstance(kv, int | float) and not isinstance(kv, bool):
-            return float(kv)
-        util = params.get("gpu_memory_utilization", self.fixed.get("gpu_memory_utilization"))
+        kv = _vllm_setting(params, self.fixed, "kv_cache_space_gib")
+        if kv is not None:
+            return kv
+        util = _vllm_setting(params, self.fixed, "gpu_memory_utilization")
         non_kv, total = self.non_kv_gib(), self._total()
-        if isinstance(util, int | float) and non_kv is not None and total is not None:
-            return float(util) * total - non_kv
+        if util is not None and non_kv is not None and total is not None:
+            return util * total - non_kv
         return None
 
     def predict_params(self, params: Mapping[str, Any]) -> Prediction | None:
@@ -663,9 +664,9 @@ class VllmMemoryModel:
             if not proven:
                 options.append((margin, VLLM_FREE_SD, VLLM_ALLOCATION, certain, free[1]))
         per_token, kv = self.gib_per_token(), self._kv_of(params)
-        length = params.get("max_model_len", self.fixed.get("max_model_len"))
-        if per_token is not None and kv is not None and isinstance(length, int | float):
-            margin = kv - per_token * float(length)
+        length = _vllm_setting(params, self.fixed, "max_model_len")
+        if per_token is not None and kv is not None and length is not None:
+            margin = kv - per_token * length
             rests = tuple(f.number for f in self.facts if f.needed is not None or f.kv is not None)
             options.append((margin, 0.05 + 0.02 * abs(kv), VLLM_MAX_LEN, False, rests))
         if not options:

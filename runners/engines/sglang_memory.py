@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from runners.engines.common import Version, flag_value, parse_version
 
-__all__ = ["MemoryDefaults", "default_memory", "memory_tiers", "reserved_before_055"]
+__all__ = ["MemoryDefaults", "default_memory", "memory_tiers", "reserved_055", "reserved_before_055"]
 
 #: 0.5.10+: the prefill CUDA graphs' reserve; 1.5 GiB for MLA models, ``8 MiB * len(token sizes)``
 #: otherwise. Before a launch the attention kind is not known: the larger (MLA) figure is taken.
@@ -71,6 +71,23 @@ def reserved_before_055(gpu_mem: float, parallel: int, *, speculative: str | Non
     return reserved
 
 
+def reserved_055(gpu_mem: float, prefill_tokens: int, max_bs: int, parallel: int, *,
+                 dp_size: int | None = None, prefill_graph_mib: float = 0.0,
+                 speculative: str | None = None) -> float:
+    """The reserve (MiB) SGLang 0.5.5+ keeps out of ``mem_fraction_static``: from the chunked-prefill size
+    (``prefill_tokens``), the largest captured batch size and the parallel size; ``dp_size`` with DP
+    attention, ``prefill_graph_mib`` for the prefill CUDA graphs (0.5.10+), more with speculative decoding."""
+    reserved = 512 + max(prefill_tokens, 2048) * 1.5 + max_bs * 2 + parallel / 8 * 1024
+    if dp_size is not None:
+        reserved += max_bs * dp_size * 3 + (max_bs * dp_size * 1.5 if max_bs > 300 else 0)
+    reserved += prefill_graph_mib
+    if gpu_mem > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    if speculative and speculative.upper() != "NGRAM":
+        reserved += (6 if speculative.upper() == "STANDALONE" else 4) * 1024
+    return reserved
+
+
 def default_memory(version: str, gpu_mem_mib: float, tp_size: int, *, fixed_args: Sequence[str] = (),
                    cuda_graph_max_bs: int | None = None, reserve_factor: float = 1.0) -> MemoryDefaults:
     """SGLang ``version``'s defaults on a card of ``gpu_mem_mib`` at tensor parallel ``tp_size``, with the
@@ -93,19 +110,12 @@ def default_memory(version: str, gpu_mem_mib: float, tp_size: int, *, fixed_args
         max_bs = cuda_graph_max_bs or (bs_small if tp_size < 4 else bs_large)
         dp_attention = "--enable-dp-attention" in fixed_args
         spec = flag_value(fixed_args, "--speculative-algorithm")
-        reserved = 512 + max(chunked, 2048) * 1.5 + max_bs * 2 + ps / 8 * 1024
-        if dp_attention:
-            dp = int(flag_value(fixed_args, "--dp-size", "--dp") or 1)
-            reserved += max_bs * dp * 3 + (max_bs * dp * 1.5 if max_bs > 300 else 0)
         prefill_graphs = (v >= (0, 5, 10) and not dp_attention and not spec
                           and not {"--disable-piecewise-cuda-graph", "--disable-cuda-graph",
                                    "--enable-torch-compile"} & set(fixed_args))
-        if prefill_graphs:
-            reserved += _PREFILL_GRAPH_MIB
-        if gpu_mem_mib > 60 * 1024:
-            reserved = max(reserved, 10 * 1024)
-        if spec and spec.upper() != "NGRAM":
-            reserved += (6 if spec.upper() == "STANDALONE" else 4) * 1024
+        reserved = reserved_055(gpu_mem_mib, chunked, max_bs, ps,
+                                dp_size=int(flag_value(fixed_args, "--dp-size", "--dp") or 1) if dp_attention else None,
+                                prefill_graph_mib=_PREFILL_GRAPH_MIB if prefill_graphs else 0.0, speculative=spec)
     reserved *= reserve_factor
     mfs = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
     return MemoryDefaults(chunked, max_bs, reserved, mfs)

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runners.engines.sglang_memory import memory_tiers, reserved_before_055
+from runners.engines.sglang_memory import memory_tiers, reserved_055, reserved_before_055
 from runners.simhost import texts
 from runners.simhost.engine import BatchEngine, OomDetail, RuntimeSpec, SimRequest, oom_detail
 from runners.simhost.launch import DEFAULT_VERSION, V_NEW_CG_FLAGS, BadFlag, SimLaunch, Version
@@ -259,11 +259,6 @@ def _round(value: Any, digits: int) -> Any:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _tiers(v: Version, gpu_mem: int) -> tuple[int, int, int]:
-    """(chunked_prefill_size, cuda_graph_max_bs tp<4, tp>=4) for 0.5.5+ (sglang-facts §1.3)."""
-    return memory_tiers(v, gpu_mem)
-
-
 def _capture_candidates(
     v: Version, gpu_mem: int, max_bs: int | None, explicit: Sequence[int] | None, disabled: bool
 ) -> tuple[int, ...]:
@@ -290,12 +285,6 @@ def _capture_candidates(
     return tuple(out)
 
 
-def _reserved_mib_before_055(launch: SimLaunch, gpu_mem: int) -> float:
-    """Memory SGLang < 0.5.5 keeps out of ``mem_fraction_static`` (MiB)."""
-    return reserved_before_055(gpu_mem, launch.tp_size, speculative=launch.speculative_algorithm or None,
-                               dp_attention=bool(launch.enable_dp_attention))
-
-
 def _defaults_before_055(profile: SimProfile, launch: SimLaunch) -> tuple[int, int | None, float]:
     """(chunked_prefill_size, cuda_graph_max_bs, mem_fraction_static) as SGLang < 0.5.5 fills them in."""
     gpu_mem = profile.host.memory_total_mib
@@ -307,7 +296,9 @@ def _defaults_before_055(profile: SimProfile, launch: SimLaunch) -> tuple[int, i
     if max_bs is None and gpu_mem < 35 * 1024:
         max_bs = 8 if launch.tp_size < 4 else 80
     if mfs is None:
-        mfs = round((gpu_mem - _reserved_mib_before_055(launch, gpu_mem)) / gpu_mem, 3)
+        reserved = reserved_before_055(gpu_mem, launch.tp_size, speculative=launch.speculative_algorithm or None,
+                                       dp_attention=bool(launch.enable_dp_attention))
+        mfs = round((gpu_mem - reserved) / gpu_mem, 3)
     return chunked, max_bs, mfs
 
 
@@ -327,26 +318,20 @@ def _max_bs_055(launch: SimLaunch, v: Version, bs_small: int, bs_large: int) -> 
 
 def _reserved_mib_055(profile: SimProfile, launch: SimLaunch, chunked: int, max_bs: int) -> float:
     """Memory SGLang 0.5.5+ keeps out of ``mem_fraction_static`` (MiB)."""
-    gpu_mem = profile.host.memory_total_mib
-    tokens = chunked if chunked > 0 else launch.max_prefill_tokens
-    reserved = 512 + max(tokens, 2048) * 1.5 + max_bs * 2 + launch.tp_size / 8 * 1024
-    if launch.enable_dp_attention:
-        reserved += max_bs * launch.dp_size * 3 + (max_bs * launch.dp_size * 1.5 if max_bs > 300 else 0)
+    prefill_graph_mib = 0.0
     if _prefill_graph_on(profile, launch):
         n_tokens = len(_prefill_graph_tokens(_prefill_graph_max_tokens(profile, launch, chunked)))
-        reserved += 1.5 * 1024 if profile.model.attention == "mla" else n_tokens * 8
-    if gpu_mem > 60 * 1024:
-        reserved = max(reserved, 10 * 1024)
-    if launch.speculative_algorithm and launch.speculative_algorithm.upper() != "NGRAM":
-        reserved += (6 if launch.speculative_algorithm.upper() == "STANDALONE" else 4) * 1024
-    return reserved
+        prefill_graph_mib = 1.5 * 1024 if profile.model.attention == "mla" else n_tokens * 8
+    return reserved_055(profile.host.memory_total_mib, chunked if chunked > 0 else launch.max_prefill_tokens,
+                        max_bs, launch.tp_size, dp_size=launch.dp_size if launch.enable_dp_attention else None,
+                        prefill_graph_mib=prefill_graph_mib, speculative=launch.speculative_algorithm)
 
 
 def _defaults_055(profile: SimProfile, launch: SimLaunch) -> tuple[int, int, float]:
     """(chunked_prefill_size, cuda_graph_max_bs, mem_fraction_static) as SGLang 0.5.5+ fills them in."""
     v = launch.version_tuple
     gpu_mem = profile.host.memory_total_mib
-    tier_chunked, bs_small, bs_large = _tiers(v, gpu_mem)
+    tier_chunked, bs_small, bs_large = memory_tiers(v, gpu_mem)
     chunked = launch.chunked_prefill_size
     if chunked is None:
         chunked = tier_chunked
