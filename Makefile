@@ -24,7 +24,7 @@ system-deps:
 	@bash .ci/system-deps.sh
 
 demo: $(STAMP)
-	$(VPY) -m search.demo --study $(DEMO_STUDY)
+	$(VPY) -m search.cli.demo --study $(DEMO_STUDY)
 
 test: $(STAMP) system-deps
 	$(VENV)/bin/ruff check search spaces runners tests benchmarks

@@ -52,8 +52,8 @@ def run(space_path: Path, wd: Path, n_trials: int, *, mlflow: bool = True, seed:
     """Run a search in ``wd`` (chdir) and return (study, wall seconds).
 
     ``mlflow``: with the study callbacks of ``servetune run`` (MLflow, dashboard notes)."""
-    from search.hosts import local_host
-    from search.run import RunOptions, run_search
+    from search.driver.hosts import local_host
+    from search.driver.run import RunOptions, run_search
     from search.settings import load_settings
     from spaces.schema import load_space
 
@@ -62,8 +62,8 @@ def run(space_path: Path, wd: Path, n_trials: int, *, mlflow: bool = True, seed:
     settings = load_settings()
     callbacks: list[Any] = []
     if mlflow:
-        from search.notes import notes_callback
-        from search.tracking import MlflowTracker
+        from search.outputs.notes import notes_callback
+        from search.outputs.tracking import MlflowTracker
 
         callbacks.append(MlflowTracker(settings.mlflow_uri).callback(background=True))
         callbacks.append(notes_callback())

@@ -16,7 +16,7 @@ from pathlib import Path
 from _common import metadata, run, stats, workdir, write_space
 from optuna.trial import TrialState
 
-from search.records import TrialFacts
+from search.trial.records import TrialFacts
 
 
 def main() -> None:

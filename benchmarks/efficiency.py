@@ -7,8 +7,8 @@ Runs on any space file whose engine is the simulated host (default: every shippe
 ``engine.kind: sim``). The landscape is the simulated host's pure model; the optimum is taken noiselessly
 by brute force over the space's grid. Every launch draws the profile's run-to-run noise.
 
-Strategies, all through the product's trial path (``search.objective.Objective`` with
-``search.evaluate.SimEvaluator``; a configuration sampled again is reused and costs no launch):
+Strategies, all through the product's trial path (``search.trial.objective.Objective`` with
+``benchmarks/simeval.py``; a configuration sampled again is reused and costs no launch):
 
 * ``servetune``: servetune's sampler and memory model: the probe first, the start-up design placed at
   the memory boundary the model is sure of, skips of configurations the model predicts die
@@ -45,13 +45,13 @@ import optuna
 import yaml
 from _common import ROOT, metadata
 from optuna.trial import TrialState
+from simeval import SimEvaluator
 
-from search.confirm import confirmation_launches, confirmation_plan, confirmed_best
-from search.evaluate import SimEvaluator
-from search.objective import Objective, TrialEnv, TrialFailed
-from search.records import TrialFacts, records
-from search.run import MAX_TRIALS_PER_LAUNCH, make_sampler
-from search.sampling import distributions, enqueue_start, inert_knobs, normal_params
+from search.strategy.confirm import confirmation_launches
+from search.strategy.distributions import distributions, inert_knobs
+from search.strategy.strategy import MAX_TRIALS_PER_LAUNCH, Strategy, apply, make_sampler
+from search.trial.objective import Gate, Objective, TrialEnv, TrialFailed
+from search.trial.records import TrialFacts, normal_params
 from spaces.launch import LaunchConfig, engine_options
 from spaces.schema import Space, load_space
 
@@ -133,11 +133,12 @@ class Run:
         self.launched: list[tuple[dict[str, Any], float | None, float | None, bool]] = []
         self.skips = 0
 
-    def launch(self, objective: Objective, study: optuna.Study, trial: optuna.Trial) -> None:
+    def launch(self, objective: Objective, study: optuna.Study, trial: optuna.Trial, gate: Gate) -> None:
+        """One trial through the product's trial function, told to the study as ``servetune run`` tells it."""
         n_before = len(self.evaluator.launches)
         state, value = TrialState.COMPLETE, None
         try:
-            value = objective.run(trial, None)
+            value = objective.run(trial, None, gate)
         except optuna.TrialPruned:
             state = TrialState.PRUNED
         except TrialFailed:
@@ -156,22 +157,21 @@ def _env(space: Space) -> TrialEnv:
 
 
 def run_servetune(land: Landscape, seed: int, launches: int) -> Run:
+    """servetune as ``servetune run`` drives it: :meth:`Strategy.next` says what to start (probe, design,
+    sampler, screening repeats, final launches), :func:`apply` starts it, the objective runs it through the
+    strategy's gate. The search budget is the launches less the confirmations."""
     run = Run(land, seed)
+    strategy = Strategy(land.space, launches - confirmation_launches(), gpu_mem_mib=land.card_mib)
     objective = Objective(_env(land.space), run.evaluator)
     study = optuna.create_study(direction="maximize", sampler=make_sampler(seed, launches))
-    search_budget = launches - confirmation_launches()
-    while len(run.launched) < launches and len(study.trials) < launches * MAX_TRIALS_PER_LAUNCH:
-        # The benchmark's budget is launches made (a reuse costs none), confirmations included.
-        if len(run.launched) >= search_budget:
-            plan = confirmation_plan(records(study), study.direction)
-            if not plan:
-                break
-            study.enqueue_trial(plan[0].params, user_attrs=plan[0].user_attrs, skip_if_exists=False)
-        else:
-            enqueue_start(study, land.space, land.card_mib)
-        run.launch(objective, study, study.ask())
-    best = confirmed_best(records(study), study.direction)
-    run.pick = None if best is None else (normal_params(study.trials[best.trial].params), best.reported)  # type: ignore[attr-defined]
+    while len(run.launched) < launches:
+        view = strategy.view(study)
+        trial = apply(study, strategy.next(view))
+        if trial is None:  # Done (nothing runs beside this loop, so never Wait)
+            break
+        run.launch(objective, study, trial, strategy.gate(view))
+    choice = strategy.view(study).choice
+    run.pick = None if choice is None else (normal_params(choice.record.params), choice.value)  # type: ignore[attr-defined]
     return run
 
 
@@ -180,10 +180,16 @@ def _pick_best_measured(run: Run) -> None:
     run.pick = max(alive, key=lambda x: x[1]) if alive else None  # type: ignore[attr-defined]
 
 
+def _plain(space: Space) -> Strategy:
+    """A baseline's strategy: its sampler alone over the whole space (no probe, no memory model, no repeats)."""
+    return Strategy(space, None, confirm_k=0, memory_gate=False, start_design=False)
+
+
 def run_baseline(land: Landscape, seed: int, launches: int, kind: str) -> Run:
     run = Run(land, seed)
     space = land.full
-    objective = Objective(_env(space), run.evaluator, memory_gate=False)
+    strategy = _plain(space)
+    objective = Objective(_env(space), run.evaluator)
     sampler: optuna.samplers.BaseSampler
     sampler = optuna.samplers.RandomSampler(seed=seed) if kind == "random" else optuna.samplers.TPESampler(seed=seed)
     study = optuna.create_study(direction="maximize", sampler=sampler)
@@ -194,7 +200,7 @@ def run_baseline(land: Landscape, seed: int, launches: int, kind: str) -> Run:
             run.skips += 1
             study.tell(trial, state=TrialState.PRUNED)
             continue
-        run.launch(objective, study, trial)
+        run.launch(objective, study, trial, strategy.gate(strategy.view(study)))
     _pick_best_measured(run)
     return run
 
@@ -235,7 +241,8 @@ def _scoot_skips(run: Run, space: Space, trial: optuna.Trial, rng: random.Random
 def run_grid(land: Landscape, seed: int, launches: int, shuffled: bool) -> Run:
     run = Run(land, seed)
     space = land.full
-    objective = Objective(_env(space), run.evaluator, memory_gate=False)
+    strategy = _plain(space)
+    objective = Objective(_env(space), run.evaluator)
     points = grid(space)
     if shuffled:
         random.Random(seed).shuffle(points)
@@ -244,7 +251,7 @@ def run_grid(land: Landscape, seed: int, launches: int, shuffled: bool) -> Run:
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=seed))
     for point in points[:launches]:
         study.enqueue_trial(point)
-        run.launch(objective, study, study.ask())
+        run.launch(objective, study, study.ask(), strategy.gate(strategy.view(study)))
     _pick_best_measured(run)
     return run
 

@@ -14,7 +14,7 @@ import json
 from _common import metadata, run, stats, workdir, write_space
 from optuna.trial import TrialState
 
-from search.records import TrialFacts
+from search.trial.records import TrialFacts
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 from _common import metadata, workdir, write_space
 
-from search.records import TrialFacts
+from search.trial.records import TrialFacts
 
 
 def proc_stats() -> Iterator[tuple[int, list[str]]]:
@@ -106,11 +106,11 @@ def main() -> int:
         return subprocess.call([sys.executable, *sys.argv], start_new_session=True)
     warmup = max(1, min(args.warmup, args.trials - 1))
 
-    from search.hosts import local_host
-    from search.notes import notes_callback
-    from search.run import RunOptions, run_search
+    from search.driver.hosts import local_host
+    from search.driver.run import RunOptions, run_search
+    from search.outputs.notes import notes_callback
+    from search.outputs.tracking import MlflowTracker
     from search.settings import load_settings
-    from search.tracking import MlflowTracker
     from spaces.schema import load_space
 
     wd = workdir("soak")

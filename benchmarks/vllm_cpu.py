@@ -32,9 +32,9 @@ from runners.engines.script import render_script
 from runners.host import Host
 from runners.server import ServerSession
 from runners.transport import LocalTransport
-from search.records import TrialFacts
-from search.run import RunOptions, run_search
-from search.study import create_or_load, open_storage
+from search.driver.run import RunOptions, run_search
+from search.storage import create_or_load, open_storage
+from search.trial.records import TrialFacts
 from spaces.launch import LaunchConfig
 from spaces.schema import Space, load_space
 

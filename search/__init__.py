@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from search.api import RunPlan, run_study
-    from search.run import RunSummary, StopReason
+    from search.driver.run import RunSummary, StopReason
 
 __all__ = ["RunPlan", "RunSummary", "StopReason", "run_study"]
 
-_LAZY = {"RunPlan": "search.api", "run_study": "search.api", "RunSummary": "search.run",
-         "StopReason": "search.run"}
+_LAZY = {"RunPlan": "search.api", "run_study": "search.api", "RunSummary": "search.driver.run",
+         "StopReason": "search.driver.run"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,9 +1,9 @@
 """The library call behind ``servetune run`` (and ``make demo``): :func:`run_study`.
 
-It does the wiring a search needs around :func:`search.run.run_search`: the hosts (``--host``, an
+It does the wiring a search needs around :func:`search.driver.run.run_search`: the hosts (``--host``, an
 inventory, or this machine), MLflow tracking, the dashboard notes and figures, the live progress, and the
 morning summary (Markdown and HTML) written at the end. The CLI parses, calls it and renders the
-:class:`~search.run.RunSummary`.
+:class:`~search.driver.run.RunSummary`.
 """
 
 from __future__ import annotations
@@ -11,25 +11,39 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
+
+from optuna.trial import FrozenTrial
 
 from runners.errors import ConfigError, ServetuneError
-from search.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS
-from search.figures import FiguresCallback
-from search.hosts import build_hosts
-from search.notes import notes_callback
-from search.report import Published, publish
-from search.run import RunOptions, RunSummary, StopReason, StudyCallback, run_search
+from search.driver.hosts import build_hosts
+from search.driver.run import RunOptions, RunSummary, StopReason, StudyCallback, run_search
+from search.outputs.figures import FiguresCallback
+from search.outputs.html import Published, publish
+from search.outputs.notes import notes_callback
+from search.outputs.tracking import MlflowCallback, MlflowTracker
 from search.settings import Settings
 from search.settings import study_name as check_study_name
-from search.study import artifact_store
+from search.storage import artifact_store
+from search.strategy.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS
+from search.strategy.view import StudyView
 from spaces.schema import Space
 
-if TYPE_CHECKING:
-    from search.progress import Progress
-    from search.tracking import MlflowCallback, MlflowTracker
+__all__ = ["Progress", "RunPlan", "run_study"]
 
-__all__ = ["RunPlan", "run_study"]
+
+class Progress(Protocol):
+    """What watches a run live (the CLI's terminal view): trial events, finished trials, entered around the run."""
+
+    n_trials: int | None
+
+    def hook(self, number: int, kind: str, value: Any) -> None: ...
+
+    def callback(self, view: StudyView, trial: FrozenTrial) -> None: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: object) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -58,8 +72,8 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
     the trial events and results (its budget is set here); the dashboard figures are redrawn after each
     trial. Before the study ends, the ``confirm_k`` best distinct configurations are launched
     ``confirm_repeats`` more times each, and the one chosen on them ``confirm_final`` more times: its
-    reported figure is the median of those (:mod:`search.confirm`; in a ``pareto`` study, those of the front
-    nearest its ideal point are repeated, :mod:`search.front`). The morning summary is written to
+    reported figure is the median of those (:mod:`search.strategy.confirm`; in a ``pareto`` study, those of the front
+    nearest its ideal point are repeated, :mod:`search.strategy.front`). The morning summary is written to
     ``<artifacts>/<study>/report.md`` and ``report.html`` (``RunSummary.report_path``, ``report_html_path``;
     the HTML is also a study artifact and is logged with the figures to the MLflow parent run); an MLflow
     failure at the end is reported in ``RunSummary.mlflow_error``, never raised. Raises ServetuneError for
@@ -105,7 +119,7 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
     # The disk that refused a trial's files (StopReason.ARTIFACTS) would refuse the report too.
     if summary.stopped_by is not StopReason.ARTIFACTS:
         try:
-            published = publish(summary.study, settings.artifacts_dir / name,
+            published = publish(summary.view, settings.artifacts_dir / name,
                                 artifact_store=artifact_store(settings.artifacts_dir))
             summary.report_path, summary.report_html_path = published.markdown, published.html
         except ConfigError as exc:
@@ -117,7 +131,7 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
         if not mlflow_callback.broken:
             try:
                 # waits for the background logger first
-                tracker.finish_study(summary.study, figures=published.figures if published else None,
+                tracker.finish_study(summary.view, figures=published.figures if published else None,
                                      report=published.html if published else None)
             except ServetuneError as exc:
                 summary.mlflow_error = str(exc)
@@ -128,8 +142,6 @@ def _tracking(settings: Settings, name: str, warnings: list[str]) -> tuple[Mlflo
                                                                           MlflowCallback | None]:
     """The MLflow tracker and its trial callback, checked once for the run: an MLflow that cannot be
     written is left out (with one line in ``warnings``) instead of costing every trial its retries."""
-    from search.tracking import MlflowTracker
-
     tracker = MlflowTracker(settings.mlflow_uri, optuna_artifact_store=artifact_store(settings.artifacts_dir))
     try:
         tracker.check(name)

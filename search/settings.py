@@ -25,8 +25,8 @@ from pydantic_settings import (
 from runners.errors import ConfigError, validation_line
 from spaces.names import check_name
 
-#: Defaults shared with the library entry points (:mod:`search.study`, :mod:`search.run`,
-#: :mod:`search.tracking`), which take them when no settings are given.
+#: Defaults shared with the library entry points (:mod:`search.storage`, :mod:`search.driver.run`,
+#: :mod:`search.outputs.tracking`), which take them when no settings are given.
 HEARTBEAT_INTERVAL = 5
 GRACE_PERIOD = 20
 DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
@@ -66,7 +66,7 @@ def study_name(value: str) -> str:
 
     A study name becomes a directory on every host and under the artifacts directory, an MLflow experiment
     and a line of ``launch.sh``: every entry point that takes one (``run``, ``worker``, ``trials``,
-    ``status``, ``report``, ``export``, ``sync-mlflow``, ``make demo``, :func:`search.run.run_search`)
+    ``status``, ``report``, ``export``, ``sync-mlflow``, ``make demo``, :func:`search.driver.run.run_search`)
     checks it here before anything is read, written or run.
     """
     try:

@@ -14,8 +14,8 @@ import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from search.figures import FIGURE_IDS, OUTCOME_CLASSES
-from search.study import load, open_storage
+from search.outputs.figures import FIGURE_IDS, OUTCOME_CLASSES
+from search.storage import load, open_storage
 from tests.fixtures.browser import Dashboard, DemoStudy, chromium, dashboard, run_demo_study, watch
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -27,9 +27,10 @@ from runners.engines.script import render_script
 from runners.host import Host
 from runners.server import ServerSession
 from runners.telemetry import FailureKind
-from search.records import TrialFacts
-from search.run import RunOptions, RunSummary, run_search
-from search.study import create_or_load, open_storage
+from search.driver.run import RunOptions, RunSummary, run_search
+from search.storage import create_or_load, open_storage
+from search.strategy.view import StudyView
+from search.trial.records import TrialFacts
 from spaces.launch import LaunchConfig
 from spaces.schema import Space
 from tests.engines.proctree import cmdline, environ, live, ppid, tree_members, vllm_temp_files, wait_for
@@ -235,10 +236,10 @@ def test_sigkill_of_the_api_server_alone_leaves_orphans_that_stop_removes(
 
 @pytest.mark.timeout(300)
 def test_exported_script_of_the_best_trial_serves(search: RunSummary, ssh_host: Host, vllm_python: str) -> None:
-    from search.export import export_script
+    from search.outputs.export import export_script
 
     study: optuna.Study = search.study
-    script = export_script(study)
+    script = export_script(StudyView.of(study))
     best = study.best_trial
     assert f"--max-num-seqs {best.params['max_num_seqs']}" in script
     assert f"export VLLM_CPU_KVCACHE_SPACE={best.params['kv_cache_space_gib']}" in script

@@ -19,14 +19,14 @@ import sqlalchemy.exc
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from search.records import TrialFacts
+from search.trial.records import TrialFacts
 from tests.fixtures.mlflow_server import group_alive
 from tests.fixtures.ports import free_port
 from tests.fixtures.procs import wait_for as poll
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "runners/simhost/profiles/dsv4-flash-nvfp4-tp4-rtxpro6000.yaml"
-# num_continuous_decode_steps is not searched: SGLang 0.5.10 ignores it (search.sampling.inert_knobs).
+# num_continuous_decode_steps is not searched: SGLang 0.5.10 ignores it (search.strategy.distributions.inert_knobs).
 BASE = {"nccl.NCCL_PROTO": "unset", "nccl.NCCL_ALGO": "unset"}
 DIES = {**BASE, "mem_fraction_static": 0.70, "cuda_graph_max_bs": 32}  # seed 003: eager decode OOM at C=64
 SURVIVES = {**BASE, "mem_fraction_static": 0.62, "cuda_graph_max_bs": 64}
@@ -187,7 +187,7 @@ def _schema_ready(storage: str) -> bool:
 
 def counted(ts: list[FrozenTrial]) -> list[FrozenTrial]:
     """The trials the budget counts: COMPLETE and PRUNED, but for skips (``predicted_oom``) and the
-    confirmation launches made after the budget (``search.confirm.search_launches``)."""
+    confirmation launches made after the budget (``search.strategy.confirm.search_launches``)."""
     recs = {t.number: TrialFacts.from_trial(t) for t in ts}
     return [t for t in ts if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
             and not recs[t.number].predicted_oom and recs[t.number].confirmation_of is None]

@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 
 from runners.errors import ConfigError, HostUnreachable, ServetuneError
 from search.cli import app
-from search.records import DEPLOY_ATTR, TrialFacts
+from search.strategy.view import StudyView
+from search.trial.records import DEPLOY_ATTR, TrialFacts
 from tests.fixtures.trials import build_study, level, make_trial, stored_attrs
 from tests.search.test_export import bash_n, exec_argv, exports
 
@@ -33,7 +34,7 @@ SIM_OPTIONS = {"profile": str(ROOT / "runners/simhost/profiles/dsv4-flash-nvfp4-
 
 
 def invoke(*args: str, width: int = 400) -> tuple[int, str]:
-    """Run ``servetune ARGS`` as ``search.cli.main`` does: an expected error is one line and exit 1."""
+    """Run ``servetune ARGS`` as ``search.cli.commands.main`` does: an expected error is one line and exit 1."""
     result = CliRunner().invoke(app, list(args), terminal_width=width)
     if isinstance(result.exception, ServetuneError):
         return 1, result.output + f"servetune: error: {' '.join(str(result.exception).split())}\n"
@@ -220,8 +221,8 @@ def test_status_head_says_simulated(sim_study: tuple[str, optuna.Study]) -> None
 def test_the_final_table_fits_100_columns_without_breaking_words() -> None:
     """The demo's table (four searched knobs, NCCL values, the longest outcomes and phases) in a 100-column
     console: no line is longer, and every word of every cell and header is printed whole."""
-    from search.progress import summary_table
-    from search.records import TrialFacts
+    from search.cli.views import summary_table
+    from search.trial.records import TrialFacts
 
     params = {"mem_fraction_static": 0.62, "cuda_graph_max_bs": 80, "nccl.NCCL_PROTO": "LL128",
               "nccl.NCCL_ALGO": "allreduce:tree"}
@@ -280,12 +281,12 @@ def test_help_has_no_markup_leftovers(command: tuple[str, ...]) -> None:
 
 
 def test_hosts_check_puts_errors_in_an_error_column(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import search.hosts
+    import search.trial.preflight
 
     def unreachable(host: object, space: object, engine: object = None) -> object:
         raise HostUnreachable("cannot connect to gpu-z: connection refused")
 
-    monkeypatch.setattr(search.hosts, "preflight", unreachable)
+    monkeypatch.setattr(search.trial.preflight, "preflight", unreachable)
     code, out = invoke("hosts", "check", "--space", str(demo_space(tmp_path)), "--host", "gpu-z")
     assert code == 1
     lines = out.splitlines()
@@ -345,16 +346,16 @@ def test_export_engine_takes_the_space_and_flags(sim_study: tuple[str, optuna.St
 
 
 def test_export_engine_refusals(sim_study: tuple[str, optuna.Study], tmp_path: Path) -> None:
-    from search.export import export_script
+    from search.outputs.export import export_script
     from spaces.schema import Deploy
 
     url, study = sim_study
     with pytest.raises(ConfigError, match="servetune's own: name the GPU box's engine python"):
-        export_script(study, engine="sglang", deploy=Deploy())
+        export_script(StudyView.of(study), engine="sglang", deploy=Deploy())
     with pytest.raises(ConfigError, match=r"deploy.gpus names 2 GPU\(s\) \[0, 1\] for a TP size of 4"):
-        export_script(study, engine="sglang", deploy=Deploy(python="python3", gpus=[0, 1]))
+        export_script(StudyView.of(study), engine="sglang", deploy=Deploy(python="python3", gpus=[0, 1]))
     with pytest.raises(ConfigError, match="--engine: 'vllm' is not one of sglang"):
-        export_script(study, engine="vllm", deploy=Deploy(python="python3"))
+        export_script(StudyView.of(study), engine="vllm", deploy=Deploy(python="python3"))
     code, out = invoke("export", "--study", "demo-sim-dsv4", "--storage", url, "--bind", "0.0.0.0")
     assert code == 1 and "go with --engine" in out
     code, out = invoke("export", "--study", "demo-sim-dsv4", "--storage", url, "--engine", "sglang",
@@ -370,7 +371,7 @@ def test_no_library_log_line_breaks_the_live_display() -> None:
     import io
     import logging
 
-    from search.progress import LIBRARY_LOGGERS, Progress
+    from search.cli.views import LIBRARY_LOGGERS, Progress
 
     screen = io.StringIO()
     console = Console(file=screen, force_terminal=True, width=100)
@@ -395,7 +396,7 @@ def test_no_library_log_line_breaks_the_live_display() -> None:
 
 
 def test_export_engine_keeps_the_gpus_the_trial_was_given(tmp_path: Path) -> None:
-    from search.export import export_script
+    from search.outputs.export import export_script
     from spaces.schema import Deploy
 
     trial = make_trial(state=TrialState.COMPLETE, mfs=0.7, cgbs=64, value=10.0, levels=[level(16, 10.0)])
@@ -403,7 +404,7 @@ def test_export_engine_keeps_the_gpus_the_trial_was_given(tmp_path: Path) -> Non
     launch = {**(facts.launch_config or {}), "env": {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}}
     trial.user_attrs = stored_attrs(facts.model_copy(update={"launch_config": launch}))
     study = build_study(f"sqlite:///{tmp_path / 'o.db'}", "real", [trial])
-    script = export_script(study, engine="sglang", deploy=Deploy())
+    script = export_script(StudyView.of(study), engine="sglang", deploy=Deploy())
     bash_n(tmp_path, script)
     assert exports(script)["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     argv = exec_argv(script)

@@ -17,7 +17,7 @@ from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
-from search.records import FACTS_ATTR, TrialFacts, write_facts
+from search.trial.records import FACTS_ATTR, TrialFacts, write_facts
 from tests.fixtures.mlflow_server import group_alive
 from tests.fixtures.ports import free_port
 from tests.fixtures.trials import build_study, standard_trials

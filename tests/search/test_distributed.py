@@ -25,11 +25,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from runners.inventory import open_host
 from search._optuna_compat import study_id
-from search.hosts import sim_env
-from search.records import TrialFacts
-from search.run import RunOptions, StopReason, _StudyLock, run_search
-from search.study import create_or_load, open_storage
-from search.tracking import MlflowTracker
+from search.driver.budget import StudyLock
+from search.driver.hosts import sim_env
+from search.driver.run import RunOptions, StopReason, run_search
+from search.outputs.tracking import MlflowTracker
+from search.storage import create_or_load, open_storage
+from search.trial.records import TrialFacts
 from spaces.schema import load_space
 from tests.fixtures.mlflow_server import MlflowServer
 from tests.fixtures.ports import free_port
@@ -172,7 +173,7 @@ def test_the_budget_lock_is_shared_by_separate_storages(
     url = postgres.url if backend == "postgresql" else f"sqlite:///{tmp_path}/lock.db"
     first, second = open_storage(url), open_storage(url)
     key = study_id(create_or_load(first, "lock-" + backend))
-    locks = [_StudyLock(first, key, url), _StudyLock(second, key, url)]
+    locks = [StudyLock(first, key, url), StudyLock(second, key, url)]
     entered = threading.Event()
 
     def contend() -> None:

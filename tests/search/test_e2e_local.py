@@ -23,14 +23,15 @@ from optuna.trial import TrialState
 from runners.simhost.profile import load_profile
 from runners.telemetry import FailureKind, Phase
 from search import RunPlan, StopReason, run_study
-from search.confirm import search_launches
-from search.hosts import local_host
-from search.pool import HostState
-from search.records import TrialFacts, best_record, records
-from search.run import RunOptions, run_search
+from search.driver.hosts import local_host
+from search.driver.pool import HostState
+from search.driver.run import RunOptions, run_search
+from search.outputs.tracking import MlflowTracker
 from search.settings import load_settings
-from search.study import create_or_load, open_storage
-from search.tracking import MlflowTracker
+from search.storage import create_or_load, open_storage
+from search.strategy.choice import best_single_launch as best_record
+from search.strategy.confirm import search_launches
+from search.trial.records import TrialFacts, records
 from spaces.schema import load_space
 from tests.search.overnight_kit import DIES, PROFILE, SEED003, SURVIVES, gpu_pids
 from tests.search.overnight_kit import cli as kit_cli

@@ -7,10 +7,11 @@ from pathlib import Path
 import optuna
 import pytest
 
+from benchmarks.simeval import SimEvaluator
 from runners.server import BenchPlan
-from search.evaluate import SimEvaluator, level_order
-from search.objective import _fail_fast
-from search.records import TrialFacts, write_facts
+from search.trial.evaluate import level_order
+from search.trial.records import TrialFacts, write_facts
+from search.trial.server import _fail_fast
 from spaces.launch import LaunchConfig
 from spaces.schema import Space, load_space
 

@@ -13,8 +13,9 @@ import pytest
 from optuna.trial import TrialState
 
 from runners.errors import ConfigError
-from search.export import export_script
-from search.records import TrialFacts
+from search.outputs.export import export_script
+from search.strategy.view import StudyView
+from search.trial.records import TrialFacts
 from tests.fixtures.trials import build_study, level, make_trial, stored_attrs
 
 NOW = datetime(2026, 11, 29, 7, 30, tzinfo=UTC)
@@ -44,7 +45,7 @@ def bash_n(tmp_path: Path, script: str) -> None:
 
 
 def test_script_is_exactly_what_trial_0_ran(study: optuna.Study, tmp_path: Path) -> None:
-    script = export_script(study, trial=0, now=NOW)
+    script = export_script(StudyView.of(study), trial=0, now=NOW)
     bash_n(tmp_path, script)
     facts = TrialFacts.from_trial(study.trials[0])
     assert exec_argv(script) == facts.argv
@@ -65,7 +66,7 @@ def test_script_is_exactly_what_trial_0_ran(study: optuna.Study, tmp_path: Path)
 
 
 def test_best_by_default_and_thin_headroom_warning(study: optuna.Study, tmp_path: Path) -> None:
-    script = export_script(study, now=NOW)
+    script = export_script(StudyView.of(study), now=NOW)
     bash_n(tmp_path, script)
     assert "# servetune export: study qwen-h100, trial 1\n" in script
     assert exec_argv(script) == TrialFacts.from_trial(study.trials[1]).argv
@@ -76,16 +77,16 @@ def test_best_by_default_and_thin_headroom_warning(study: optuna.Study, tmp_path
 
 
 def test_min_free_gib_picks_best_trial_clearing_the_bar(study: optuna.Study) -> None:
-    script = export_script(study, min_free_gib=2.0, now=NOW)
+    script = export_script(StudyView.of(study), min_free_gib=2.0, now=NOW)
     assert "# servetune export: study qwen-h100, trial 0\n" in script
     assert "WARNING" not in script
     # With an explicit trial the bar only moves the warning.
-    assert "(below 5 GiB)" in export_script(study, trial=0, min_free_gib=5.0, now=NOW)
+    assert "(below 5 GiB)" in export_script(StudyView.of(study), trial=0, min_free_gib=5.0, now=NOW)
 
 
 def test_no_trial_clears_the_bar_names_the_closest(study: optuna.Study) -> None:
     with pytest.raises(ConfigError) as err:
-        export_script(study, min_free_gib=6.0)
+        export_script(StudyView.of(study), min_free_gib=6.0)
     message = str(err.value)
     assert "\n" not in message
     assert "kept 6 GiB free after CUDA graph capture" in message
@@ -101,15 +102,15 @@ def test_no_trial_clears_the_bar_names_the_closest(study: optuna.Study) -> None:
 ])
 def test_unexportable_trials(study: optuna.Study, trial: int, expected: str) -> None:
     with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
-        export_script(study, trial=trial)
+        export_script(StudyView.of(study), trial=trial)
 
 
 def test_empty_study_and_negative_bar(tmp_path: Path, study: optuna.Study) -> None:
     empty = build_study(f"sqlite:///{tmp_path / 'o.db'}", "empty", [])
     with pytest.raises(ConfigError, match="has no COMPLETE feasible trial to export yet"):
-        export_script(empty)
+        export_script(StudyView.of(empty))
     with pytest.raises(ConfigError, match="--min-free-gib must be 0 or more"):
-        export_script(study, min_free_gib=-1)
+        export_script(StudyView.of(study), min_free_gib=-1)
 
 
 def test_simulated_trial_says_so(tmp_path: Path) -> None:
@@ -117,7 +118,7 @@ def test_simulated_trial_says_so(tmp_path: Path) -> None:
                      engine_options={"profile": "profiles/h100x4.yaml", "speed": 200.0, "version": "0.5.10"},
                      memory={"free_after_capture_gib": 1.5}, levels=[level(16, 900.0)])
     study = build_study(f"sqlite:///{tmp_path / 'o.db'}", "sim", [sim])
-    script = export_script(study, trial=0, now=NOW)
+    script = export_script(StudyView.of(study), trial=0, now=NOW)
     bash_n(tmp_path, script)
     assert "# engine: sim 0.5.10 (SIMULATED)\n" in script
     assert "# NOTE: every figure below is SIMULATED" in script
@@ -133,4 +134,4 @@ def test_trial_without_launch_config(tmp_path: Path) -> None:
     trial.user_attrs = stored_attrs(TrialFacts.from_trial(trial).model_copy(update={"launch_config": None}))
     study = build_study(f"sqlite:///{tmp_path / 'o.db'}", "old", [trial])
     with pytest.raises(ConfigError, match="trial 0 of study 'old' has no stored launch_config"):
-        export_script(study)
+        export_script(StudyView.of(study))

@@ -10,7 +10,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from search.figures import (
+from search.outputs.figures import (
     FIGURE_IDS,
     Boundary,
     FiguresCallback,
@@ -24,7 +24,8 @@ from search.figures import (
     save_to_dashboard,
     study_figures,
 )
-from search.records import TrialFacts, records
+from search.strategy.view import StudyView
+from search.trial.records import TrialFacts, records
 from tests.fixtures.trials import build_study, level, make_trial, standard_trials
 
 
@@ -81,8 +82,10 @@ def test_oom_map_draws_the_predicted_boundary(study: optuna.Study) -> None:
 
 
 def test_memory_ladder_of_the_best_and_the_last_oom(study: optuna.Study) -> None:
-    recs = records(study)
-    fig = memory_ladder(recs)
+    view = StudyView.of(study)
+    recs = view.records
+    assert view.choice is not None and view.choice.number == 1
+    fig = memory_ladder(recs, chosen=view.choice.number)
     bars = {t.name: list(t.x) for t in fig.data if t.type == "bar"}
     labels = list(fig.data[0].y)
     assert labels == ["trial 1 (best)", "trial 3 (OOM in decode)"]
@@ -128,7 +131,7 @@ def test_simulated_figures_say_so(tmp_path: Path) -> None:
     trial = make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=64, value=100.0, levels=[level(16, 100.0)],
                        simulated=True)
     recs = [TrialFacts.from_trial(trial)]
-    for fig in (oom_map(recs), memory_ladder(recs), concurrency_curves(recs), progress_figure(recs)):
+    for fig in (oom_map(recs), memory_ladder(recs, chosen=0), concurrency_curves(recs), progress_figure(recs)):
         assert "(simulated)" in fig.layout.title.text
 
 
@@ -136,7 +139,7 @@ def test_figures_saved_for_the_dashboard_and_refreshed(tmp_path: Path) -> None:
     from optuna_dashboard._custom_plot_data import get_plotly_graph_objects
 
     st = build_study(f"sqlite:///{tmp_path / 'd.db'}", "d", standard_trials()[:2])
-    save_to_dashboard(st, study_figures(st))
+    save_to_dashboard(st, study_figures(StudyView.of(st)))
     stored = get_plotly_graph_objects(st._storage.get_study_system_attrs(st._study_id))
     assert sorted(stored) == sorted(FIGURE_IDS)
     before = json.loads(stored["servetune-oom-map"])
@@ -144,7 +147,7 @@ def test_figures_saved_for_the_dashboard_and_refreshed(tmp_path: Path) -> None:
     # A trial finishes: the callback replaces the figures (same ids), now with its mark.
     st.add_trial(standard_trials()[2])
     callback = FiguresCallback()
-    callback(st, st.trials[-1])
+    callback(StudyView.of(st), st.trials[-1])
     assert callback.failures == 0
     stored = get_plotly_graph_objects(st._storage.get_study_system_attrs(st._study_id))
     assert sorted(stored) == sorted(FIGURE_IDS)
@@ -156,7 +159,7 @@ def test_figures_callback_never_raises(tmp_path: Path) -> None:
     st = build_study(f"sqlite:///{tmp_path / 'e.db'}", "e", standard_trials()[:1])
     broken = Boundary(lambda x, y: 1 / 0)
     callback = FiguresCallback(boundary=broken)
-    callback(st, st.trials[0])
+    callback(StudyView.of(st), st.trials[0])
     assert callback.failures == 1
 
 
@@ -167,7 +170,7 @@ def test_figures_callback_in_background_draws_the_latest_state(tmp_path: Path) -
     callback = FiguresCallback(background=True)
     for trial in standard_trials()[1:5]:
         st.add_trial(trial)
-        callback(st, st.trials[-1])
+        callback(StudyView.of(st), st.trials[-1])
     callback.close()
     assert callback.failures == 0 and 1 <= callback.drawn <= 4  # coalesced: never more draws than trials
     stored = get_plotly_graph_objects(st._storage.get_study_system_attrs(st._study_id))
@@ -177,8 +180,8 @@ def test_figures_callback_in_background_draws_the_latest_state(tmp_path: Path) -
 
 
 def test_slo_ratio_is_the_limit_nearest_to_breaking() -> None:
-    from search.figures import slo_ratio
-    from search.records import LevelResult
+    from search.outputs.figures import slo_ratio
+    from search.trial.records import LevelResult
 
     rec = TrialFacts(number=0, slo_limits={"p99_ttft_ms": 2000, "p99_tpot_ms": 100, "error_rate": 0.1})
     level = LevelResult(max_concurrency=64, completed=9, failed=1, p99_ttft_ms=1000, p99_tpot_ms=80)

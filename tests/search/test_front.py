@@ -10,8 +10,8 @@ import pytest
 from optuna.trial import TrialState
 
 from runners.errors import ConfigError
-from search.front import Goal, Point, configurations, confirmation_plan, front, parse_rule, pick, pick_record
-from search.records import TrialFacts
+from search.strategy.front import Goal, Point, configurations, confirmation_plan, front, parse_rule, pick, pick_record
+from search.trial.records import TrialFacts
 
 METRICS = ["output_throughput", "p99_tpot_ms"]
 SENSES = ["maximize", "minimize"]

@@ -30,11 +30,11 @@ from optuna.trial import TrialState
 from runners.errors import ConfigError, HostKeyError, StudyError
 from runners.inventory import open_host, parse_inventory
 from search.cli import main
-from search.hosts import build_hosts, local_host
-from search.records import TrialFacts
-from search.run import RunOptions, StopReason, run_search
+from search.driver.hosts import build_hosts, local_host
+from search.driver.run import RunOptions, StopReason, run_search
+from search.outputs.tracking import MlflowTracker
 from search.settings import study_name
-from search.tracking import MlflowTracker
+from search.trial.records import TrialFacts
 from spaces.schema import load_space
 from tests.fixtures.sshd import SshServer
 from tests.fixtures.trials import build_study, standard_trials
@@ -176,7 +176,7 @@ def test_the_library_and_the_demo_refuse_it_too(sandbox: Sandbox, capsys: pytest
                          n_trials=1, timeout=None)
     with pytest.raises(ConfigError, match="is not allowed"):
         run_search(load_space(sandbox.space), [], options)
-    from search import demo
+    from search.cli import demo
 
     demo_out = demo.ROOT / "demo-out"
     existed = demo_out.exists()

@@ -9,11 +9,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from benchmarks.simeval import SimEvaluator
 from runners.diagnose import diagnose
 from runners.simhost.model import SimLaunch, plan_startup
 from runners.telemetry import Phase
-from search.evaluate import SimEvaluator
-from search.memory import (
+from search.strategy.memory import (
     MARGIN_CONSTRAINT,
     PREDICTED_OOM,
     VLLM_ALLOCATION,
@@ -21,9 +21,11 @@ from search.memory import (
     Candidate,
     MemoryModel,
     VllmMemoryModel,
+    workload_batch_tokens,
 )
-from search.objective import Objective, TrialEnv, workload_batch_tokens
-from search.records import TrialFacts
+from search.strategy.strategy import Strategy
+from search.trial.objective import Objective, TrialEnv
+from search.trial.records import TrialFacts
 from spaces.schema import IntChoices, Space, load_space
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +49,8 @@ class Bench:
         self.space = space
         self.evaluator = SimEvaluator(space, seed=1)
         env = TrialEnv(space=space, study_name="t", artifacts_dir=Path("/nonexistent"))
-        self.objective = Objective(env, self.evaluator, memory_gate=gate)
+        self.objective = Objective(env, self.evaluator)
+        self.strategy = Strategy(space, None, memory_gate=gate, start_design=False)
         self.study = optuna.create_study(direction="maximize")
 
     def launch(self, params: dict[str, Any], *, forced: bool = False, **attrs: Any) -> optuna.trial.FrozenTrial:
@@ -56,7 +59,7 @@ class Bench:
         self.study.enqueue_trial(params, user_attrs=attrs if forced else {"design": True, **attrs})
         trial = self.study.ask()
         try:
-            value = self.objective.run(trial, None)
+            value = self.objective.run(trial, None, self.strategy.gate(self.strategy.view(self.study)))
             self.study.tell(trial, value)
         except optuna.TrialPruned:
             self.study.tell(trial, state=TrialState.PRUNED)
@@ -196,7 +199,7 @@ def test_probe_and_confirmations_are_launched_whatever_the_model_says(space: Spa
     bench.study.enqueue_trial(point(0.88, 80), user_attrs={"confirmation_of": 0})
     trial = bench.study.ask()
     with pytest.raises(optuna.TrialPruned):
-        bench.objective.run(trial, None)
+        bench.objective.run(trial, None, bench.strategy.gate(bench.strategy.view(bench.study)))
     assert len(bench.evaluator.launches) == launches + 1
 
 
@@ -298,6 +301,7 @@ def test_a_vllm_search_skips_what_a_real_refusal_predicts() -> None:
     space = load_space(ROOT / "spaces" / "vllm-cpu-tiny.yaml")
     evaluator = ReplayEvaluator()
     objective = Objective(TrialEnv(space=space, study_name="t", artifacts_dir=Path("/nonexistent")), evaluator)
+    strategy = Strategy(space, None, start_design=False)
     study = optuna.create_study(direction="maximize")
     for params, attrs in (({"kv_cache_space_gib": 1, "max_num_seqs": 4}, None),
                           ({"kv_cache_space_gib": 32, "max_num_seqs": 4}, None),
@@ -306,7 +310,7 @@ def test_a_vllm_search_skips_what_a_real_refusal_predicts() -> None:
         study.enqueue_trial({**params, "enforce_eager": True}, user_attrs=attrs)
         trial = study.ask()
         try:
-            study.tell(trial, objective.run(trial, None))
+            study.tell(trial, objective.run(trial, None, strategy.gate(strategy.view(study))))
         except optuna.TrialPruned:
             study.tell(trial, state=TrialState.PRUNED)
     assert evaluator.launched == [0, 1, 3]

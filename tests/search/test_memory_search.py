@@ -12,23 +12,15 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.study import StudyDirection
 from optuna.trial import TrialState, create_trial
 
+from benchmarks.simeval import SimEvaluator
 from runners.engines.sglang_memory import default_memory
-from search.confirm import confirmation_plan, confirmed_best, forced_settings, search_launches, skip_summary
-from search.evaluate import SimEvaluator
-from search.memory import MemoryModel
-from search.objective import Objective, TrialEnv
-from search.records import TrialFacts, records
-from search.sampling import (
-    PROBE_RESERVE_FACTOR,
-    distributions,
-    enqueue_start,
-    held_inert,
-    inert_knobs,
-    place_memory,
-    probe_params,
-    safe_memory,
-    startup_design,
-)
+from search.strategy.confirm import confirmation_plan, confirmed_best, forced_settings, search_launches, skip_summary
+from search.strategy.design import PROBE_RESERVE_FACTOR, place_memory, probe_params, safe_memory, startup_design
+from search.strategy.distributions import distributions, held_inert, inert_knobs
+from search.strategy.memory import MemoryModel
+from search.strategy.strategy import Enqueue, Strategy, TrialGate
+from search.trial.objective import Objective, TrialEnv
+from search.trial.records import TrialFacts, records
 from spaces.launch import engine_options
 from spaces.schema import Space, load_space
 
@@ -257,11 +249,26 @@ def test_the_screening_makes_room_for_a_plain_configuration_near_the_top() -> No
     assert sorted(step.origin for step in plan) == [0, 1, 2]
 
 
+def enqueue_start(study: optuna.Study, space: Space, gpu_mem_mib: float | None = None) -> bool:
+    """Queue what the strategy says comes next when it is a start-up point (the probe or a design point)."""
+    strategy = Strategy(space, None, gpu_mem_mib=gpu_mem_mib)
+    action = strategy.next(strategy.view(study))
+    if not isinstance(action, Enqueue):
+        return False
+    study.enqueue_trial(action.params, user_attrs=action.tags)
+    return True
+
+
+def gate(study: optuna.Study, space: Space) -> TrialGate:
+    strategy = Strategy(space, None)
+    return strategy.gate(strategy.view(study))
+
+
 def run_queued(study: optuna.Study, objective: Objective) -> TrialFacts:
     """Ask for the queued trial and run it through the product's objective."""
     t = study.ask()
     try:
-        study.tell(t, objective.run(t, None))
+        study.tell(t, objective.run(t, None, gate(study, objective.env.space)))
     except optuna.TrialPruned:
         study.tell(t, state=TrialState.PRUNED)
     return records(study)[-1]
@@ -323,7 +330,7 @@ def test_a_design_point_asked_before_the_probe_ended_is_not_asked_again(space: S
     assert enqueue_start(study, space)
     early = study.ask()
     for t in (probe, early):
-        study.tell(t, objective.run(t, None))
+        study.tell(t, objective.run(t, None, gate(study, space)))
     assert records(study)[1].params == startup_design(space)[0]  # a move from the probe, at its fraction
     assert enqueue_start(study, space)
     base = run_queued(study, objective)

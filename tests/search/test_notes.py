@@ -11,8 +11,9 @@ import pytest
 from optuna_dashboard._note import get_note_from_system_attrs
 
 from search._optuna_compat import storage_of, study_id, trial_id
-from search.notes import note_markdown, notes_callback, oom_lines, write_note
-from tests.fixtures.trials import OOM_CUDA_GRAPH_TAIL
+from search.outputs.notes import note_markdown, notes_callback, oom_lines, write_note
+from search.strategy.view import StudyView
+from tests.fixtures.trials import OOM_CUDA_GRAPH_TAIL, optuna_callback
 
 
 def read_note(study: optuna.Study, number: int) -> str:
@@ -78,7 +79,7 @@ def test_callback_in_a_real_study(tmp_path: Path) -> None:
             raise optuna.TrialPruned("oom in decode")
         return x
 
-    study.optimize(objective, n_trials=2, callbacks=[notes_callback()])
+    study.optimize(objective, n_trials=2, callbacks=[optuna_callback(notes_callback())])
     assert "## Trial 0: COMPLETE" in read_note(study, 0)
     assert "Decode out of memory." in read_note(study, 1)
 
@@ -90,9 +91,9 @@ def test_callback_never_raises(study: optuna.Study, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(optuna_dashboard, "save_note", broken)
     callback = notes_callback()
-    with caplog.at_level(logging.DEBUG, logger="search.notes"):
-        callback(study, study.trials[0])
-        callback(study, study.trials[1])
+    with caplog.at_level(logging.DEBUG, logger="search.outputs.notes"):
+        callback(StudyView.of(study), study.trials[0])
+        callback(StudyView.of(study), study.trials[1])
     assert callback.failures == 2
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "storage went away" in warnings[0].getMessage()

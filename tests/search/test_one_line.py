@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from runners.errors import first_line, validation_line
-from search.study import redact, sqlite_file
+from search.storage import redact, sqlite_file
 
 
 def test_first_line() -> None:

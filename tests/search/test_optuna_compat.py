@@ -22,7 +22,7 @@ from search._optuna_compat import (
     study_id,
     trial_id,
 )
-from search.study import create_or_load, open_storage
+from search.storage import create_or_load, open_storage
 
 
 @pytest.fixture

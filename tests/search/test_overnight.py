@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 from optuna.trial import TrialState
 
-from search.hosts import local_host
-from search.pool import HostState
-from search.records import TrialFacts
-from search.run import STALE_REASON, RunOptions, StopReason, run_search
-from search.study import create_or_load, open_storage
+from search.driver.hosts import local_host
+from search.driver.pool import HostState
+from search.driver.run import STALE_REASON, RunOptions, StopReason, run_search
+from search.storage import create_or_load, open_storage
+from search.trial.records import TrialFacts
 from spaces.schema import load_space
 from tests.fixtures.hog import start_hog, stop_hog
 from tests.fixtures.mlflow_server import group_alive

@@ -17,8 +17,8 @@ import yaml
 from optuna.trial import TrialState
 
 from runners.telemetry import FailureKind
-from search.records import records
-from search.study import create_or_load, open_storage, open_study
+from search.storage import create_or_load, open_storage, open_study
+from search.trial.records import records
 from tests.fixtures.ports import free_port
 from tests.search.overnight_kit import cli
 

@@ -13,17 +13,21 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
+from benchmarks.simeval import SimEvaluator
 from runners.errors import ConfigError, StudyError
-from search.evaluate import SimEvaluator
-from search.export import export_script
-from search.figures import FIGURE_IDS, PARETO_FIGURE_ID, study_figures
-from search.notes import note_markdown
-from search.objective import Objective, TrialEnv
-from search.progress import _line, summary_table
-from search.records import FACTS_ATTR, TrialFacts, records
-from search.report import report_html, report_markdown, study_status
-from search.study import create_or_load, open_storage
-from search.tracking import _metrics
+from search.cli.views import _line, summary_table
+from search.outputs.export import export_script
+from search.outputs.figures import FIGURE_IDS, PARETO_FIGURE_ID, study_figures
+from search.outputs.html import report_html
+from search.outputs.notes import note_markdown
+from search.outputs.report import report_markdown
+from search.outputs.status import study_status
+from search.outputs.tracking import _metrics
+from search.storage import create_or_load, open_storage
+from search.strategy.strategy import Strategy
+from search.strategy.view import StudyView
+from search.trial.objective import Objective, TrialEnv
+from search.trial.records import FACTS_ATTR, TrialFacts, records
 from spaces.schema import Objective as SpaceObjective
 from spaces.schema import load_space
 from tests.fixtures.trials import DISTRIBUTIONS, level, make_trial, standard_trials
@@ -66,7 +70,7 @@ def header(script: str) -> list[str]:
 
 
 def test_the_report_leads_with_the_front_and_its_knee(study: optuna.Study) -> None:
-    md = report_markdown(study)
+    md = report_markdown(StudyView.of(study))
     assert "Objective: the pareto front of maximize output_throughput, minimize p99_tpot_ms at concurrency 16." in md
     assert "- **Knee of the front: trial 1**, `output_throughput` = 2000.0 tok/s, `p99_tpot_ms` = 40.0 ms" in md
     table = md.split("## Pareto front", 1)[1].split("\n## ", 1)[0]
@@ -77,24 +81,24 @@ def test_the_report_leads_with_the_front_and_its_knee(study: optuna.Study) -> No
 
 
 def test_the_front_figure_highlights_the_front_and_marks_the_knee(study: optuna.Study) -> None:
-    figures = study_figures(study)
+    figures = study_figures(StudyView.of(study))
     assert list(figures) == [PARETO_FIGURE_ID, *FIGURE_IDS]
     traces = {t.name.split(" (")[0]: t for t in figures[PARETO_FIGURE_ID].data}
     assert list(traces["front"].customdata) == [0, 1, 2] and list(traces["front"].y) == [20.0, 40.0, 120.0]
     assert list(traces["other configurations"].customdata) == [3]
     assert list(traces["knee"].customdata) == [1]
     assert figures[PARETO_FIGURE_ID].layout.xaxis.title.text == "output_throughput (tok/s)"
-    assert f'id="{PARETO_FIGURE_ID}"' in report_html(study, figures=figures)
+    assert f'id="{PARETO_FIGURE_ID}"' in report_html(StudyView.of(study), figures=figures)
 
 
 def test_status_names_the_goal_and_the_knee(study: optuna.Study) -> None:
-    status = study_status(study, n_trials=5)
+    status = study_status(StudyView.of(study), n_trials=5)
     assert status.direction == "pareto: maximize output_throughput, minimize p99_tpot_ms"
     assert status.best is not None and status.best.number == 1 and status.best.values == [2000.0, 40.0]
 
 
 def test_export_picks_the_knee_by_default_and_names_the_rule_and_figures(study: optuna.Study) -> None:
-    lines = header(export_script(study, now=NOW))
+    lines = header(export_script(StudyView.of(study), now=NOW))
     assert lines[0] == "servetune export: study front, trial 1"
     assert "objective: pareto front at concurrency 16: maximize output_throughput, minimize p99_tpot_ms" in lines
     assert "front: 3 configuration(s) (trials 0, 1, 2)" in lines
@@ -110,7 +114,7 @@ def test_export_picks_the_knee_by_default_and_names_the_rule_and_figures(study: 
 ])
 def test_export_pick_by_conditions_then_the_first_metric(study: optuna.Study, rule: str, trial: int,
                                                          figures: str) -> None:
-    lines = header(export_script(study, pick=rule, now=NOW))
+    lines = header(export_script(StudyView.of(study), pick=rule, now=NOW))
     assert lines[0] == f"servetune export: study front, trial {trial}"
     assert f"picked by: --pick {rule} (then the best on the first metric)" in lines
     assert f"picked figures: {figures} (this trial's launch)" in lines
@@ -118,8 +122,8 @@ def test_export_pick_by_conditions_then_the_first_metric(study: optuna.Study, ru
 
 def test_export_pick_keeps_to_the_headroom_bar_and_a_trial_given_by_number(study: optuna.Study) -> None:
     # #2 kept 0.9 GiB: with a 2 GiB bar the front of the rest is #0 and #1
-    assert header(export_script(study, pick="p99_tpot_ms<=200", min_free_gib=2.0, now=NOW))[0].endswith("trial 1")
-    lines = header(export_script(study, trial=3, now=NOW))
+    assert header(export_script(StudyView.of(study), pick="p99_tpot_ms<=200", min_free_gib=2.0, now=NOW))[0].endswith("trial 1")
+    lines = header(export_script(StudyView.of(study), trial=3, now=NOW))
     assert "picked by: --trial 3 (not on the front)" in lines
     assert "picked figures: output_throughput=1500.00, p99_tpot_ms=60.00 (this trial's launch)" in lines
 
@@ -134,7 +138,7 @@ def test_export_pick_keeps_to_the_headroom_bar_and_a_trial_given_by_number(study
 ])
 def test_a_bad_pick_is_one_line(study: optuna.Study, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        export_script(study, **kwargs)
+        export_script(StudyView.of(study), **kwargs)
     assert "\n" not in str(err.value) and str(err.value).startswith(message), err.value
 
 
@@ -143,7 +147,7 @@ def test_pick_on_a_study_with_one_objective_is_one_line(tmp_path: Path) -> None:
     single.add_trial(standard_trials()[0])
     with pytest.raises(ConfigError, match=r"^--pick chooses from a pareto front, and study 'one' has one "
                                           r"objective \(maximize objective\): leave --pick out"):
-        export_script(single, pick="knee")
+        export_script(StudyView.of(single), pick="knee")
 
 
 def test_trials_notes_tracking_and_progress_show_every_value(study: optuna.Study) -> None:
@@ -174,6 +178,7 @@ def test_the_memory_aware_search_skips_certain_deaths_in_a_pareto_study() -> Non
     space = base.model_copy(update={"objective": objective})
     evaluator = SimEvaluator(space, seed=1)
     run = Objective(TrialEnv(space=space, study_name="t", artifacts_dir=Path("/nonexistent")), evaluator)
+    strategy = Strategy(space, None, start_design=False)
     study = optuna.create_study(directions=["maximize", "minimize"])
     nccl = {"nccl.NCCL_PROTO": "unset", "nccl.NCCL_ALGO": "unset"}
 
@@ -183,7 +188,7 @@ def test_the_memory_aware_search_skips_certain_deaths_in_a_pareto_study() -> Non
                             user_attrs={"design": True} if ours else None)
         trial = study.ask()
         try:
-            study.tell(trial, run.run(trial, None))
+            study.tell(trial, run.run(trial, None, strategy.gate(strategy.view(study))))
         except optuna.TrialPruned:
             study.tell(trial, state=TrialState.PRUNED)
         return TrialFacts.from_trial(study.trials[-1])

@@ -8,7 +8,7 @@ import pytest
 
 from runners.host import Host
 from runners.transport import LocalTransport
-from search.pool import HostPool, HostSlot, HostState, NoHostsLeft
+from search.driver.pool import HostPool, HostSlot, HostState, NoHostsLeft
 
 
 def hosts(n: int) -> list[Host]:

@@ -14,11 +14,13 @@ from optuna.trial import TrialState
 
 from runners import loadgen
 from runners.telemetry import FailureKind, Phase
-from search import tracking
-from search.export import export_script
-from search.notes import note_markdown
-from search.records import FACTS_ATTR, LevelResult, TrialFacts, best_record, records
-from search.report import report_markdown
+from search.outputs import tracking
+from search.outputs.export import export_script
+from search.outputs.notes import note_markdown
+from search.outputs.report import report_markdown
+from search.strategy.choice import best_single_launch as best_record
+from search.strategy.view import StudyView
+from search.trial.records import FACTS_ATTR, LevelResult, TrialFacts, records
 from tests.data.make_stored_study import EXPORTED_AT, STUDY
 from tests.fixtures.release import release_metrics_by_level, without_added_sections
 from tests.fixtures.trials import make_trial, standard_trials, stored_attrs
@@ -96,11 +98,11 @@ def test_the_new_record_makes_what_the_old_attrs_made(rewritten: optuna.Study) -
     expected: dict[str, Any] = json.loads((DATA / "study-0.1.0.expected.json").read_text())
     trials = rewritten.get_trials()
     assert all(set(t.user_attrs) <= {FACTS_ATTR, "host", "outcome", "phase", "reason", "duplicate_of"} for t in trials)
-    assert without_added_sections(report_markdown(rewritten)) == expected["report"].replace(
+    assert without_added_sections(report_markdown(StudyView.of(rewritten))) == expected["report"].replace(
         f"report: {STUDY}", "report: rewritten")
     # The export names how many launches its figures hold (a 0.1.0 study has no confirmation repeats).
     launches = "# launches of this configuration: 1 (not confirmed by repeats; figures below are that launch's)\n"
-    assert export_script(rewritten, now=EXPORTED_AT) == expected["export"].replace(
+    assert export_script(StudyView.of(rewritten), now=EXPORTED_AT) == expected["export"].replace(
         f"study {STUDY},", "study rewritten,").replace("# measured", launches + "# measured", 1)
     assert [note_markdown(t) for t in trials] == expected["notes"]
     recs = records(rewritten)

@@ -13,7 +13,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from search.report import format_duration, report_markdown, study_status
+from search.outputs.report import report_markdown
+from search.outputs.status import study_status
+from search.outputs.text import format_duration
+from search.strategy.view import StudyView
 from tests.fixtures.trials import (
     T0,
     build_study,
@@ -25,7 +28,7 @@ from tests.fixtures.trials import (
 
 
 def test_counts_and_best_configuration(study: optuna.Study) -> None:
-    text = report_markdown(study)
+    text = report_markdown(StudyView.of(study))
     assert text.startswith("# servetune report: qwen-h100\n")
     assert "Objective: maximize `output_throughput` at concurrency 16." in text
     assert "| 2 | 2 | 1 | 1 | 0 | 6 |" in text  # complete, pruned, failed, running, waiting, total
@@ -39,7 +42,7 @@ def test_counts_and_best_configuration(study: optuna.Study) -> None:
 
 
 def test_oom_boundary_table(study: optuna.Study) -> None:
-    text = report_markdown(study)
+    text = report_markdown(StudyView.of(study))
     section = text.split("## OOM boundary", 1)[1].split("## Failures by cause", 1)[0]
     # The grid: fraction down, graph batch size across; FAIL (#4) and RUNNING (#5) are not part of it.
     assert "| mem_fraction_static \\ cuda_graph_max_bs | 128 | 256 |" in section
@@ -57,7 +60,7 @@ def test_oom_boundary_table(study: optuna.Study) -> None:
 
 
 def test_failures_by_cause(study: optuna.Study) -> None:
-    text = report_markdown(study)
+    text = report_markdown(StudyView.of(study))
     section = text.split("## Failures by cause", 1)[1].split("## Time spent", 1)[0]
     assert "| oom | PRUNED | 2 | cuda_graph, decode | #2: CUDA out of memory in cuda_graph: tried to " \
            "allocate 3.94 GiB with 2.80 GiB free; #3: out of memory in decode" in section
@@ -67,7 +70,7 @@ def test_failures_by_cause(study: optuna.Study) -> None:
 
 
 def test_time_spent(study: optuna.Study) -> None:
-    section = report_markdown(study).split("## Time spent", 1)[1]
+    section = report_markdown(StudyView.of(study)).split("## Time spent", 1)[1]
     assert "trials ran for 15m 44s in all, 3m 09s per trial on average (5 measured)" in section
     assert "ok 10m 20s" in section and "host_busy 4.0s" in section
     assert "wall clock: 2026-11-28 22:00:00 to 2026-11-28 22:19:04" in section
@@ -75,7 +78,7 @@ def test_time_spent(study: optuna.Study) -> None:
 
 def test_study_status(study: optuna.Study) -> None:
     now = T0 + timedelta(minutes=22)
-    data = study_status(study, n_trials=10, now=now).model_dump()
+    data = study_status(StudyView.of(study), n_trials=10, now=now).model_dump()
     assert data["trials"] == {"total": 6, "done": 5, "complete": 2, "pruned": 2, "failed": 1, "running": 1,
                               "waiting": 0, "oom": 2}
     assert data["running"] == [{"number": 5, "host": "gpu-a", "params": {
@@ -90,21 +93,21 @@ def test_study_status(study: optuna.Study) -> None:
     assert data["remaining_trials"] == 6 and data["mean_trial_s"] == 188.8
     assert data["eta_s"] == pytest.approx(6 * 188.8, abs=0.1)
     assert json.loads(json.dumps(data)) == data
-    assert study_status(study).eta_s is None
+    assert study_status(StudyView.of(study)).eta_s is None
 
 
 def test_status_eta_divides_by_workers(tmp_path: Path) -> None:
     done = make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=64, value=1.0, levels=[level(16, 1.0)],
                       duration_s=100)
     study = build_study(f"sqlite:///{tmp_path / 'o.db'}", "s", [done])
-    data = study_status(study, n_trials=5, workers=2, now=T0 + timedelta(minutes=3)).model_dump()
+    data = study_status(StudyView.of(study), n_trials=5, workers=2, now=T0 + timedelta(minutes=3)).model_dump()
     assert data["hosts"]["gpu-a"]["state"] == "idle" and data["hosts"]["gpu-a"]["last_outcome"] == "ok"
     assert data["remaining_trials"] == 4 and data["eta_s"] == 200.0
 
 
 def test_empty_study(tmp_path: Path) -> None:
     study = build_study(f"sqlite:///{tmp_path / 'o.db'}", "empty", [])
-    text = report_markdown(study)
+    text = report_markdown(StudyView.of(study))
     assert "No COMPLETE feasible trial yet." in text
     assert "No trial ran out of memory (0 survived)." in text
     assert "No trial has finished yet." in text
@@ -128,7 +131,7 @@ def test_the_verdict_leads_with_the_confirmed_configuration(tmp_path: Path) -> N
     trials = [launch(100.0, 0.8), launch(120.0, 0.7), launch(101.0, 0.8, confirmation_of=0),
               launch(70.0, 0.7, confirmation_of=1), *(launch(v, 0.8, confirmation_of=0, final=True)
                                                       for v in (99.0, 100.0, 98.0))]
-    text = report_markdown(build_study(f"sqlite:///{tmp_path / 'c.db'}", "c", trials))
+    text = report_markdown(StudyView.of(build_study(f"sqlite:///{tmp_path / 'c.db'}", "c", trials)))
     verdict = text.split("## Verdict", 1)[1].split("## Figures", 1)[0]
     assert "**Best: trial 0**, `output_throughput` = 99.0 tok/s at concurrency 16" in verdict, verdict
     assert ("**Confirmed by:** 5 launches (trials #0, #2, #4, #5, #6), spread 3.0%; the figure is the median "

@@ -14,10 +14,13 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 
-from search.figures import FIGURE_IDS
-from search.report import publish, report_html, report_markdown, study_status
-from search.study import artifact_store
-from search.tracking import MlflowTracker
+from search.outputs.figures import FIGURE_IDS
+from search.outputs.html import publish, report_html
+from search.outputs.report import report_markdown
+from search.outputs.status import study_status
+from search.outputs.tracking import MlflowTracker
+from search.storage import artifact_store
+from search.strategy.view import StudyView
 from tests.fixtures.trials import build_study, standard_trials
 
 
@@ -28,7 +31,7 @@ def section(text: str, title: str) -> str:
 
 
 def test_verdict(study: optuna.Study) -> None:
-    verdict = section(report_markdown(study), "Verdict")
+    verdict = section(report_markdown(StudyView.of(study)), "Verdict")
     assert "**Best: trial 1**, `output_throughput` = 2400.0 tok/s at concurrency 16:" in verdict
     assert "`cuda_graph_max_bs=256`, `mem_fraction_static=0.88`" in verdict
     assert "**Confirmed by:** one benchmark sweep on host `gpu-a`." in verdict
@@ -39,7 +42,7 @@ def test_verdict(study: optuna.Study) -> None:
 
 
 def test_skipped_and_all_trials(study: optuna.Study) -> None:
-    text = report_markdown(study)
+    text = report_markdown(StudyView.of(study))
     skipped = section(text, "Skipped and why")
     assert "| #4 | FAIL | infrastructure trouble (host_busy): not counted, the sampler learns nothing from it; " \
            "GPU 0 on gpu-b is busy" in skipped
@@ -79,7 +82,7 @@ class _Resources(HTMLParser):
 
 
 def test_html_report_is_self_contained(study: optuna.Study) -> None:
-    page = report_html(study)
+    page = report_html(StudyView.of(study))
     parser = _Resources()
     parser.feed(page)
     assert parser.urls == ["data:,"]  # the inline favicon, nothing else to fetch
@@ -99,8 +102,8 @@ def test_publish_attaches_the_report_to_the_study_and_mlflow(tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     st = build_study(f"sqlite:///{tmp_path / 'r.db'}", "r", standard_trials())
     (tmp_path / "artifacts").mkdir()
-    published = publish(st, tmp_path / "out", artifact_store=artifact_store(tmp_path / "artifacts"))
-    assert published.markdown.read_text() == report_markdown(st)
+    published = publish(StudyView.of(st), tmp_path / "out", artifact_store=artifact_store(tmp_path / "artifacts"))
+    assert published.markdown.read_text() == report_markdown(StudyView.of(st))
     assert published.html.read_text().startswith("<!DOCTYPE html>")
     attrs = st._storage.get_study_system_attrs(st._study_id)
     assert sorted(get_plotly_graph_objects(attrs)) == sorted(FIGURE_IDS)
@@ -108,7 +111,7 @@ def test_publish_attaches_the_report_to_the_study_and_mlflow(tmp_path: Path,
 
     tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}", str(tmp_path / "mlruns"))
     tracker.sync(st)
-    tracker.finish_study(st, figures=published.figures, report=published.html)
+    tracker.finish_study(StudyView.of(st), figures=published.figures, report=published.html)
     client = MlflowClient(tracker.tracking_uri)
     experiment_id = tracker.experiment_id("r")
     parent = client.search_runs([experiment_id], "tags.`servetune.kind` = 'study'")[0]
@@ -123,7 +126,7 @@ def test_publish_attaches_the_report_to_the_study_and_mlflow(tmp_path: Path,
 
 def test_status_clock_stops_with_the_study(tmp_path: Path) -> None:
     st = build_study(f"sqlite:///{tmp_path / 's.db'}", "s", standard_trials()[:5])  # no RUNNING trial
-    status = study_status(st)
+    status = study_status(StudyView.of(st))
     assert status.state == "idle"
     assert status.elapsed_s == 19 * 60 + 4  # first start 22:00:00 to last end 22:19:04, whatever now is
 

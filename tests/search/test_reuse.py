@@ -10,9 +10,9 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from search._optuna_compat import enter_optimize_loop, trial_id
-from search.objective import _reuse
-from search.records import TrialFacts
-from search.study import create_or_load, open_storage
+from search.storage import create_or_load, open_storage
+from search.trial.objective import _reuse
+from search.trial.records import TrialFacts
 
 PARAMS = {"mem_fraction_static": 0.62, "cuda_graph_max_bs": 64}
 
@@ -44,7 +44,7 @@ def test_stale_running_twin_is_not_waited_for_forever(tmp_path: Path) -> None:
     study = create_or_load(storage, "s")
     study.enqueue_trial(PARAMS)
     study.enqueue_trial(PARAMS)
-    enter_optimize_loop(study)  # as search.run's workers do: ask/tell on a heartbeat storage
+    enter_optimize_loop(study)  # as search.driver.run's workers do: ask/tell on a heartbeat storage
     dead = _ask(study)
     storage.record_heartbeat(trial_id(dead))  # then the controller "dies": no more heartbeats
     fresh = _ask(study)

@@ -34,9 +34,9 @@ from runners.errors import HostMisconfigured
 from runners.host import Lease
 from runners.inventory import HostSpec, open_host
 from runners.telemetry import FailureKind
-from search.hosts import local_host
-from search.records import TrialFacts
-from search.run import RunOptions, run_search
+from search.driver.hosts import local_host
+from search.driver.run import RunOptions, run_search
+from search.trial.records import TrialFacts
 from spaces.schema import load_space
 from tests.fixtures.mlflow_server import group_alive
 from tests.fixtures.postgres import PostgresCluster
@@ -55,7 +55,7 @@ from tests.search.overnight_kit import (
 
 
 def run_args(space: Path, study: str, storage: str, *extra: str) -> tuple[str, ...]:
-    # No confirmation launches: these tests count the trials of a budget (search.confirm has its own).
+    # No confirmation launches: these tests count the trials of a budget (search.strategy.confirm has its own).
     return ("run", str(space), "--study", study, "--storage", storage, "--no-mlflow", "--no-live",
             "--confirm-top", "0", *extra)
 

@@ -9,7 +9,7 @@ import pytest
 
 from runners.simhost.model import Workload, predict_from_argv
 from runners.simhost.profile import load_profile, shipped_profile
-from search.slo import find_max_rate, violations
+from search.trial.slo import find_max_rate, violations
 from spaces.schema import RateSearch, Slo
 
 

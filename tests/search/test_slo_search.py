@@ -12,12 +12,13 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from search.figures import SLO_RATE_FIGURE_ID, study_figures
-from search.hosts import local_host
-from search.records import records
-from search.report import report_markdown
-from search.run import RunOptions, run_search
-from search.study import create_or_load, open_storage
+from search.driver.hosts import local_host
+from search.driver.run import RunOptions, run_search
+from search.outputs.figures import SLO_RATE_FIGURE_ID, study_figures
+from search.outputs.report import report_markdown
+from search.storage import create_or_load, open_storage
+from search.strategy.view import StudyView
+from search.trial.records import records
 from spaces.schema import load_space
 from tests.fixtures.ports import free_port
 
@@ -64,11 +65,11 @@ def test_the_shipped_slo_space_finds_a_rate_per_trial(tmp_path: Path) -> None:
     assert all(s.violations for s in rec.slo_rate_search if not s.holds)
     assert rec.slo_limits == {"p99_ttft_ms": 5000, "p99_tpot_ms": 300, "error_rate": 0}
     # The report and the figures show the search.
-    report = report_markdown(summary.study)
+    report = report_markdown(StudyView.of(summary.study))
     assert "## SLO rate search" in report
     row = next(line for line in report.splitlines() if line.startswith(f"| #{rec.number} | {rec.slo_rate:g} |"))
     assert row.count("held") + row.count("broke:") == len(steps)
-    figures = study_figures(summary.study)
+    figures = study_figures(StudyView.of(summary.study))
     assert next(iter(figures)) == SLO_RATE_FIGURE_ID
     drawn = figures[SLO_RATE_FIGURE_ID].data[0]
     assert list(drawn.x) == sorted(rates) and drawn.name.startswith(f"trial {rec.number}: ")

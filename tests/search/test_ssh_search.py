@@ -30,10 +30,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from runners.host import Host
 from runners.inventory import HostSpec, open_host
-from search.hosts import sim_env
-from search.records import TrialFacts
-from search.run import RunOptions, run_search
-from search.study import create_or_load, open_storage
+from search.driver.hosts import sim_env
+from search.driver.run import RunOptions, run_search
+from search.storage import create_or_load, open_storage
+from search.trial.records import TrialFacts
 from spaces.schema import Space, load_space
 from tests.fixtures.hog import start_hog, stop_hog
 from tests.fixtures.ports import free_port

@@ -15,11 +15,12 @@ import pytest
 from optuna.trial import TrialState
 
 from runners.telemetry import FailureKind, Phase
-from search import tracking
-from search.export import export_script
-from search.notes import note_markdown
-from search.records import TrialFacts, records
-from search.report import report_markdown
+from search.outputs import tracking
+from search.outputs.export import export_script
+from search.outputs.notes import note_markdown
+from search.outputs.report import report_markdown
+from search.strategy.view import StudyView
+from search.trial.records import TrialFacts, records
 from tests.data.make_stored_study import EXPORTED_AT, STUDY
 from tests.fixtures.release import ADDED_SECTIONS, release_metrics_by_level, without_added_sections
 
@@ -53,12 +54,12 @@ def test_trials_read_back_as_facts(study: optuna.Study) -> None:
 
 
 def test_report_export_and_notes_are_those_of_the_release(study: optuna.Study, expected: dict[str, Any]) -> None:
-    report = report_markdown(study)
+    report = report_markdown(StudyView.of(study))
     assert all(f"\n{section}\n" in report for section in ADDED_SECTIONS)
     assert without_added_sections(report) == expected["report"]
     # The export names how many launches its figures hold (a 0.1.0 study has no confirmation repeats).
     launches = "# launches of this configuration: 1 (not confirmed by repeats; figures below are that launch's)\n"
-    assert export_script(study, now=EXPORTED_AT) == expected["export"].replace("# measured", launches + "# measured", 1)
+    assert export_script(StudyView.of(study), now=EXPORTED_AT) == expected["export"].replace("# measured", launches + "# measured", 1)
     assert [note_markdown(t) for t in study.get_trials()] == expected["notes"]
 
 

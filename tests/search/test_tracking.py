@@ -23,7 +23,8 @@ from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import TrialState
 
 from runners.errors import StudyError
-from search.tracking import HTTP_ENV_DEFAULTS, MlflowTracker, SyncResult
+from search.outputs.tracking import HTTP_ENV_DEFAULTS, MlflowTracker, SyncResult
+from search.strategy.view import StudyView
 from tests.fixtures.mlflow_server import MlflowServer
 from tests.fixtures.ports import free_port
 from tests.fixtures.trials import (
@@ -32,6 +33,7 @@ from tests.fixtures.trials import (
     launch_config,
     level,
     make_trial,
+    optuna_callback,
     standard_trials,
     store_artifacts,
 )
@@ -155,7 +157,7 @@ def test_one_child_run_per_trial(local: Local) -> None:
     assert tracker.sync(study) == SyncResult(added=0, present=5)
     assert len(client.search_runs([experiment.experiment_id], "tags.`servetune.kind` = 'trial'")) == 5
 
-    tracker.finish_study(study)
+    tracker.finish_study(StudyView.of(study))
     parent = client.get_run(parent_id)
     assert parent.info.status == "FINISHED"
     assert parent.data.metrics["best_value"] == 2400.0 and parent.data.tags["servetune.best_trial"] == "1"
@@ -211,8 +213,8 @@ def test_callback_survives_unreachable_mlflow_and_sync_backfills(
     bad = MlflowTracker(f"http://127.0.0.1:{free_port()}")  # nothing listens there
     study = optuna.create_study(storage=local.storage, study_name="qwen-offline", direction="maximize")
     callback = bad.callback()
-    with caplog.at_level(logging.WARNING, logger="search.tracking"):
-        study.optimize(_objective, n_trials=3, callbacks=[callback])
+    with caplog.at_level(logging.WARNING, logger="search.outputs.tracking"):
+        study.optimize(_objective, n_trials=3, callbacks=[optuna_callback(callback)])
     # Detected once, then skipped for the rest of the run: no retry (and its wait) per trial.
     assert len(study.trials) == 3 and callback.failures == 1 and callback.skipped == 2 and callback.broken
     # Fail fast: the tracker set MLflow's HTTP settings to no retries and a short timeout, and MLflow reads them.
@@ -220,7 +222,7 @@ def test_callback_survives_unreachable_mlflow_and_sync_backfills(
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
     assert MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() == 0
     assert MLFLOW_HTTP_REQUEST_TIMEOUT.get() == int(HTTP_ENV_DEFAULTS["MLFLOW_HTTP_REQUEST_TIMEOUT"])
-    warnings = [r.getMessage() for r in caplog.records if r.name == "search.tracking"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "search.outputs.tracking"]
     assert len(warnings) == 1 and "unreachable" in warnings[0] and "sync-mlflow" in warnings[0]
 
     with pytest.raises(StudyError, match=r"^MLflow at http://127\.0\.0\.1:\d+: syncing study 'qwen-offline' "
@@ -236,7 +238,7 @@ def test_callback_survives_unreachable_mlflow_and_sync_backfills(
 
 def test_callback_logs_each_trial(local: Local) -> None:
     study = optuna.create_study(storage=local.storage, study_name="qwen-online", direction="maximize")
-    study.optimize(_objective, n_trials=3, callbacks=[local.tracker.callback()])
+    study.optimize(_objective, n_trials=3, callbacks=[optuna_callback(local.tracker.callback())])
     runs = runs_by_trial(local.tracker, "qwen-online")
     assert sorted(runs) == [0, 1, 2]
     assert runs[0].data.metrics["objective"] == study.trials[0].value
@@ -252,7 +254,7 @@ def test_deleted_experiment_is_a_study_error(local: Local) -> None:
 
 
 def test_mlflow_is_imported_lazily() -> None:
-    code = ("import sys, search.tracking, search.export, search.report, search.notes; "
+    code = ("import sys, search.outputs.tracking, search.outputs.export, search.outputs.report, search.outputs.notes; "
             "sys.exit(any(m.split('.')[0] in ('mlflow', 'optuna_dashboard') for m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2], timeout=60)
     assert result.returncode == 0
@@ -279,11 +281,11 @@ def test_real_mlflow_server(mlflow_server: MlflowServer, local: Local, monkeypat
     study = build_study(local.storage, "qwen-remote", standard_trials(tmp_path / "artifacts"))
     tracker = MlflowTracker(mlflow_server.url)
     callback = tracker.callback()
-    callback(study, study.trials[0])
+    callback(StudyView.of(study), study.trials[0])
     assert callback.failures == 0
     assert tracker.sync(study) == SyncResult(added=4, present=1)
     assert tracker.sync(study) == SyncResult(added=0, present=5)
-    tracker.finish_study(study)
+    tracker.finish_study(StudyView.of(study))
 
     client = MlflowClient(mlflow_server.url)
     runs = runs_by_trial(tracker, "qwen-remote")
@@ -302,7 +304,7 @@ def test_background_logging_drains_every_trial(local: Local) -> None:
     study = build_study(local.storage.replace("optuna.db", "bg.db"), "bg", standard_trials())
     callback = local.tracker.callback(background=True)
     for trial in study.trials:
-        callback(study, trial)
-    local.tracker.finish_study(study)  # drains first
+        callback(StudyView.of(study), trial)
+    local.tracker.finish_study(StudyView.of(study))  # drains first
     finished = {t.number for t in study.trials if t.state.is_finished()}
     assert set(local.tracker.trial_runs("bg")) == finished

@@ -3,7 +3,7 @@ names).
 
 The front is made of configurations, not single launches: each configuration's figures are the medians over
 its launches (its first launch and its confirmation repeats), and a configuration that died on any launch, or
-broke a constraint, is not on it (as :func:`search.confirm.confirmed_best` does for one objective). A point is
+broke a constraint, is not on it (as :func:`search.strategy.confirm.confirmed_best` does for one objective). A point is
 on the front when no other point is at least as good on every metric and better on one.
 
 Before a pareto study finishes, the configurations on the front of first launches are repeated, at most ``k``
@@ -33,8 +33,8 @@ from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from runners.errors import ConfigError
-from search.confirm import CONFIRM_K, CONFIRM_REPEATS, is_launch, origin
-from search.records import TrialFacts
+from search.strategy.confirm import CONFIRM_K, CONFIRM_REPEATS, is_launch, origin
+from search.trial.records import TrialFacts
 
 __all__ = ["Goal", "PickRule", "Point", "confirmation_plan", "front", "parse_rule", "pick", "pick_record"]
 

@@ -1,6 +1,6 @@
 """Figures that show where configurations die and why (plotly), for optuna-dashboard, MLflow and the report.
 
-Every figure is built from the trial records of :mod:`search.records` only:
+Every figure is built from the trial records of :mod:`search.trial.records` only:
 
 * :func:`oom_map`: two knobs (``mem_fraction_static`` x ``cuda_graph_max_bs`` by default, any pair a user
   picks), one mark per trial coloured by outcome and phase (ok, OOM in graph capture, KV pool, prefill,
@@ -31,10 +31,10 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from search.confirm import chosen_record
-from search.front import Goal, configurations, non_dominated, pick_record
-from search.hosts import tp_flag
-from search.records import LevelResult, TrialFacts, records
+from search.strategy.front import Goal, configurations, non_dominated
+from search.strategy.view import StudyView
+from search.trial.preflight import tp_flag
+from search.trial.records import LevelResult, TrialFacts
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -300,24 +300,25 @@ def ladder_segments(rec: TrialFacts, total: float | None = None) -> dict[str, fl
 
 
 def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = None, *,
-                  direction: StudyDirection = StudyDirection.MAXIMIZE) -> go.Figure:
-    """Stacked bars, one per trial (``numbers``; default the best trial and the last trial that died of OOM),
-    GiB per GPU, with the GPU's total and the peak used under load (nvidia-smi) marked."""
+                  chosen: int | None = None) -> go.Figure:
+    """Stacked bars, one per trial (``numbers``; default the ``chosen`` trial, servetune's choice, and the last
+    trial that died of OOM), GiB per GPU, with the GPU's total and the peak used under load (nvidia-smi)
+    marked."""
     import plotly.graph_objects as go
 
-    chosen = _ladder_trials(recs, numbers, direction)
-    labels = [_ladder_label(rec, recs, direction) for rec in chosen]
+    shown = _ladder_trials(recs, numbers, chosen)
+    labels = [_ladder_label(rec, chosen) for rec in shown]
     fig = go.Figure()
     for key, name, colour in LADDER:
         fig.add_trace(go.Bar(
-            y=labels, x=[ladder_segments(r, gpu_total_gib(r, recs)).get(key, 0.0) for r in chosen], name=name,
+            y=labels, x=[ladder_segments(r, gpu_total_gib(r, recs)).get(key, 0.0) for r in shown], name=name,
             orientation="h",
             marker_color=colour, hovertemplate=f"{name}: %{{x:.2f}} GiB<extra></extra>",
         ))
     # The allocation that failed starts where the free memory at the OOM began (the GPU's total less what
     # was free): drawn past the total by as much as it did not fit. A bar with a base is not stacked.
     tried = [(label, float(r.memory["tried_to_allocate_gib"]), total - float(r.memory["free_at_oom_gib"]))
-             for label, r in zip(labels, chosen, strict=True)
+             for label, r in zip(labels, shown, strict=True)
              if r.label == "oom" and _is_number(r.memory.get("tried_to_allocate_gib"))
              and _is_number(r.memory.get("free_at_oom_gib")) and (total := gpu_total_gib(r, recs)) is not None]
     if tried:
@@ -328,7 +329,7 @@ def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = No
                                      "pattern": {"shape": "x", "fgcolor": "#d62728"}},
             hovertemplate="tried to allocate %{x:.2f} GiB<extra></extra>",
         ))
-    totals = [(label, total) for label, r in zip(labels, chosen, strict=True)
+    totals = [(label, total) for label, r in zip(labels, shown, strict=True)
               if (total := gpu_total_gib(r, recs)) is not None]
     if totals:
         fig.add_trace(go.Scatter(
@@ -336,7 +337,7 @@ def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = No
             marker={"symbol": "line-ns-open", "size": 30, "color": "black", "line": {"width": 3}},
             hovertemplate="GPU total: %{x:.2f} GiB<extra></extra>",
         ))
-    peaks = [(label, float(r.memory["smi_peak_used_mib"]) / 1024) for label, r in zip(labels, chosen, strict=True)
+    peaks = [(label, float(r.memory["smi_peak_used_mib"]) / 1024) for label, r in zip(labels, shown, strict=True)
              if _is_number(r.memory.get("smi_peak_used_mib"))]
     if peaks:
         fig.add_trace(go.Scatter(
@@ -344,7 +345,7 @@ def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = No
             marker={"symbol": "diamond", "size": 12, "color": "black"},
             hovertemplate="peak used under load: %{x:.2f} GiB<extra></extra>",
         ))
-    ooms = [(label, r) for label, r in zip(labels, chosen, strict=True) if r.label == "oom"]
+    ooms = [(label, r) for label, r in zip(labels, shown, strict=True) if r.label == "oom"]
     for label, rec in ooms:
         asked = rec.memory.get("tried_to_allocate_gib")
         if _is_number(asked):
@@ -361,23 +362,16 @@ def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = No
 
 
 def _ladder_trials(recs: Sequence[TrialFacts], numbers: Sequence[int] | None,
-                   direction: StudyDirection) -> list[TrialFacts]:
+                   chosen: int | None) -> list[TrialFacts]:
     by_number = {r.number: r for r in recs}
-    if numbers is not None:
-        return [by_number[n] for n in numbers if n in by_number]
-    chosen: list[TrialFacts] = []
-    best = chosen_record(recs, direction)
-    if best is not None:
-        chosen.append(best)
-    died = [r for r in recs if r.label == "oom" and r.memory]
-    if died:
-        chosen.append(max(died, key=lambda r: r.number))
-    return chosen
+    if numbers is None:
+        died = [r.number for r in recs if r.label == "oom" and r.memory]
+        numbers = ([chosen] if chosen is not None else []) + ([max(died)] if died else [])
+    return [by_number[n] for n in numbers if n in by_number]
 
 
-def _ladder_label(rec: TrialFacts, recs: Sequence[TrialFacts], direction: StudyDirection) -> str:
-    best = chosen_record(recs, direction)
-    tag = "best" if best is not None and best.number == rec.number else rec.label
+def _ladder_label(rec: TrialFacts, chosen: int | None) -> str:
+    tag = "best" if rec.number == chosen else rec.label
     if rec.label == "oom" and rec.oom_phase:
         tag = f"OOM in {rec.oom_phase}"
     return f"trial {rec.number} ({tag})"
@@ -496,35 +490,31 @@ def progress_figure(recs: Sequence[TrialFacts], *,
 # ---- all of them, and where they go -----------------------------------------------------------------
 
 
-def study_figures(study: optuna.Study, *, boundary: Boundary | None = None,
-                  recs: Sequence[TrialFacts] | None = None) -> dict[str, go.Figure]:
+def study_figures(view: StudyView, *, boundary: Boundary | None = None) -> dict[str, go.Figure]:
     """The study's figures keyed by :data:`FIGURE_IDS`, and for a ``pareto`` study :data:`PARETO_FIGURE_ID`
-    first. In a pareto study the memory ladder shows the front's knee, the concurrency curves the front's
-    configurations, and the progress the best first metric so far."""
-    recs = list(recs) if recs is not None else records(study)
-    goal = Goal.of(study)
+    first. The memory ladder shows servetune's choice (a pareto study: the knee of the front); in a pareto study
+    the concurrency curves show the front's configurations, and the progress the best first metric so far."""
+    recs = view.records
+    goal = view.goal
+    direction = view.direction
+    chosen = view.choice.number if view.choice is not None else None
     if not goal.pareto:
-        direction = study.direction
         rate_search = {SLO_RATE_FIGURE_ID: slo_rate_search(recs)} if any(r.slo_rate_search for r in recs) else {}
         return {
             **rate_search,
             "servetune-oom-map": oom_map(recs, boundary=boundary),
-            "servetune-memory-ladder": memory_ladder(recs, direction=direction),
+            "servetune-memory-ladder": memory_ladder(recs, chosen=chosen),
             "servetune-concurrency": concurrency_curves(recs, direction=direction),
             "servetune-progress": progress_figure(recs, direction=direction),
         }
-    first = StudyDirection.MAXIMIZE if goal.senses[0] == "maximize" else StudyDirection.MINIMIZE
-    knee = pick_record(recs, goal)
     by_number = {r.number: r for r in recs}
-    front_recs = [by_number[p.number] for p in non_dominated(configurations(recs), goal.senses)]
-    died = [r.number for r in recs if r.label == "oom" and r.memory]
-    ladder = ([knee.number] if knee is not None else []) + ([max(died)] if died else [])
+    front_recs = [by_number[p.number] for p in view.front]
     return {
-        PARETO_FIGURE_ID: pareto_front(recs, goal),
+        PARETO_FIGURE_ID: pareto_front(recs, goal, view.choice.record if view.choice is not None else None),
         "servetune-oom-map": oom_map(recs, boundary=boundary),
-        "servetune-memory-ladder": memory_ladder(recs, ladder, direction=first),
+        "servetune-memory-ladder": memory_ladder(recs, chosen=chosen),
         "servetune-concurrency": concurrency_curves(recs, chosen=front_recs),
-        "servetune-progress": progress_figure(recs, direction=first),
+        "servetune-progress": progress_figure(recs, direction=direction),
     }
 
 
@@ -596,16 +586,16 @@ def slo_rate_search(recs: Sequence[TrialFacts]) -> go.Figure:
 # ---- the pareto front -----------------------------------------------------------------------------------
 
 
-def pareto_front(recs: Sequence[TrialFacts], goal: Goal) -> go.Figure:
+def pareto_front(recs: Sequence[TrialFacts], goal: Goal, knee: TrialFacts | None = None) -> go.Figure:
     """A ``pareto`` study's configurations on its first two metrics (each the median over the
     configuration's launches), the front highlighted (joined in order of the first metric) and its knee
-    marked. Each mark's ``customdata`` is the trial number of the configuration's first launch."""
+    marked (``knee``: the choice, its values the medians over its launches). Each mark's ``customdata`` is the
+    trial number of the configuration's first launch."""
     import plotly.graph_objects as go
 
     points = configurations(recs)
     on_front = non_dominated(points, goal.senses)
     front_numbers = {p.number for p in on_front}
-    knee = pick_record(recs, goal)
     x_name, y_name = goal.metrics[0], goal.metrics[1]
 
     def hover(number: int, values: Sequence[float]) -> str:
@@ -668,7 +658,7 @@ class FiguresCallback:
         self.failures = 0
         self.drawn = 0
         self._lock = threading.Lock()
-        self._pending: tuple[optuna.Study, int] | None = None
+        self._pending: tuple[StudyView, int] | None = None
         self._closed = False
         self._wake = threading.Event()
         self._worker: threading.Thread | None = None
@@ -676,12 +666,12 @@ class FiguresCallback:
             self._worker = threading.Thread(target=self._run, name="servetune-figures", daemon=True)
             self._worker.start()
 
-    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+    def __call__(self, view: StudyView, trial: FrozenTrial) -> None:
         if self._worker is None:
-            self._draw(study, trial.number)
+            self._draw(view, trial.number)
             return
         with self._lock:
-            self._pending = (study, trial.number)
+            self._pending = (view, trial.number)
         self._wake.set()
 
     def close(self) -> None:
@@ -705,9 +695,9 @@ class FiguresCallback:
             if closed:
                 return
 
-    def _draw(self, study: optuna.Study, number: int) -> None:
+    def _draw(self, view: StudyView, number: int) -> None:
         try:
-            save_to_dashboard(study, study_figures(study, boundary=self.boundary))
+            save_to_dashboard(view.study, study_figures(view, boundary=self.boundary))
             self.drawn += 1
         except Exception as exc:  # a figure is a convenience: the study goes on without it
             self.failures += 1

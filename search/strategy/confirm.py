@@ -11,7 +11,7 @@ over all its launches is reported.
 The budget counts launches: a skip (``predicted_oom``) costs no GPU time and holds no slot (a reused
 duplicate still holds one, as it always has); confirmations are launched on top of the search budget.
 
-Everything here reads a study's trials as :class:`~search.records.TrialFacts` (``records(study)``).
+Everything here reads a study's trials as :class:`~search.trial.records.TrialFacts` (``records(study)``).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Any, NamedTuple
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
-from search.records import TrialFacts, best_record
+from search.trial.records import TrialFacts
 from spaces.schema import UNSET
 
-__all__ = ["CONFIRM_FINAL", "CONFIRM_K", "CONFIRM_REPEATS", "ConfirmLaunch", "Confirmed", "chosen_record",
+__all__ = ["CONFIRM_FINAL", "CONFIRM_K", "CONFIRM_REPEATS", "ConfirmLaunch", "Confirmed",
            "confirmation_launches",
            "confirmation_plan", "confirmed_best", "forced_settings",
            "is_launch", "launches_of", "origin", "search_launches",
@@ -326,18 +326,6 @@ def confirmed_best(trials: Sequence[TrialFacts], direction: StudyDirection) -> C
 
     band = [r for r in pool if close(r)]
     return min(band, key=lambda r: (forced_settings(params.get(r.trial, {})), -score(r)))
-
-
-def chosen_record(trials: Sequence[TrialFacts], direction: StudyDirection) -> TrialFacts | None:
-    """The record of the configuration :func:`confirmed_best` chose (its first launch), with the figure
-    reported for it as its value, when it was launched more than once; else the best single launch
-    (:func:`search.records.best_record`)."""
-    confirmed = confirmed_best(trials, direction)
-    if confirmed is not None and confirmed.launches > 1:
-        rec = next((t for t in trials if t.number == confirmed.trial), None)
-        if rec is not None:
-            return rec.model_copy(update={"value": confirmed.reported})
-    return best_record(trials, direction)
 
 
 def launches_of(trials: Sequence[TrialFacts], number: int) -> list[TrialFacts]:

@@ -1,71 +1,24 @@
-"""Turn a space's knobs into Optuna suggestions (the only place that maps knobs to distributions).
+"""Where a study starts: the probe, then a start-up design placed by the memory model.
 
-Knobs the engine version ignores are not searched (:func:`inert_knobs`): they are held at the engine's
-default unless the space insists (``search_inert``). The first launch of a study is a safe probe
-(:func:`probe_params`), so the memory model has a launch's figures early; the start-up design after it
-(:func:`startup_design`) puts the memory knob at the highest value the model is confident survives.
+The first launch of a study is a safe probe (:func:`probe_params`), so the memory model has a launch's
+figures early; the start-up design after it (:func:`startup_design`) moves one knob at a time, with the
+memory knob at the highest value the model is confident survives (:func:`place_memory`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
 
-from runners.engines import get_engine
+from runners.engines.sglang_memory import default_memory
 from runners.errors import ConfigError
-from spaces.launch import engine_options
-from spaces.schema import UNSET, BoolChoices, FloatRange, IntChoices, Space
-
-if TYPE_CHECKING:
-    from search.memory import MemoryModel
-    from search.records import TrialFacts
-
-#: Sampled floats are rounded to this many decimals, so that ``0.6100000000000001`` is ``0.61``.
-FLOAT_DIGITS = 6
-
-def inert_knobs(engine_kind: str, version: str | None, options: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """Knob -> why, for the knobs ``engine_kind`` at ``version`` ignores (the engine's own table,
-    ``Engine.inert_knobs``). An unknown version (detected on the host later) counts as every release the
-    table covers."""
-    return get_engine(engine_kind, options).inert_knobs(version)
-
-
-def held_inert(space: Space) -> dict[str, str]:
-    """Knobs of ``space`` that are not searched because its engine version ignores them (knob -> why)."""
-    inert = inert_knobs(space.engine.kind, space.engine.version, engine_options(space))
-    insist = set(getattr(space, "search_inert", []) or [])
-    return {k: why for k, why in inert.items() if k in space.knobs.searched() and k not in insist}
-
-
-def distributions(space: Space) -> dict[str, optuna.distributions.BaseDistribution]:
-    held = held_inert(space)
-    out: dict[str, optuna.distributions.BaseDistribution] = {}
-    for name, spec in space.knobs.searched().items():
-        if name in held:
-            continue
-        if isinstance(spec, FloatRange):
-            out[name] = optuna.distributions.FloatDistribution(spec.low, spec.high, step=spec.step)
-        elif isinstance(spec, IntChoices | BoolChoices):
-            out[name] = optuna.distributions.CategoricalDistribution(list(spec.choices))
-        else:
-            out[name] = optuna.distributions.CategoricalDistribution(list(spec))
-    return out
-
-
-def sample(trial: optuna.Trial, space: Space) -> dict[str, Any]:
-    """Suggest every searched knob of the space; NCCL variables are named ``nccl.NAME``."""
-    params: dict[str, Any] = {}
-    for name, dist in distributions(space).items():
-        if isinstance(dist, optuna.distributions.FloatDistribution):
-            value = trial.suggest_float(name, dist.low, dist.high, step=dist.step)
-            params[name] = round(value, FLOAT_DIGITS)
-        else:
-            assert isinstance(dist, optuna.distributions.CategoricalDistribution)
-            params[name] = trial.suggest_categorical(name, list(dist.choices))
-    return params
-
+from search.strategy.distributions import distributions
+from search.strategy.memory import Candidate, MemoryModel, Z
+from search.trial.preflight import tp_size
+from search.trial.records import FLOAT_DIGITS, TrialFacts, normal_params
+from spaces.schema import UNSET, Space
 
 #: The probe keeps this many times SGLang's own reserve out of ``--mem-fraction-static``. SGLang's
 #: reserve is its estimate of activations and graph buffers, and it can be short: on seed 003's host
@@ -108,9 +61,6 @@ def probe_params(space: Space, gpu_mem_mib: float | None = None, version: str | 
 
 def _probe_memory(space: Space, gpu_mem_mib: float | None, version: str | None, max_bs: Any) -> float | None:
     """The probe's ``--mem-fraction-static`` from SGLang's default arithmetic (None: the low end stays)."""
-    from runners.engines.sglang_memory import default_memory
-    from search.hosts import tp_size
-
     dist = distributions(space).get(MEMORY_KNOB)
     if (gpu_mem_mib is None or gpu_mem_mib <= 0 or version is None or space.engine.kind not in ("sglang", "sim")
             or not isinstance(dist, optuna.distributions.FloatDistribution)):
@@ -123,12 +73,6 @@ def _probe_memory(space: Space, gpu_mem_mib: float | None, version: str | None, 
         return None
     below = [v for v in _memory_values(dist) if v <= value + 1e-9]
     return below[0] if below else round(dist.low, FLOAT_DIGITS)
-
-
-def normal_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """Params as :func:`sample` returns them (floats rounded), so that a stored trial's
-    ``0.6100000000000001`` and a sampled ``0.61`` are the same configuration."""
-    return {k: round(v, FLOAT_DIGITS) if isinstance(v, float) else v for k, v in params.items()}
 
 
 #: The static-memory knob the memory model places at the boundary (SGLang's ``--mem-fraction-static``).
@@ -200,11 +144,9 @@ def _memory_values(dist: optuna.distributions.FloatDistribution) -> list[float]:
 def safe_memory(space: Space, model: MemoryModel, params: Mapping[str, Any], *,
                 proven: bool = False) -> float | None:
     """The highest value of the memory knob at which ``params`` survive under ``model``: with a margin at
-    least :data:`search.memory.Z` standard deviations above zero and no proven death, or, ``proven``, as
+    least :data:`search.strategy.memory.Z` standard deviations above zero and no proven death, or, ``proven``, as
     launches have already shown (:meth:`MemoryModel.proven`). The low end of the range when no value
     qualifies; None when the knob is not searched or the model has no figures yet."""
-    from search.memory import Candidate, Z
-
     dist = distributions(space).get(MEMORY_KNOB)
     if not isinstance(dist, optuna.distributions.FloatDistribution):
         return None
@@ -228,26 +170,20 @@ def place_memory(space: Space, model: MemoryModel, params: Mapping[str, Any], *,
     return dict(params) if mfs is None else {**params, MEMORY_KNOB: mfs}
 
 
-def enqueue_start(study: optuna.Study, space: Space, gpu_mem_mib: float | None = None,
-                  version: str | None = None) -> bool:
-    """Queue the study's next start-up launch, one at a time so that no backlog waits in the study: the
-    probe (user attr ``probe``; ``gpu_mem_mib``, ``version``: the hosts' smallest card and the engine
-    version found on them, see :func:`probe_params`) for a
-    new study, then the points of :func:`startup_design` (``design``),
-    placed by the memory model as refitted from every trial so far. False once they have all been asked
-    for (or the study did not start with a probe: a resumed study or one whose first trials someone
-    queued)."""
-    from search.records import records  # records reads params through this module
-
-    trials = records(study)
+def start_point(space: Space, trials: Sequence[TrialFacts], model: MemoryModel | None, *,
+                gpu_mem_mib: float | None = None, version: str | None = None) -> tuple[dict[str, Any], str] | None:
+    """The study's next start-up launch as (params, tag), or None once they have all been asked for: the
+    probe (tag ``probe``; ``gpu_mem_mib``, ``version``: the hosts' smallest card and the engine version found
+    on them, see :func:`probe_params`) for a new study, then the points of :func:`startup_design` (``design``),
+    placed by ``model`` (the memory model fitted to ``trials``). None as well when the study did not start
+    with a probe (a resumed study, or one whose first trials someone queued) and while something queued waits
+    (it goes first): one point at a time, so that no backlog waits in the study."""
     if not trials:
-        study.enqueue_trial(probe_params(space, gpu_mem_mib, version), user_attrs={"probe": True})
-        return True
+        return probe_params(space, gpu_mem_mib, version), "probe"
     if not any(t.probe for t in trials):
-        return False
+        return None
     if any(t.state == optuna.trial.TrialState.WAITING for t in trials):
-        return False  # something already queued goes first
-    model = _memory_model(space, trials)
+        return None
     design = startup_design(space, model)
     # A point is asked once a design trial moved the same knobs: where the model places the memory knob
     # it is not compared (another host may have asked for the point before the probe's figures came in,
@@ -258,21 +194,9 @@ def enqueue_start(study: optuna.Study, space: Space, gpu_mem_mib: float | None =
     asked = [_design_key(t.params, placed) for t in trials if t.design]
     for point in design:
         if _design_key(point, placed) not in asked:
-            study.enqueue_trial(point, user_attrs={"design": True})
-            return True
-    return False
+            return point, "design"
+    return None
 
 
 def _design_key(params: Mapping[str, Any], placed: bool) -> dict[str, Any]:
     return {k: v for k, v in normal_params(params).items() if not (placed and k == MEMORY_KNOB)}
-
-
-def _memory_model(space: Space, trials: Sequence[TrialFacts]) -> MemoryModel | None:
-    """The study's memory model for placing the start-up design (SGLang-style engines only)."""
-    from search.memory import MemoryModel
-
-    if space.engine.kind not in ("sglang", "sim"):
-        return None
-    from search.objective import workload_batch_tokens
-
-    return MemoryModel.from_trials(trials, target=space.target_level, batch_tokens=workload_batch_tokens(space))

@@ -71,7 +71,7 @@ def _open(study: str, storage: str | None = None, *, settings: Any = None) -> An
     """Load an existing study (StudyError when the storage or the study is missing); ``settings``: already
     loaded ones (then ``storage`` is not looked at)."""
     from search.settings import study_name
-    from search.study import open_study
+    from search.storage import open_study
 
     study_name(study)
     if settings is None:
@@ -115,8 +115,8 @@ def run(
     finish the running trials and stop; second: abort them.
     """
     from search.api import run_study
-    from search.progress import Progress, print_plan, print_run
-    from search.run import StopReason
+    from search.cli.views import Progress, print_plan, print_run
+    from search.driver.run import StopReason
 
     space = load_space(space_file)
     settings = _settings(storage=storage, mlflow_uri=mlflow_uri, artifacts_dir=artifacts_dir)
@@ -156,9 +156,9 @@ app.command(name="worker", help="Join a (shared) study as one more controller; s
 def _dry_run(space: Any, settings: Any, *, study: str | None, n_trials: int | None, timeout: str | None,
              hosts: list[str], inventory: Path | None) -> None:
     """``run --dry-run``: what the run would launch, from the space and (read only) the study's trial count."""
-    from search.describe import dry_run
-    from search.hosts import host_names
-    from search.progress import print_dry_run
+    from search.cli.describe import dry_run
+    from search.cli.views import print_dry_run
+    from search.driver.hosts import host_names
     from search.settings import study_name
 
     name = study_name(space.name if study is None else study)
@@ -171,7 +171,7 @@ def _dry_run(space: Any, settings: Any, *, study: str | None, n_trials: int | No
 
 def _trial_count(storage: str, name: str) -> int:
     """Trials study ``name`` holds already; 0 when it or its storage does not exist (nothing is created)."""
-    from search.study import open_storage
+    from search.storage import open_storage
 
     try:
         rdb = open_storage(storage, heartbeat=False, must_exist=True)
@@ -188,7 +188,7 @@ def _trial_count(storage: str, name: str) -> int:
 def validate(space_file: Annotated[Path, typer.Argument(help="Space file (YAML).")]) -> None:
     """Check a space file and say in words what would be searched: each knob and its values, the grid, the
     workload, objective and budget, and the command of the first launch."""
-    from search.describe import check_complete, describe_space
+    from search.cli.describe import check_complete, describe_space
 
     space = load_space(space_file)
     check_complete(space, space_file)
@@ -202,7 +202,7 @@ def validate(space_file: Annotated[Path, typer.Argument(help="Space file (YAML).
 
 def _print_held(space: Any) -> None:
     """One line per knob the engine version ignores: held at the engine default, not searched."""
-    from search.sampling import held_inert
+    from search.strategy.distributions import held_inert
 
     for knob, why in held_inert(space).items():
         console.print(f"  {knob}: not searched, held at the engine default ({why}; "
@@ -212,7 +212,7 @@ def _print_held(space: Any) -> None:
 def _print_inert(space: Any) -> None:
     """One line per searched knob the engine version ignores: held at the engine default (not searched),
     or searched anyway where the space's ``search_inert`` names it."""
-    from search.sampling import held_inert, inert_knobs
+    from search.strategy.distributions import held_inert, inert_knobs
     from spaces.launch import engine_options
 
     inert = inert_knobs(space.engine.kind, space.engine.version, engine_options(space))
@@ -230,8 +230,8 @@ def trials(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List a study's trials: state, outcome, key telemetry, objective."""
-    from search.progress import summary_table
-    from search.records import records
+    from search.cli.views import summary_table
+    from search.trial.records import records
 
     st = _open(study, storage)
     recs = records(st)
@@ -265,7 +265,8 @@ def export(
                                                              "[default: deploy.host, else 0.0.0.0].")] = None,
 ) -> None:
     """Write the launch script of the best (or a given, or for a pareto study a picked) trial."""
-    from search.export import export_script, overridden, stored_deploy, write_script
+    from search.outputs.export import export_script, overridden, stored_deploy, write_script
+    from search.strategy.view import StudyView
 
     st = _open(study, storage)
     deploy = None
@@ -274,7 +275,7 @@ def export(
                             python=python, bind=bind)
     elif space_file is not None or python is not None or bind is not None:
         raise ConfigError("--space, --python and --bind go with --engine (they render a script for a GPU box)")
-    script = export_script(st, trial=trial, min_free_gib=min_free_gib, pick=pick, engine=engine,
+    script = export_script(StudyView.of(st), trial=trial, min_free_gib=min_free_gib, pick=pick, engine=engine,
                            deploy=deploy)
     if output is None:
         sys.stdout.write(script)
@@ -286,11 +287,11 @@ def export(
 @app.command(name="sync-mlflow")
 def sync_mlflow(study: StudyOpt, storage: StorageOpt = None, mlflow_uri: MlflowOpt = None) -> None:
     """Back-fill MLflow with every finished trial it is missing (idempotent)."""
-    from search.tracking import MlflowTracker
+    from search.outputs.tracking import MlflowTracker
 
     settings = _settings(storage=storage, mlflow_uri=mlflow_uri)
     st = _open(study, settings=settings)
-    from search.study import artifact_store
+    from search.storage import artifact_store
 
     store = artifact_store(settings.artifacts_dir)
     result = MlflowTracker(settings.mlflow_uri, optuna_artifact_store=store).sync(st)
@@ -306,12 +307,14 @@ def report(
                                                       "with the figures).")] = "md",
 ) -> None:
     """The morning summary: verdict, OOM boundary, failures, every trial (Markdown or HTML)."""
-    from search.report import report_html, report_markdown
+    from search.outputs.html import report_html
+    from search.outputs.report import report_markdown
+    from search.strategy.view import StudyView
 
     if fmt not in ("md", "html"):
         raise ConfigError(f"--format: {fmt!r} is not one of md, html")
-    st = _open(study, storage)
-    text = report_html(st) if fmt == "html" else report_markdown(st)
+    view = StudyView.of(_open(study, storage))
+    text = report_html(view) if fmt == "html" else report_markdown(view)
     if output is None:
         sys.stdout.write(text)
     else:
@@ -328,16 +331,15 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (for scripts).")] = False,
 ) -> None:
     """Where a study stands (works while the search runs elsewhere)."""
-    from search.report import study_status
+    from search.outputs.status import study_status
+    from search.strategy.view import StudyView
 
-    st = _open(study, storage)
-    if n_trials is None and isinstance(st.user_attrs.get("n_trials"), int):
-        n_trials = st.user_attrs["n_trials"]  # the budget of the latest run
-    data = study_status(st, n_trials=n_trials)
+    view = StudyView.of(_open(study, storage))
+    data = study_status(view, n_trials=n_trials if n_trials is not None else view.n_trials)
     if as_json:
         sys.stdout.write(json.dumps(data.model_dump(), indent=2, default=str) + "\n")
         return
-    from search.progress import status_view
+    from search.cli.views import status_view
 
     console.print(status_view(data))
 
@@ -352,7 +354,7 @@ def dashboard(
     """Start optuna-dashboard on the study storage and its artifact store."""
     import optuna_dashboard
 
-    from search.study import artifact_store, open_storage
+    from search.storage import artifact_store, open_storage
 
     settings = _settings(storage=storage, artifacts_dir=artifacts_dir, dashboard_port=port)
     store = artifact_store(settings.artifacts_dir)
@@ -396,7 +398,8 @@ def hosts_check(
     """Preflight each host and print a table: reachable, engine and version, GPUs, free memory, busy."""
     from rich.table import Table
 
-    from search.hosts import build_hosts, preflight
+    from search.driver.hosts import build_hosts
+    from search.trial.preflight import preflight
 
     space = load_space(space_file)
     settings = _settings()

@@ -18,13 +18,13 @@ from rich.console import Console
 
 from runners.errors import ServetuneError
 from search.api import run_study
-from search.export import export_script, write_script
-from search.progress import Progress, print_plan, print_run
+from search.cli.views import Progress, print_plan, print_run
+from search.outputs.export import export_script, write_script
 from search.settings import Settings, load_settings, study_name
 from search.spaces import load_checked_space
-from search.study import open_study
+from search.storage import open_study
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: The sampler's seed, so that a first demo samples the same configurations each time.
 SEED = 7
 
@@ -57,10 +57,10 @@ def demo(study: str, n_trials: int | None, console: Console, err_console: Consol
     out = ROOT / "demo-out"
     out.mkdir(exist_ok=True)
     script = out / f"serve_{study}.sh"
-    write_script(script, export_script(summary.study))
+    write_script(script, export_script(summary.view))
     # The same configuration for real SGLang on a GPU box (the space's deploy section).
     sglang = out / f"serve_{study}_sglang.sh"
-    write_script(sglang, export_script(summary.study, engine="sglang", deploy=space.deploy))
+    write_script(sglang, export_script(summary.view, engine="sglang", deploy=space.deploy))
     checks = {path: subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
               for path in (script, sglang)}
     for path, check in checks.items():

@@ -9,7 +9,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-import optuna
 from optuna.trial import FrozenTrial, TrialState
 from rich import box
 from rich.console import Console, Group
@@ -18,16 +17,17 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from search.confirm import Confirmed, confirmed_best, skip_summary
-from search.front import Goal, front, pick_record
-from search.records import TrialFacts, best_record, records, value_text
+from search.outputs.status import StudyStatus
+from search.outputs.text import format_duration
+from search.strategy.confirm import Confirmed, skip_summary
+from search.strategy.view import StudyView
+from search.trial.records import TrialFacts, value_text
 from spaces.schema import OBJECTIVE_UNITS
 
 if TYPE_CHECKING:
     from search.api import RunPlan
-    from search.describe import DryRun
-    from search.report import StudyStatus
-    from search.run import RunSummary
+    from search.cli.describe import DryRun
+    from search.driver.run import RunSummary
     from spaces.schema import Space
 
 _PHASE_WORDS = {
@@ -83,7 +83,7 @@ class Progress:
             self.console.print(f"trial {number}: on {value}")
         self._refresh()
 
-    def callback(self, study: optuna.Study, trial: FrozenTrial) -> None:
+    def callback(self, view: StudyView, trial: FrozenTrial) -> None:
         rec = TrialFacts.from_trial(trial)
         with self._lock:
             self.running.pop(trial.number, None)
@@ -93,10 +93,10 @@ class Progress:
                 self.ooms += 1
             if rec.state == TrialState.FAIL:
                 self.failed += 1
-            if rec.values is not None:
-                self.front = len(front(records(study), Goal.of(study)))
-            elif rec.value is not None and rec.feasible and (self.best is None or rec.value > self.best[0]):
-                self.best = (rec.value, trial.number)
+            if view.goal.pareto:
+                self.front = len(view.front)
+            elif view.choice is not None and view.choice.value is not None:
+                self.best = (view.choice.value, view.choice.number)
         if not self.live_enabled:
             self.console.print(_line(rec, self.metric), markup=False, highlight=False, soft_wrap=True)
         self._refresh()
@@ -235,8 +235,6 @@ def print_plan(console: Console, plan: RunPlan, *, simulated: bool = False) -> N
 
 def print_dry_run(console: Console, plan: DryRun, *, simulated: bool) -> None:
     """``servetune run --dry-run``: the study, hosts and budget, and the first launches with their commands."""
-    from search.report import format_duration
-
     budget = f"{plan.n_trials} trials" if plan.n_trials else "no trial limit"
     if plan.timeout:
         budget += f", at most {format_duration(plan.timeout)}"
@@ -262,11 +260,12 @@ def print_dry_run(console: Console, plan: DryRun, *, simulated: bool) -> None:
 
 
 def print_run(console: Console, err_console: Console, summary: RunSummary, space: Space) -> None:
-    """What ``servetune run`` prints after a run: the trials, hosts set aside, why it stopped, the best
-    configuration and where the morning summary is."""
+    """What ``servetune run`` prints after a run: the trials, hosts set aside, why it stopped, servetune's
+    choice and where the morning summary is."""
     if summary.mlflow_error is not None:
         err_console.print(f"mlflow: {summary.mlflow_error} (back-fill later with `servetune sync-mlflow`)")
-    recs = records(summary.study)
+    view = summary.view
+    recs = view.records
     console.print(summary_table(recs, " / ".join(space.objective.metric_names), width=min(console.width, 100)))
     for orphan in summary.orphans_stopped:
         console.print(f"stopped an orphaned server: {orphan}")
@@ -277,13 +276,12 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
         console.print("hosts set aside: " + "; ".join(set_aside))
     console.print(f"ran {summary.ran} trial(s) in this run; stopped by: {summary.stopped_by}")
     console.print(skip_summary(recs), markup=False, soft_wrap=True)
-    goal = Goal.of(summary.study)
-    if goal.pareto:
-        _print_front(console, summary, recs, goal)
+    if view.goal.pareto:
+        _print_front(console, view)
     else:
-        _print_best(console, summary, recs, space)
+        _print_best(console, view, space)
     if summary.report_path is not None:
-        name = summary.study.study_name
+        name = view.name
         if summary.report_html_path is not None:
             console.print(f"morning summary: {summary.report_html_path} and {summary.report_path.name} (again "
                           f"any time: servetune report --study {name} --format html)", soft_wrap=True)
@@ -291,42 +289,40 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
             console.print(f"morning summary: {summary.report_path} (again any time: servetune report --study {name})")
 
 
-def _print_front(console: Console, summary: RunSummary, recs: list[TrialFacts], goal: Goal) -> None:
-    """A pareto study's end: the front's size and its knee (what ``export`` picks by default)."""
-    points = front(recs, goal)
-    knee = pick_record(recs, goal)
-    if knee is None:
+def _print_front(console: Console, view: StudyView) -> None:
+    """A pareto study's end: the front's size and its knee (servetune's choice, what ``export`` picks)."""
+    goal, points, choice = view.goal, view.front, view.choice
+    if choice is None:
         console.print("[yellow]no COMPLETE feasible trial yet: no front[/]")
         return
+    knee = choice.record
     figures = ", ".join(f"{m}={v:.1f}" for m, v in zip(goal.metrics, knee.values or [], strict=False))
     params = ", ".join(f"{k}={v}" for k, v in knee.params.items())
     sim = " (simulated)" if knee.simulated else ""
     console.print(f"[green]front[/]: {len(points)} configuration(s) ({goal.describe()}): trials "
                   f"{', '.join(str(p.number) for p in points)}", soft_wrap=True)
     console.print(f"[green]knee[/]: trial {knee.number}, {figures}{sim}  {escape('[' + params + ']')} "
-                  f"(`servetune export --study {summary.study.study_name}` exports it; `--pick "
+                  f"(`servetune export --study {view.name}` exports it; `--pick "
                   f"\"{goal.metrics[-1]}<=X\"` picks by a limit instead)", soft_wrap=True)
 
 
-def _print_best(console: Console, summary: RunSummary, recs: list[TrialFacts], space: Space) -> None:
-    best = best_record(recs, summary.study.direction)
-    confirmed = confirmed_best(recs, summary.study.direction)
+def _print_best(console: Console, view: StudyView, space: Space) -> None:
+    choice = view.choice
+    if choice is None or choice.value is None:
+        console.print("[yellow]no COMPLETE trial yet[/]")
+        return
+    best, confirmed = choice.record, choice.confirmed
+    params = ", ".join(f"{k}={v}" for k, v in best.params.items())
+    sim = " (simulated)" if best.simulated else ""
     # 4 significant digits: a rate of 0.0656 req/s must not print as 0.1 (nor a throughput lose its unit's sense)
-    if confirmed is not None and confirmed.launches > 1:
-        best = next(r for r in recs if r.number == confirmed.trial)
-        params = ", ".join(f"{k}={v}" for k, v in best.params.items())
-        sim = " (simulated)" if best.simulated else ""
+    if choice.basis == "confirmed" and confirmed is not None:
         console.print(f"[green]best[/] (confirmed over {confirmed.launches} launches, spread "
                       f"{confirmed.spread:.1%}): trial {best.number}, {space.objective.scored_by}="
-                      f"{confirmed.reported:.4g}{sim} ({_reported_from(confirmed)}) at C={space.target_level}  "
+                      f"{choice.value:.4g}{sim} ({_reported_from(confirmed)}) at C={space.target_level}  "
                       f"{escape('[' + params + ']')}", soft_wrap=True)
-    elif best is not None and best.value is not None:
-        params = ", ".join(f"{k}={v}" for k, v in best.params.items())
-        sim = " (simulated)" if best.simulated else ""
-        console.print(f"[green]best[/]: trial {best.number}, {space.objective.scored_by}={best.value:.4g}{sim} "
-                      f"at C={space.target_level}  {escape('[' + params + ']')}", soft_wrap=True)
     else:
-        console.print("[yellow]no COMPLETE trial yet[/]")
+        console.print(f"[green]best[/]: trial {best.number}, {space.objective.scored_by}={choice.value:.4g}{sim} "
+                      f"at C={space.target_level}  {escape('[' + params + ']')}", soft_wrap=True)
 
 
 def summary_table(records: list[TrialFacts], metric: str, *, width: int = 100) -> Table:
@@ -394,8 +390,6 @@ def _squeeze(columns: list[list[str]], width: int, gap: int) -> list[int]:
 
 def status_view(status: StudyStatus) -> Group:
     """``servetune status`` for a terminal: a head line, the trial counts, the hosts and the running trials."""
-    from search.report import format_duration
-
     trials = status.trials
     best = status.best
     sim = " (simulated)" if best and best.simulated else ""

@@ -7,7 +7,7 @@ level, the free GPU memory after CUDA graph capture, and a WARNING when that hea
 0.82 GB left after capture was a crash waiting for a prefill burst).
 
 A ``pareto`` study has a front, not one best: the trial is picked from the front by a rule
-(:mod:`search.front`: ``knee`` by default, or conditions such as ``p99_tpot_ms<=200`` and then the best on the
+(:mod:`search.strategy.front`: ``knee`` by default, or conditions such as ``p99_tpot_ms<=200`` and then the best on the
 first metric), and the header names the rule, the front and the picked configuration's figures.
 """
 
@@ -24,13 +24,14 @@ from pydantic import ValidationError
 from runners.engines import engine_for, get_engine
 from runners.engines.script import render_script
 from runners.errors import ConfigError, validation_line
-from search.confirm import confirmed_best, launches_of, origin
 from search.files import write_file
-from search.front import Goal, PickRule, front, parse_rule
-from search.front import pick_record as front_pick
-from search.hosts import tp_size
-from search.records import DEPLOY_ATTR, LevelResult, TrialFacts, best_record, records
-from search.report import THIN_HEADROOM_GIB
+from search.outputs.text import THIN_HEADROOM_GIB
+from search.strategy.choice import choose
+from search.strategy.confirm import origin
+from search.strategy.front import Goal, PickRule, front, parse_rule
+from search.strategy.view import StudyView
+from search.trial.preflight import tp_size
+from search.trial.records import DEPLOY_ATTR, LevelResult, TrialFacts
 from spaces.launch import LaunchConfig
 from spaces.schema import Deploy
 
@@ -43,13 +44,14 @@ _FRONT_SHOWN = 6
 _DEPLOY_ENGINES = {"sglang": ("sglang", "sim")}
 
 
-def export_script(study: optuna.Study, *, trial: int | None = None, min_free_gib: float | None = None,
+def export_script(view: StudyView, *, trial: int | None = None, min_free_gib: float | None = None,
                   pick: str | None = None, now: datetime | None = None, engine: str | None = None,
                   deploy: Deploy | None = None) -> str:
-    """A runnable bash launch script for ``trial`` (default: the best COMPLETE feasible trial).
+    """A runnable bash launch script for ``trial`` (default: servetune's choice,
+    :func:`search.strategy.choice.choose`).
 
-    With ``min_free_gib`` and no ``trial``, the best COMPLETE feasible trial whose measured free memory after
-    CUDA graph capture is at least that; with an explicit ``trial`` it only moves the warning bar (default
+    With ``min_free_gib`` and no ``trial``, the choice among the configurations whose first launch kept at least
+    that free after CUDA graph capture; with an explicit ``trial`` it only moves the warning bar (default
     2 GiB). In a ``pareto`` study the trial is the one ``pick`` (default ``knee``) picks from the front of
     the configurations that clear the bar. Raises ConfigError (one line) for an unknown or unfinished trial,
     a trial without a stored launch config, a bad rule (or a rule for a study that has no front), or when no
@@ -59,9 +61,10 @@ def export_script(study: optuna.Study, *, trial: int | None = None, min_free_gib
     repeating the tuning launch: see :func:`deployment`; ``deploy`` (default: the one the study's run stored)
     names that box's python, model path, bind address, port and GPUs.
     """
-    goal = Goal.of(study)
+    study = view.study
+    goal = view.goal
     rule = _rule(study, goal, trial, pick)
-    rec = pick_record(study, trial=trial, min_free_gib=min_free_gib, rule=rule)
+    rec = pick_record(view, trial=trial, min_free_gib=min_free_gib, rule=rule)
     launch_data = rec.launch_config
     version = rec.engine_version
     if not launch_data or not version:
@@ -75,7 +78,7 @@ def export_script(study: optuna.Study, *, trial: int | None = None, min_free_gib
         raise ConfigError(f"trial {rec.number}: stored launch config is invalid ({where or 'launch_config'}: "
                           f"{msg})") from None
     bar = min_free_gib if min_free_gib is not None else THIN_HEADROOM_GIB
-    header = _header(study, rec, version, bar, now or datetime.now(UTC), goal=goal, rule=rule)
+    header = _header(view, rec, version, bar, now or datetime.now(UTC), rule=rule)
     if engine is None:
         return render_script(engine_for(launch), launch, version, header=header)
     if deploy is None:
@@ -186,16 +189,16 @@ def _rule(study: optuna.Study, goal: Goal, trial: int | None, pick: str | None) 
     return parse_rule(pick if pick is not None else "knee", goal.metrics)
 
 
-def pick_record(study: optuna.Study, *, trial: int | None = None, min_free_gib: float | None = None,
+def pick_record(view: StudyView, *, trial: int | None = None, min_free_gib: float | None = None,
                 rule: PickRule | None = None) -> TrialFacts:
-    """The trial record to export (see :func:`export_script`). Raises ConfigError."""
-    name = study.study_name
-    recs = records(study)
+    """The trial record to export (see :func:`export_script`): trial ``trial``, else servetune's choice
+    (its figure the reported one). Raises ConfigError."""
+    name = view.name
+    recs = view.records
     if trial is not None:
-        by_number = {r.number: r for r in recs}
-        rec = by_number.get(trial)
+        rec = view.record(trial)
         if rec is None:
-            known = f"trials 0-{max(by_number)}" if by_number else "no trials yet"
+            known = f"trials 0-{max(r.number for r in recs)}" if recs else "no trials yet"
             raise ConfigError(f"study {name!r} has no trial {trial} ({known})")
         if rec.state != TrialState.COMPLETE:
             why = rec.label + (f" in {rec.phase.value}" if rec.phase else "")
@@ -204,13 +207,12 @@ def pick_record(study: optuna.Study, *, trial: int | None = None, min_free_gib: 
         return rec
     if min_free_gib is not None and min_free_gib < 0:
         raise ConfigError(f"--min-free-gib must be 0 or more, got {min_free_gib:g}")
-    if rule is None and Goal.of(study).pareto:
-        rule = PickRule("knee")
-    if rule is not None:
-        return _from_front(study, recs, rule, min_free_gib)
-    best = _confirmed(recs, study, min_free_gib) or best_record(recs, study.direction, min_free_gib=min_free_gib)
-    if best is not None:
-        return best
+    choice = view.choice if min_free_gib is None and rule is None else choose(
+        recs, view.goal, min_free_gib=min_free_gib, rule=rule)
+    if choice is not None:
+        return choice.record
+    if view.goal.pareto:
+        _no_front_pick(view, rule or PickRule("knee"), min_free_gib)
     complete = [r for r in recs if r.state == TrialState.COMPLETE and r.feasible and r.value is not None]
     if not complete:
         raise ConfigError(f"study {name!r} has no COMPLETE feasible trial to export yet")
@@ -221,26 +223,17 @@ def pick_record(study: optuna.Study, *, trial: int | None = None, min_free_gib: 
                       f"CUDA graph capture; closest: {closest or 'none measured the headroom'}")
 
 
-def _from_front(study: optuna.Study, recs: list[TrialFacts], rule: PickRule,
-                min_free_gib: float | None) -> TrialFacts:
-    """The configuration ``rule`` picks from the pareto study's front (of those whose first launch kept
-    ``min_free_gib`` free after graph capture); ConfigError naming the front when nothing on it satisfies
-    the rule."""
-    goal = Goal.of(study)
-    by_number = {r.number: r for r in recs}
-
-    def clears(r: TrialFacts) -> bool:
-        free = by_number.get(origin(r), r).free_after_capture_gib
-        return min_free_gib is None or (free is not None and free >= min_free_gib)
-
-    kept = [r for r in recs if clears(r)]
-    rec = front_pick(kept, goal, rule)
-    if rec is not None:
-        return rec
+def _no_front_pick(view: StudyView, rule: PickRule, min_free_gib: float | None) -> None:
+    """Raise ConfigError naming the front when nothing on it (of the configurations whose first launch kept
+    ``min_free_gib`` free after graph capture) satisfies ``rule``."""
+    goal = view.goal
+    by_number = {r.number: r for r in view.records}
+    kept = [r for r in view.records if min_free_gib is None
+            or ((free := by_number.get(origin(r), r).free_after_capture_gib) is not None and free >= min_free_gib)]
     points = front(kept, goal)
     bar = f" that kept {min_free_gib:g} GiB free after CUDA graph capture" if min_free_gib is not None else ""
     if not points:
-        raise ConfigError(f"study {study.study_name!r} has no COMPLETE feasible configuration{bar} yet: no front "
+        raise ConfigError(f"study {view.name!r} has no COMPLETE feasible configuration{bar} yet: no front "
                           "to pick from")
     shown = "; ".join(f"trial {p.number}: " + ", ".join(f"{m}={v:.4g}" for m, v in zip(goal.metrics, p.values,
                                                                                         strict=True))
@@ -250,11 +243,11 @@ def _from_front(study: optuna.Study, recs: list[TrialFacts], rule: PickRule,
                       f"{shown}{more}")
 
 
-def _pareto_lines(study: optuna.Study, rec: TrialFacts, goal: Goal, rule: PickRule | None) -> list[str]:
+def _pareto_lines(view: StudyView, rec: TrialFacts, rule: PickRule | None) -> list[str]:
     """The header lines of a pareto study's export: the objective, the front, the rule, the picked figures."""
-    recs = records(study)
+    goal = view.goal
     at = f" at concurrency {rec.objective_level}" if rec.objective_level is not None else ""
-    points = front(recs, goal)
+    points = view.front
     lines = [f"objective: pareto front{at}: {goal.describe()}",
              f"front: {len(points)} configuration(s) (trials {', '.join(str(p.number) for p in points) or '-'})"]
     if rule is not None:
@@ -262,18 +255,18 @@ def _pareto_lines(study: optuna.Study, rec: TrialFacts, goal: Goal, rule: PickRu
     else:
         on = any(p.number == rec.number for p in points)
         lines.append(f"picked by: --trial {rec.number} ({'on' if on else 'not on'} the front)")
-    runs = launches_of(recs, rec.number)
+    runs = view.launches_of(rec.number)
     how = f"median of {len(runs)} launches" if len(runs) > 1 and rule is not None else "this trial's launch"
     lines.append("picked figures: " + ", ".join(f"{m}={v:.2f}" for m, v in zip(goal.metrics, rec.values or [],
                                                                               strict=False)) + f" ({how})")
     return lines
 
 
-def _header(study: optuna.Study, rec: TrialFacts, version: str, bar: float, now: datetime, *,
-            goal: Goal | None = None, rule: PickRule | None = None) -> list[str]:
+def _header(view: StudyView, rec: TrialFacts, version: str, bar: float, now: datetime, *,
+            rule: PickRule | None = None) -> list[str]:
     sim = " (SIMULATED)" if rec.simulated else ""
     lines = [
-        f"servetune export: study {study.study_name}, trial {rec.number}",
+        f"servetune export: study {view.name}, trial {rec.number}",
         f"exported {now.isoformat(timespec='seconds')}",
         f"engine: {rec.engine or (rec.launch_config or {}).get('engine', '?')} {version}{sim}",
     ]
@@ -283,16 +276,16 @@ def _header(study: optuna.Study, rec: TrialFacts, version: str, bar: float, now:
     if rec.simulated:
         lines.append("NOTE: every figure below is SIMULATED (servetune's simulated GPU host), not measured "
                      "on real hardware")
-    if goal is not None and goal.pareto:
-        lines += _pareto_lines(study, rec, goal, rule)
+    goal = view.goal
+    if goal.pareto:
+        lines += _pareto_lines(view, rec, rule)
     else:
         metric = rec.objective_metric or "objective"
         level = rec.objective_level
         at = f" at concurrency {level}" if level is not None else ""
         value = f"{rec.value:.2f}" if rec.value is not None else "?"
-        lines.append(f"objective: {metric}{at} = {value} ({study.direction.name.lower()})")
-    lines.append(_launches_line(study, rec.number, goal.metrics[0] if goal is not None and goal.pareto
-                                else "objective"))
+        lines.append(f"objective: {metric}{at} = {value} ({view.direction.name.lower()})")
+    lines.append(_launches_line(view, rec.number, goal.metrics[0] if goal.pareto else "objective"))
     lines.append("measured" + (" (simulated)" if rec.simulated else "") + " per concurrency level:")
     for level_row in sorted(rec.levels, key=lambda lv: lv.max_concurrency or 0):
         lines.append("  " + _level_line(level_row))
@@ -311,19 +304,9 @@ def _header(study: optuna.Study, rec: TrialFacts, version: str, bar: float, now:
     return [" ".join(line.splitlines()) for line in lines]
 
 
-def _confirmed(recs: list[TrialFacts], study: optuna.Study, min_free_gib: float | None) -> TrialFacts | None:
-    """The configuration confirmed best over repeated launches (None without repeats, or below the bar)."""
-    confirmed = confirmed_best(recs, study.direction)
-    if confirmed is None or confirmed.launches <= 1:
-        return None
-    rec = next(r for r in recs if r.number == confirmed.trial)
-    free = rec.free_after_capture_gib
-    return rec if min_free_gib is None or (free is not None and free >= min_free_gib) else None
-
-
-def _launches_line(study: optuna.Study, number: int, metric: str = "objective") -> str:
+def _launches_line(view: StudyView, number: int, metric: str = "objective") -> str:
     """Over how many launches the figures hold (the trial and its confirmation repeats)."""
-    runs = launches_of(records(study), number)
+    runs = view.launches_of(number)
     values = [t.value for t in runs if t.value is not None]
     if len(runs) <= 1:
         return "launches of this configuration: 1 (not confirmed by repeats; figures below are that launch's)"

@@ -4,10 +4,10 @@
 controller runs one worker thread per host it owns; many controllers (on one machine or several) may
 share one study through PostgreSQL (or, on one machine, SQLite). A worker loops:
 
-1. take a free host from the :class:`~search.pool.HostPool` (waiting while every host is busy or set
+1. take a free host from the :class:`~search.driver.pool.HostPool` (waiting while every host is busy or set
    aside; a host failing ``max_consecutive_failures`` trials in a row is set aside for ``cooldown``);
 2. fail stale trials (Optuna's heartbeat check: a RUNNING trial whose controller died), which re-queues
-   their configurations (:mod:`search.study`);
+   their configurations (:mod:`search.storage`);
 3. **reserve** a trial against the budget, then run the objective on the host under a heartbeat, tell the
    study the outcome (COMPLETE, PRUNED or FAIL) and call the study callbacks (MLflow, notes, progress).
 
@@ -52,19 +52,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fcntl
 import logging
 import os
-import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
-from types import FrameType
-from typing import Any
 
 import optuna
 from optuna.exceptions import StorageInternalError, UpdateFinishedTrialError
@@ -76,37 +73,30 @@ from runners.errors import HostMisconfigured, RunnerError, ServetuneError, Study
 from runners.host import Host, HostInfo, Lease, new_controller_id
 from runners.telemetry import FailureKind
 from search._optuna_compat import enter_optimize_loop, study_id, trial_id
-from search.confirm import (
-    CONFIRM_FINAL,
-    CONFIRM_K,
-    CONFIRM_REPEATS,
-    ConfirmLaunch,
-    confirmation_plan,
-    search_launches,
-)
-from search.front import Goal
-from search.front import confirmation_plan as front_confirmation_plan
-from search.hosts import preflight
-from search.objective import Objective, ProgressHook, TrialEnv, TrialFailed
-from search.pool import HostPool, HostSlot, HostStatus, NoHostsLeft
-from search.records import DEPLOY_ATTR, TrialFacts, mark_interrupted, note_controller, note_host, records, write_facts
-from search.sampling import enqueue_start
+from search.driver.budget import Budget, StudyLock
+from search.driver.leases import LEASE_TTL, Leases
+from search.driver.pool import HostPool, HostSlot, HostStatus, NoHostsLeft
+from search.driver.signals import Heartbeat, Signals
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL, study_name
-from search.study import artifact_store, create_or_load, fail_stale, open_storage, redact, sqlite_file
+from search.storage import artifact_store, create_or_load, open_storage, redact
+from search.strategy.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS
+from search.strategy.strategy import Strategy, make_sampler
+from search.strategy.view import StudyView
+from search.trial.objective import Objective, ProgressHook, TrialEnv, TrialFailed
+from search.trial.preflight import preflight
+from search.trial.records import DEPLOY_ATTR, TrialFacts, mark_interrupted, note_controller, write_facts
+from search.trial.server import ServerEvaluator
 from spaces.schema import Space
 
 log = logging.getLogger("servetune")
 
-StudyCallback = Callable[[optuna.Study, FrozenTrial], None]
+StudyCallback = Callable[[StudyView, FrozenTrial], None]
+"""Called after each finished trial with one view of the study (read once for every callback) and the trial."""
 
 #: Seconds between two looks at the study while the budget is reserved by running trials.
 BUDGET_POLL = 0.5
-#: A study stops once it holds this many trials per launch of its budget (skips and reuses included).
-MAX_TRIALS_PER_LAUNCH = 20
 #: Seconds a host held by another controller is left alone before it is tried again.
 HELD_POLL = 2.0
-#: How long a lease lasts without a heartbeat (a controller that dies leaves its servers this long).
-LEASE_TTL = 60.0
 #: What a study storage raises when it stops taking writes (Optuna wraps a failed commit in its own error).
 STORAGE_ERRORS = (SQLAlchemyError, StorageInternalError)
 
@@ -181,243 +171,10 @@ class RunSummary:
     hosts_dropped: list[str] = field(default_factory=list)
     """One line per host dropped by the preflight (host, fault, fix)."""
 
-
-# ---- leases --------------------------------------------------------------------------------------
-
-
-class _Leases:
-    """This controller's leases on its hosts: written at the start, renewed every ``ttl / 3`` seconds, dropped
-    (with any claim) at the end. A renewal that fails is retried at the next beat."""
-
-    def __init__(self, hosts: Sequence[Host], lease: Lease) -> None:
-        self.hosts = list(hosts)
-        self.lease = lease
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"lease-{lease.controller}", daemon=True)
-        self.held: set[str] = set()
-        """Hosts whose last renewal went through."""
-
-    def renew(self, host: Host) -> None:
-        try:
-            host.renew_lease(self.lease)
-            self.held.add(host.name)
-        except (RunnerError, ValueError) as exc:
-            self.held.discard(host.name)
-            log.warning("lease on %s not renewed: %s", host.name, exc)
-
-    def ensure(self, host: Host) -> None:
-        """Renew now if the last renewal failed: a claim without a live lease would be taken over."""
-        if host.name not in self.held:
-            self.renew(host)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.lease.ttl / 3):
-            for host in self.hosts:
-                self.renew(host)
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        for host in self.hosts:
-            try:
-                host.drop_lease(self.lease.controller)
-            except RunnerError as exc:
-                log.warning("lease on %s not removed (it expires by itself): %s", host.name, exc)
-
-
-# ---- the budget ----------------------------------------------------------------------------------
-
-
-class _StudyLock:
-    """A lock around trial creation, shared by every controller of the study (see the module docstring)."""
-
-    def __init__(self, storage: RDBStorage, study_id: int, url: str) -> None:
-        self._thread_lock = threading.Lock()
-        self._storage = storage
-        self._key = (0x53525654, study_id)  # "SRVT", study
-        self._dialect = storage.engine.dialect.name
-        self._conn: Any = None
-        self._file: Path | None = None
-        db = sqlite_file(url) if self._dialect == "sqlite" else None
-        if db is not None and not str(db).startswith("file::memory"):
-            self._file = db.with_name(db.name + ".servetune-lock")
-
-    @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
-        with self._thread_lock:
-            if self._dialect == "postgresql":
-                import sqlalchemy
-
-                if self._conn is None:
-                    self._conn = self._storage.engine.connect()
-                try:
-                    self._conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:a, :b)"),
-                                       {"a": self._key[0], "b": self._key[1]})
-                    self._conn.commit()
-                except Exception:
-                    self._drop_connection()
-                    raise
-                try:
-                    yield
-                finally:
-                    try:
-                        self._conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:a, :b)"),
-                                           {"a": self._key[0], "b": self._key[1]})
-                        self._conn.commit()
-                    except Exception:  # the session is gone, and its lock with it
-                        self._drop_connection()
-            elif self._file is not None:
-                with open(self._file, "a") as fh:
-                    fcntl.flock(fh, fcntl.LOCK_EX)
-                    try:
-                        yield
-                    finally:
-                        fcntl.flock(fh, fcntl.LOCK_UN)
-            else:
-                yield
-
-    def _drop_connection(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-            self._conn = None
-
-    def close(self) -> None:
-        with self._thread_lock:
-            self._drop_connection()
-
-
-class _Budget:
-    """``n_trials`` COMPLETE+PRUNED trials for the whole study, reserved by RUNNING ones (see above)."""
-
-    DONE = "done"
-    WAIT = "wait"
-
-    def __init__(self, study: optuna.Study, n_trials: int | None, lock: _StudyLock,
-                 storage: RDBStorage, space: Space, *, confirm_k: int = CONFIRM_K,
-                 confirm_repeats: int = CONFIRM_REPEATS, confirm_final: int = CONFIRM_FINAL,
-                 gpu_mem_mib: float | None = None, engine_version: str | None = None) -> None:
-        self.study = study
-        self.gpu_mem_mib = gpu_mem_mib  # the hosts' smallest card (nvidia-smi), for the probe
-        self.engine_version = engine_version  # the engine version the preflight found, for the probe
-        self.n_trials = n_trials
-        self.lock = lock
-        self.storage = storage
-        self.space = space
-        self.confirm_k = confirm_k
-        self.confirm_repeats = confirm_repeats
-        self.confirm_final = confirm_final
-
-    def counts(self) -> tuple[int, int]:
-        """(finished, running) launches of the search proper: skips (``predicted_oom``), reused
-        duplicates and confirmations are not counted (:func:`search.confirm.search_launches`)."""
-        trials = self.study.get_trials(deepcopy=False,
-                                       states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
-        return search_launches(TrialFacts.from_trial(t) for t in trials)
-
-    def done(self) -> bool:
-        return self.n_trials is not None and self.counts()[0] >= self.n_trials
-
-    def _queue_confirmation(self) -> str | None:
-        """Queue the next confirmation launch (None), or say the study is DONE (or must WAIT for running ones)."""
-        trials = records(self.study)
-        goal = Goal.of(self.study)
-        if goal.pareto:  # the front's configurations, each repeated; no single winner to launch finally
-            plan = [ConfirmLaunch(origin, params) for origin, params in
-                    front_confirmation_plan(trials, goal, k=self.confirm_k, repeats=self.confirm_repeats)]
-        else:
-            plan = confirmation_plan(trials, self.study.direction, k=self.confirm_k, repeats=self.confirm_repeats,
-                                     final=self.confirm_final)
-        if not plan:
-            return self.DONE if not any(t.state == TrialState.RUNNING for t in trials) else self.WAIT
-        self.study.enqueue_trial(plan[0].params, user_attrs=plan[0].user_attrs, skip_if_exists=False)
-        return None
-
-    def reserve(self, host: str) -> optuna.Trial | str:
-        """A new (or re-queued) trial for ``host``, with its first heartbeat recorded; or DONE; or WAIT."""
-        with self.lock():
-            fail_stale(self.study)  # serialised by the lock
-            if self.n_trials is not None:
-                finished, running = self.counts()
-                if finished >= self.n_trials:
-                    ended = self._queue_confirmation()
-                    if ended is not None:
-                        return ended
-                elif finished + running >= self.n_trials:
-                    return self.WAIT
-                elif len(self.study.get_trials(deepcopy=False)) >= self.n_trials * MAX_TRIALS_PER_LAUNCH:
-                    return self.DONE  # the sampler keeps proposing skips and twins: stop rather than spin
-            enqueue_start(self.study, self.space, self.gpu_mem_mib, self.engine_version)
-            trial = self.study.ask()
-            # Named at once: `servetune status` and a recovering controller see which host runs it.
-            note_host(trial, host)
-            self.storage.record_heartbeat(trial_id(trial))
-            return trial
-
-
-class _Heartbeat:
-    """Records a trial's heartbeat every ``interval`` seconds until stopped."""
-
-    def __init__(self, storage: RDBStorage, trial_id: int, interval: float) -> None:
-        self._storage = storage
-        self._id = trial_id
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{trial_id}", daemon=True)
-
-    def __enter__(self) -> _Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self._storage.record_heartbeat(self._id)
-            except Exception as exc:  # a storage hiccup: the next beat may get through
-                log.warning("heartbeat of trial id %d not recorded: %s", self._id, exc)
-
-
-# ---- signals -------------------------------------------------------------------------------------
-
-
-class _Signals:
-    """First signal: finish the running trials, then stop. Second: abort them."""
-
-    def __init__(self, stop: threading.Event, abort: threading.Event) -> None:
-        self.stop = stop
-        self.abort = abort
-        self.stop_requested = threading.Event()
-        self.count = 0
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _Signals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.count += 1
-        self.stop_requested.set()
-        self.stop.set()
-        if self.count >= 2:
-            self.abort.set()
-            log.warning("second %s: aborting the running trials", signal.Signals(signum).name)
-        else:
-            log.warning("%s: finishing the running trials, then stopping (again to abort them)",
-                        signal.Signals(signum).name)
+    @cached_property
+    def view(self) -> StudyView:
+        """The study as the run left it, read once for the report, MLflow and the run's last lines."""
+        return StudyView.of(self.study)
 
 
 # ---- the loop ------------------------------------------------------------------------------------
@@ -425,7 +182,7 @@ class _Signals:
 
 class _Run:
     def __init__(self, study: optuna.Study, storage: RDBStorage, pool: HostPool, objective: Objective,
-                 budget: _Budget, options: RunOptions, stop: threading.Event, abort: threading.Event) -> None:
+                 budget: Budget, options: RunOptions, stop: threading.Event, abort: threading.Event) -> None:
         self.study = study
         self.storage = storage
         self.pool = pool
@@ -438,7 +195,7 @@ class _Run:
         self.ran = 0
         self.reasons: list[StopReason] = []
         self.errors: list[BaseException] = []
-        self.leases: _Leases | None = None
+        self.leases: Leases | None = None
         self._lock = threading.Lock()
 
     def end(self, reason: StopReason) -> None:
@@ -485,22 +242,24 @@ class _Run:
                 self._unclaim(slot, claimed)
                 self.pool.put_back(slot)
                 raise
-            if got == _Budget.DONE:
+            if got == Budget.DONE:
                 self._unclaim(slot, claimed)
                 self.pool.put_back(slot)
+                log.info("%s", self.budget.why)
                 self.end(StopReason.BUDGET)
                 return
-            if got == _Budget.WAIT:
+            if got == Budget.WAIT:
                 self._unclaim(slot, claimed)
                 self.pool.put_back(slot)
                 self.stop.wait(BUDGET_POLL)
                 continue
-            assert isinstance(got, optuna.Trial)
+            assert not isinstance(got, str)
+            trial, view = got
             if isinstance(claimed, RunnerError):
-                self._unreachable(got, slot, claimed)
+                self._unreachable(trial, slot, claimed)
                 continue
             try:
-                self._trial(got, slot)
+                self._trial(trial, slot, view)
             finally:
                 self._unclaim(slot, claimed)
 
@@ -534,8 +293,7 @@ class _Run:
         frozen = self.study.tell(trial, None, state=TrialState.FAIL, skip_if_finished=True)
         with self._lock:
             self.ran += 1
-        for callback in self.options.callbacks:
-            callback(self.study, copy.deepcopy(frozen))
+        self._callbacks(frozen)
 
     def _unclaim(self, slot: HostSlot, claimed: bool | RunnerError = True) -> None:
         if claimed is not True:
@@ -545,16 +303,24 @@ class _Run:
         except RunnerError as exc:  # the claim is broken by others once our lease has expired
             log.warning("could not give back the claim on %s: %s", slot.name, exc)
 
-    def _trial(self, trial: optuna.Trial, slot: HostSlot) -> None:
+    def _callbacks(self, frozen: FrozenTrial) -> None:
+        """Call the study callbacks with one fresh view of the study."""
+        if not self.options.callbacks:
+            return
+        view = self.budget.view()
+        for callback in self.options.callbacks:
+            callback(view, copy.deepcopy(frozen))
+
+    def _trial(self, trial: optuna.Trial, slot: HostSlot, view: StudyView) -> None:
         state = TrialState.FAIL
         value: float | Sequence[float] | None = None
         infra, error, permanent = False, "", False
         fatal: BaseException | None = None
         note_controller(trial, slot.host.controller_id)
         try:
-            with _Heartbeat(self.storage, trial_id(trial), self.options.heartbeat_interval):
+            with Heartbeat(self.storage, trial_id(trial), self.options.heartbeat_interval):
                 try:
-                    value = self.objective.run(trial, slot)
+                    value = self.objective.run(trial, slot, self.budget.strategy.gate(view))
                     state = TrialState.COMPLETE
                 except optuna.TrialPruned:
                     state = TrialState.PRUNED
@@ -584,20 +350,11 @@ class _Run:
                              f"{_storage_error(exc)}") from None
         with self._lock:
             self.ran += 1
-        for callback in self.options.callbacks:
-            callback(self.study, copy.deepcopy(frozen))
+        self._callbacks(frozen)
         if fatal is not None:
             raise fatal
         if self.objective.env.artifacts_error:
             self.end(StopReason.ARTIFACTS)
-
-
-def make_sampler(seed: int | None, n_trials: int | None) -> optuna.samplers.BaseSampler:
-    """servetune's sampler: Optuna's TPE, which learns the feasible region from the trials' constraints
-    (the memory margin, the SLOs), over fewer random start-up trials than launches. The same sampler serves a
-    ``pareto`` study: TPE is multi-objective (MOTPE) when the study has several directions."""
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(1, (n_trials or 10) // 4)),
-                                      multivariate=True)
 
 
 def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunSummary:
@@ -640,7 +397,7 @@ def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> Run
     controller = new_controller_id()
     for host in hosts:
         host.controller_id = controller
-    leases = _Leases(hosts, Lease(controller, os.getpid(), socket.gethostname(), options.study_name,
+    leases = Leases(hosts, Lease(controller, os.getpid(), socket.gethostname(), options.study_name,
                                   redact(options.storage_url), options.lease_ttl))
     try:
         return _run_with_leases(space, hosts, options, study, storage, env, leases, abort, stop)
@@ -649,25 +406,26 @@ def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> Run
 
 
 def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, study: optuna.Study,
-                     storage: RDBStorage, env: TrialEnv, leases: _Leases, abort: threading.Event,
+                     storage: RDBStorage, env: TrialEnv, leases: Leases, abort: threading.Event,
                      stop: threading.Event) -> RunSummary:
     hosts, dropped = _usable_hosts(space, hosts, env, leases)
     pool = HostPool(list(hosts), max_consecutive_failures=space.budget.max_consecutive_failures,
                     cooldown=options.cooldown, max_set_asides=options.max_set_asides)
-    lock = _StudyLock(storage, study_id(study), options.storage_url)
+    lock = StudyLock(storage, study_id(study), options.storage_url)
     found = [env.preflight_cache[h.name] for h in hosts if h.name in env.preflight_cache]
-    budget = _Budget(study, options.n_trials, lock, storage, space, confirm_k=options.confirm_k,
-                     confirm_repeats=options.confirm_repeats, confirm_final=options.confirm_final,
-                     gpu_mem_mib=smallest_card_mib(found),
-                     engine_version=next((info.engine_version for info in found if info.engine_version), None))
+    strategy = Strategy(space, options.n_trials, confirm_k=options.confirm_k,
+                        confirm_repeats=options.confirm_repeats, confirm_final=options.confirm_final,
+                        gpu_mem_mib=smallest_card_mib(found),
+                        engine_version=next((info.engine_version for info in found if info.engine_version), None))
+    budget = Budget(study, strategy, lock, storage)
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():
         lock.close()
         return RunSummary(study, 0, StopReason.BUDGET_REACHED, pool.states(), orphans, hosts_dropped=dropped)
 
-    run = _Run(study, storage, pool, Objective(env), budget, options, stop, abort)
+    run = _Run(study, storage, pool, Objective(env, ServerEvaluator(env)), budget, options, stop, abort)
     run.leases = leases
-    with _Signals(stop, abort) as signals:
+    with Signals(stop, abort) as signals:
         threads = [threading.Thread(target=run.worker, name=f"servetune-worker-{i}", daemon=True)
                    for i in range(len(pool))]
         for t in threads:
@@ -697,7 +455,7 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
 
 
 def _usable_hosts(space: Space, hosts: Sequence[Host], env: TrialEnv,
-                  leases: _Leases) -> tuple[list[Host], list[str]]:
+                  leases: Leases) -> tuple[list[Host], list[str]]:
     """Lease every host, then keep those the preflight does not drop: (kept, one line per host dropped).
     Raises HostMisconfigured when none is left."""
     for host in hosts:

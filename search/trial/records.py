@@ -35,24 +35,23 @@ from datetime import datetime
 from typing import Any, ClassVar, Literal
 
 import optuna
-from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, Field
 
 from runners.telemetry import FailureKind, Phase, Telemetry
-from search._optuna_compat import known_params
-from search.sampling import normal_params
+from search._optuna_compat import known_params, set_trial_user_attr
 
 __all__ = [
     "DEPLOY_ATTR",
     "FACTS_ATTR",
+    "FLOAT_DIGITS",
     "QUEUED_TAGS",
     "LevelResult",
     "Outcome",
     "RateStepFacts",
     "TrialFacts",
-    "best_record",
     "mark_interrupted",
+    "normal_params",
     "note_host",
     "note_waiting",
     "records",
@@ -69,6 +68,9 @@ DASHBOARD_ATTRS = ("host", "outcome", "phase", "reason", "duplicate_of")
 #: Prefix of the memory figures in studies of servetune 0.1.0 (``mem.free_after_capture_gib``...); also the
 #: prefix of their MLflow metric names.
 MEM_PREFIX = "mem."
+
+#: Sampled floats are rounded to this many decimals, so that ``0.6100000000000001`` is ``0.61``.
+FLOAT_DIGITS = 6
 
 Outcome = FailureKind | Literal["ok"]
 """How a trial ended: ``ok`` or a :class:`~runners.telemetry.FailureKind`."""
@@ -193,7 +195,7 @@ class TrialFacts(BaseModel):
     datetime_start: datetime | None = Field(default=None, exclude=True)
     datetime_complete: datetime | None = Field(default=None, exclude=True)
     retried_from: int | None = Field(default=None, exclude=True)
-    """Set when this trial re-runs a stale one (written by Optuna's retry, :mod:`search.study`)."""
+    """Set when this trial re-runs a stale one (written by Optuna's retry, :mod:`search.storage`)."""
     waiting_for: int | None = Field(default=None, exclude=True)
 
     # ---- the record ---------------------------------------------------------------------------------
@@ -251,7 +253,7 @@ class TrialFacts(BaseModel):
     artifacts_error: str | None = None
     """Why the trial's files could not be written (its result is recorded all the same)."""
 
-    # ---- the memory-aware search (search.memory, search.confirm) -------------------------------------
+    # ---- the memory-aware search (search.strategy.memory, search.strategy.confirm) --------------------------
     probe: bool = False
     """The study's first launch, at the safe end of the memory knobs (tag set when it was queued)."""
     design: bool = False
@@ -445,10 +447,14 @@ def mark_interrupted(study: optuna.Study, trial: FrozenTrial, reason: str) -> No
 
     Raises :class:`optuna.exceptions.UpdateFinishedTrialError` when it has finished meanwhile.
     """
-    from search._optuna_compat import set_trial_user_attr
-
     set_trial_user_attr(study, trial, "outcome", FailureKind.INTERRUPTED.value)
     set_trial_user_attr(study, trial, "reason", reason)
+
+
+def normal_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Params with floats rounded to :data:`FLOAT_DIGITS`, so that a stored trial's ``0.6100000000000001`` and
+    a sampled ``0.61`` are the same configuration."""
+    return {k: round(v, FLOAT_DIGITS) if isinstance(v, float) else v for k, v in params.items()}
 
 
 # ---- reading many --------------------------------------------------------------------------------
@@ -457,24 +463,6 @@ def mark_interrupted(study: optuna.Study, trial: FrozenTrial, reason: str) -> No
 def records(study: optuna.Study) -> list[TrialFacts]:
     """Every trial of the study as :class:`TrialFacts`, by number."""
     return [TrialFacts.from_trial(t) for t in study.get_trials(deepcopy=False)]
-
-
-def best_record(recs: Iterable[TrialFacts], direction: StudyDirection, *,
-                min_free_gib: float | None = None) -> TrialFacts | None:
-    """The best COMPLETE, feasible, measured trial of ``recs`` (a study's :func:`records`) for the study's
-    ``direction`` (optionally with at least ``min_free_gib`` after capture)."""
-    direction_max = direction == StudyDirection.MAXIMIZE
-    best: TrialFacts | None = None
-    for rec in recs:
-        if rec.state != TrialState.COMPLETE or rec.value is None or not rec.feasible or not rec.measured:
-            continue
-        if min_free_gib is not None and (rec.free_after_capture_gib is None
-                                         or rec.free_after_capture_gib < min_free_gib):
-            continue
-        if best is None or best.value is None or (rec.value > best.value if direction_max
-                                                  else rec.value < best.value):
-            best = rec
-    return best
 
 
 def _values(trial: FrozenTrial) -> dict[str, Any]:

@@ -8,17 +8,14 @@ host's runs root, with the host's engine python (:func:`install_sim_smi`): no ma
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from runners.engines import Engine, get_engine
 from runners.errors import ConfigError
-from runners.host import ANY_FREE_PORT, Host, HostInfo
+from runners.host import ANY_FREE_PORT, Host
 from runners.transport import LocalTransport
-from spaces.launch import engine_options
 from spaces.schema import Space
 
 
@@ -74,27 +71,6 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
     return hosts
 
 
-def install_sim_smi(host: Host, space: Space, python: str) -> None:
-    """Give ``host`` the simulated host's nvidia-smi for ``space``'s profile, installed on the host under its
-    runs root with ``python`` (once: an installed one is kept, as other controllers may be using its state),
-    and put it on PATH for every command. Nothing is done for a host whose env already names a simulated
-    state, or when the install fails (the preflight then reports what is missing)."""
-    assert space.engine.sim is not None
-    if "SERVETUNE_SIM_STATE" in host.env:
-        return
-    profile = Path(space.engine.sim.profile).stem
-    base = f"{host.runs_root}/.servetune/simhost/{profile}"
-    d = host.shell_path(base)
-    py = shlex.quote(python)
-    res = host.run(
-        f"mkdir -p {d} && cd {d} && {{ [ -x bin/nvidia-smi ] || {py} -m runners.simhost install-smi "
-        f"--sim-profile {shlex.quote(space.engine.sim.profile)} --state-dir state --bin-dir bin >&2; }} && pwd",
-        timeout=60)
-    if not res.ok or not res.stdout.strip():
-        return
-    where = res.stdout.strip().splitlines()[-1]
-    host.env["PATH"] = f"{where}/bin:$PATH"
-    host.env["SERVETUNE_SIM_STATE"] = f"{where}/state"
 
 
 def host_names(host_args: Sequence[str], inventory: Path | None) -> list[str]:
@@ -107,36 +83,3 @@ def host_names(host_args: Sequence[str], inventory: Path | None) -> list[str]:
     specs = list(load_inventory(inventory)) if inventory is not None else []
     specs += [HostSpec.parse(arg) for arg in host_args]
     return [s.name for s in specs]
-
-
-def tp_flag(args: Sequence[str]) -> int | None:
-    """The tensor parallel size ``args`` ask for (``--tp 4``, ``--tp-size=4``, ``--tensor-parallel-size 4``);
-    None when they name none."""
-    flags = ("--tp", "--tp-size", "--tensor-parallel-size", "-tp")
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name in flags:
-            text = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            if text.isdigit():
-                return int(text)
-    return None
-
-
-def tp_size(args: Sequence[str]) -> int:
-    """:func:`tp_flag`, 1 when none."""
-    return tp_flag(args) or 1
-
-
-def preflight(host: Host, space: Space, engine: Engine | None = None) -> HostInfo:
-    """:meth:`Host.preflight` for ``space``'s engine (``engine`` when the caller has resolved it) and python, or
-    the host's own python (nvidia-smi only for a GPU engine), its model path (not for the simulator, which
-    reads none) and tensor parallel size; installs the simulated nvidia-smi on the host first for a ``sim``
-    space."""
-    engine = engine or get_engine(space.engine.kind, engine_options(space))
-    python = host.python or space.engine.python
-    if space.engine.kind == "sim":
-        install_sim_smi(host, space, python)
-    return host.preflight(space.engine.kind, python, engine.version_command(python),
-                          gpus=space.engine.device == "gpu",
-                          model_path=None if space.engine.kind == "sim" else space.model_path,  # sim reads none
-                          gpus_needed=tp_size(space.fixed_args) if space.engine.device == "gpu" else 0)

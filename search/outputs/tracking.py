@@ -4,7 +4,7 @@ Only :class:`mlflow.MlflowClient` with explicit experiment and run ids is used, 
 keeps a process-wide active run). mlflow is imported on first use: it takes a second or more to import, and
 ``servetune --help`` must stay fast.
 
-What a child run holds (read from the trial record, :mod:`search.records`):
+What a child run holds (read from the trial record, :mod:`search.trial.records`):
 
 * params: every searched knob (the trial's params), ``fixed_args``, ``engine``, ``engine_version``, ``host``,
   ``gpu_name``, ``gpu_count``, ``model_path``;
@@ -22,7 +22,7 @@ What a child run holds (read from the trial record, :mod:`search.records`):
 The experiment is tagged ``mlflow.experimentKind = custom_model_development``: MLflow 3's UI then opens it
 in the classic runs view (with no such tag it guesses, and a study with no traces opens on an empty GenAI
 overview); and ``mlflow.experiment.primaryMetric.name`` names the objective (:data:`TAG_PRIMARY_METRIC`).
-:meth:`MlflowTracker.finish_study` logs the study's figures (:mod:`search.figures`, plotly HTML with its
+:meth:`MlflowTracker.finish_study` logs the study's figures (:mod:`search.outputs.figures`, plotly HTML with its
 JavaScript inlined, so they open offline) and the HTML report to the parent run.
 
 Logging is idempotent: a trial's run is found by its ``servetune.trial`` tag and never logged twice, so the
@@ -56,11 +56,11 @@ from optuna.artifacts import download_artifact
 from optuna.trial import FrozenTrial, TrialState
 
 from runners.errors import ServetuneError, StudyError, first_line
-from search.front import Goal
-from search.records import MEM_PREFIX, TrialFacts
-from search.report import study_status
+from search.outputs.status import study_status
 from search.settings import DEFAULT_TRACKING_URI
-from search.study import redact, sqlite_file
+from search.storage import redact, sqlite_file
+from search.strategy.view import StudyView
+from search.trial.records import MEM_PREFIX, TrialFacts
 from spaces.schema import OBJECTIVE_UNITS
 
 if TYPE_CHECKING:
@@ -213,7 +213,7 @@ class MlflowTracker:
                 added += 1
             return SyncResult(added=added, present=present)
 
-    def finish_study(self, study: optuna.Study, *, figures: dict[str, go.Figure] | None = None,
+    def finish_study(self, view: StudyView, *, figures: dict[str, go.Figure] | None = None,
                      report: Path | None = None) -> None:
         """Mark the study's parent run FINISHED with summary metrics (counts, best value), and log the
         ``figures`` (``figures/<id>.html``, self-contained) and the ``report`` file (``report/``) to it.
@@ -222,8 +222,8 @@ class MlflowTracker:
         """
         for callback in self._callbacks:
             callback.drain()
-        name = study.study_name
-        status = study_status(study)  # the figures of ``servetune status``
+        name = view.name
+        status = study_status(view)  # the figures of ``servetune status``
         counts, best = status.trials, status.best
         finished = counts.done
         now = _now_ms()
@@ -240,14 +240,13 @@ class MlflowTracker:
         tags = [RunTag("servetune.direction", status.direction)]
         if best is not None and best.value is not None:
             metrics.append(Metric("best_value", float(best.value), now, finished))
-            best_rec = next((TrialFacts.from_trial(t) for t in study.get_trials(deepcopy=False)
-                             if t.number == best.number), None)
+            best_rec = view.choice.record if view.choice is not None else None
             if best_rec is not None:
                 metrics.append(Metric(objective_key(best_rec, prefix=BEST_PREFIX), float(best.value), now,
                                       finished))
             tags.append(RunTag("servetune.best_trial", str(best.number)))
             # A pareto study: "best" is the knee of the front; its figures per metric as well.
-            for metric, value in zip(Goal.of(study).metrics, best.values or (), strict=False):
+            for metric, value in zip(view.goal.metrics, best.values or (), strict=False):
                 metrics.append(Metric(f"knee.{metric}", float(value), now, finished))
             if best.free_after_capture_gib is not None:
                 metrics.append(Metric("best_free_after_capture_gib", best.free_after_capture_gib, now,
@@ -463,7 +462,7 @@ class MlflowTracker:
 
 
 class MlflowCallback:
-    """Optuna study callback ``(study, frozen_trial) -> None`` that logs the trial and never raises.
+    """Study callback ``(view, frozen_trial) -> None`` that logs the trial and never raises.
 
     When logging a trial fails (MLflow unreachable or broken) it logs one warning (python ``logging``) and
     skips MLflow for every later trial of the run instead of trying again per trial (each try may cost
@@ -483,11 +482,11 @@ class MlflowCallback:
             self._worker = threading.Thread(target=self._drain_forever, name="mlflow-logger", daemon=True)
             self._worker.start()
 
-    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+    def __call__(self, view: StudyView, trial: FrozenTrial) -> None:
         if self._queue is not None:
-            self._queue.put((study.study_name, trial))
+            self._queue.put((view.name, trial))
             return
-        self._log(study.study_name, trial)
+        self._log(view.name, trial)
 
     def _drain_forever(self) -> None:
         assert self._queue is not None

@@ -33,6 +33,7 @@ activations and graphs; the refusal says what was needed and what was available)
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 from collections.abc import Iterable, Mapping
@@ -41,8 +42,10 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from runners.engines.common import flag_value
 from runners.telemetry import FailureKind
-from search.records import TrialFacts
+from search.trial.records import TrialFacts
+from spaces.schema import Space
 
 __all__ = [
     "VLLM_ALLOCATION",
@@ -57,11 +60,14 @@ __all__ = [
     "batch_tokens",
     "facts_from_record",
     "facts_from_trial",
+    "study_model",
     "vllm_facts_from_record",
+    "vllm_fixed",
+    "workload_batch_tokens",
 ]
 
 #: What a skip's outcome says (a :class:`~runners.telemetry.FailureKind`; its facts are fields of
-#: :class:`~search.records.TrialFacts`: ``predicted_margin_gib``, ``predicted_sd_gib``, ``predicted_phase``,
+#: :class:`~search.trial.records.TrialFacts`: ``predicted_margin_gib``, ``predicted_sd_gib``, ``predicted_phase``,
 #: ``prediction_rests_on``, ``measured_margin_gib``).
 PREDICTED_OOM = FailureKind.PREDICTED_OOM
 MARGIN_CONSTRAINT = "memory_margin_gib"
@@ -694,3 +700,37 @@ class VllmMemoryModel:
             return max(free[0] - f.demand, 0.0)
         pred = self.predict_params(rec.params)
         return max(pred.margin_gib, 0.0) if pred is not None else 0.0
+
+
+# ---- a study's model ----------------------------------------------------------------------------------
+
+
+def workload_batch_tokens(space: Space) -> int | None:
+    """:func:`batch_tokens` of the space's workload."""
+    wl = space.workload
+    return batch_tokens(space.target_level, None if wl.dataset else wl.input_len,
+                        wl.prefix.len if wl.prefix is not None else 0)
+
+
+def vllm_fixed(space: Space) -> dict[str, float]:
+    """The vLLM memory settings a space fixes rather than searches: ``--max-model-len`` and
+    ``--gpu-memory-utilization`` in ``fixed_args``, ``VLLM_CPU_KVCACHE_SPACE`` in ``env``."""
+    given = {"max_model_len": flag_value(space.fixed_args, "--max-model-len"),
+             "gpu_memory_utilization": flag_value(space.fixed_args, "--gpu-memory-utilization"),
+             "kv_cache_space_gib": (space.env or {}).get("VLLM_CPU_KVCACHE_SPACE")}
+    out: dict[str, float] = {}
+    for key, value in given.items():
+        if value is not None:
+            with contextlib.suppress(ValueError):
+                out[key] = float(value)
+    return out
+
+
+def study_model(space: Space, trials: Iterable[TrialFacts]) -> MemoryModel | VllmMemoryModel | None:
+    """The memory model of a study of ``space``, fitted to its finished launches: SGLang's arithmetic for
+    SGLang and the simulated host, vLLM's start-up checks for vLLM, None for an engine without one."""
+    if space.engine.kind == "vllm":
+        return VllmMemoryModel.from_trials(trials, vllm_fixed(space))
+    if space.engine.kind not in ("sglang", "sim"):
+        return None
+    return MemoryModel.from_trials(trials, target=space.target_level, batch_tokens=workload_batch_tokens(space))

@@ -1,6 +1,6 @@
 """A space in words, and what a run would launch: what ``servetune validate`` and ``run --dry-run`` print.
 
-Both read the space and the sampler's start-up plan (:mod:`search.sampling`) and render launches with the same
+Both read the space and the sampler's start-up plan (:mod:`search.strategy.design`) and render launches with the same
 engines a trial uses (:mod:`runners.engines.script`); nothing here opens a host, a storage or MLflow, so
 neither command launches anything or writes to a study.
 """
@@ -17,7 +17,8 @@ from typing import Any
 from runners.engines import engine_for
 from runners.engines.script import render
 from runners.errors import ConfigError
-from search.sampling import distributions, held_inert, inert_knobs, probe_params, startup_design
+from search.strategy.design import probe_params, startup_design
+from search.strategy.distributions import distributions, held_inert, inert_knobs
 from spaces.launch import LaunchConfig, engine_options
 from spaces.schema import OBJECTIVE_UNITS, BoolChoices, FloatRange, IntChoices, Space
 
@@ -133,7 +134,7 @@ def _workload_words(space: Space) -> str:
 
 
 def _budget_words(space: Space) -> str:
-    from search.report import format_duration
+    from search.outputs.report import format_duration
 
     b = space.budget
     trials = f"{b.n_trials} trials" if b.n_trials else "no trial limit"
@@ -196,7 +197,7 @@ class DryRun:
 def dry_run(space: Space, *, study: str, hosts: Sequence[str], n_trials: int | None, timeout: float | None,
             existing_trials: int = 0, first: int = 3) -> DryRun:
     """The plan of a run, without launching or writing anything: for a new study the probe and the next
-    ``first - 1`` start-up launches (:func:`search.sampling.startup_design`), each with its command."""
+    ``first - 1`` start-up launches (:func:`search.strategy.distributions.startup_design`), each with its command."""
     launches: list[tuple[str, dict[str, Any], str]] = []
     if existing_trials == 0:
         plan = [("probe (its --mem-fraction-static is set from the host's cards when the run starts)"

@@ -1,218 +1,52 @@
-"""The Optuna objective: sample, launch, wait, sweep, record, stop — and map the outcome to a trial state.
+"""The server path of a trial: launch the engine on a host, wait until it is ready, sweep, stop, record.
 
-* success returns the objective (the metric at the target concurrency level; a ``pareto`` trial: its
-  metrics there, one value each); each level's throughput is also reported as an intermediate value (step =
-  concurrency), for the levels that finished only (a trial that died at a level reports nothing there, never
-  a 0), but in a ``pareto`` study, where Optuna keeps none;
-* a config-caused death (OOM anywhere, an illegal NCCL combination, a flag the engine rejects, a crash)
-  records its telemetry and raises :class:`optuna.TrialPruned` -> PRUNED;
-* infrastructure trouble (host unreachable, timeouts, a GPU busy with a foreign process, interruption)
-  records its reason and raises :class:`TrialFailed` -> FAIL, so the sampler learns no false lesson;
-* a configuration already measured (COMPLETE or PRUNED) is not run again: its result is reused.
+:class:`ServerEvaluator` is the :class:`~search.trial.evaluate.Evaluator` of ``servetune run``: a success returns
+the objective (the metric at the target level; a ``pareto`` trial its metrics there), each finished level's
+throughput is reported as an intermediate value (never a 0 for a level the server died in); a config-caused
+death records its telemetry and raises :class:`optuna.TrialPruned`; infrastructure trouble raises
+:class:`~search.trial.objective.TrialFailed`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
 from optuna.artifacts import upload_artifact
-from optuna.trial import TrialState
 
 from runners.engines import Engine, engine_for
-from runners.engines.common import flag_value
 from runners.engines.script import render
-from runners.errors import RunnerError, ServetuneError
+from runners.errors import RunnerError
 from runners.host import HostInfo
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
 from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
-from search._optuna_compat import ArtifactStore, known_params, was_enqueued
-from search.evaluate import Evaluator, level_order
-from search.hosts import preflight
-from search.memory import MARGIN_CONSTRAINT, MemoryModel, VllmMemoryModel, batch_tokens
-from search.pool import HostSlot
-from search.records import LevelResult, RateStepFacts, TrialFacts, note_waiting, records, write_facts
-from search.sampling import normal_params, sample
-from search.slo import find_max_rate
-from search.study import fail_stale
-from search.workload import bench_plan, run_files
+from search.trial.evaluate import Slot, level_order
+from search.trial.objective import TrialEnv, TrialFailed, emit
+from search.trial.preflight import preflight
+from search.trial.records import LevelResult, RateStepFacts, TrialFacts
+from search.trial.slo import find_max_rate
+from search.trial.workload import bench_plan, run_files
 from spaces.launch import LaunchConfig
-from spaces.schema import Space
+
+__all__ = ["RELEASE_WINDOW_S", "ServerEvaluator"]
 
 #: A host whose last server stopped less than this many seconds ago may still be releasing GPU memory.
 RELEASE_WINDOW_S = 30.0
 
-#: After this many skips in a row the next sampled configuration is launched whatever the model says
-#: (a wrong model must not starve the search).
-MAX_SKIPS_IN_A_ROW = 30
 
-#: The phase a skip is recorded at, for the need the memory model found short.
-_SKIP_PHASE = {"kv_pool": Phase.KV_POOL, "cuda_graph": Phase.CUDA_GRAPH, "serve": Phase.SERVING,
-               "eager": Phase.DECODE, "max_model_len": Phase.KV_POOL}
+class ServerEvaluator:
+    """Launch the trial's server on the host the caller holds, wait, sweep, stop (the real evaluator)."""
 
-
-def workload_batch_tokens(space: Space) -> int | None:
-    """:func:`search.memory.batch_tokens` of the space's workload."""
-    wl = space.workload
-    return batch_tokens(space.target_level, None if wl.dataset else wl.input_len,
-                        wl.prefix.len if wl.prefix is not None else 0)
-
-
-def vllm_fixed(space: Space) -> dict[str, float]:
-    """The vLLM memory settings a space fixes rather than searches: ``--max-model-len`` and
-    ``--gpu-memory-utilization`` in ``fixed_args``, ``VLLM_CPU_KVCACHE_SPACE`` in ``env``."""
-    given = {"max_model_len": flag_value(space.fixed_args, "--max-model-len"),
-             "gpu_memory_utilization": flag_value(space.fixed_args, "--gpu-memory-utilization"),
-             "kv_cache_space_gib": (space.env or {}).get("VLLM_CPU_KVCACHE_SPACE")}
-    out: dict[str, float] = {}
-    for key, value in given.items():
-        if value is not None:
-            with contextlib.suppress(ValueError):
-                out[key] = float(value)
-    return out
-
-ProgressHook = Callable[[int, str, Any], None]
-"""``hook(trial_number, kind, value)``: kinds ``host``, ``phase``, ``level``, ``outcome``."""
-
-
-class TrialFailed(ServetuneError):
-    """Raised out of the objective for infrastructure trouble: Optuna records the trial as FAIL."""
-
-    def __init__(self, failure: Failure) -> None:
-        super().__init__(f"{failure.kind.value}: {failure.reason}")
-        self.failure = failure
-
-
-@dataclass
-class TrialEnv:
-    """Everything a trial needs besides the trial itself."""
-
-    space: Space
-    study_name: str
-    artifacts_dir: Path
-    artifact_store: ArtifactStore | None = None
-    hook: ProgressHook | None = None
-    abort: threading.Event = field(default_factory=threading.Event)
-    smi_interval: float = 1.0
-    preflight_cache: dict[str, HostInfo] = field(default_factory=dict)
-    artifacts_error: str = ""
-    """Set when a trial's files could not be written (a full disk): the run stops before the next trial."""
-
-
-class Objective:
-    """The objective bound to a :class:`TrialEnv`: :meth:`run` runs a trial on a host the caller holds.
-
-    A trial goes: sample -> reuse a measured twin -> the memory model's verdict (a configuration it
-    predicts dies, likely or for certain, is not launched: PRUNED ``predicted_oom``) -> the evaluator (by default
-    this objective's own server launch; :mod:`search.evaluate`) -> the margin as an Optuna constraint.
-    Confirmations (``confirmation_of``) and the probe skip the reuse and the verdict.
-    """
-
-    def __init__(self, env: TrialEnv, evaluator: Evaluator | None = None, *, memory_gate: bool = True) -> None:
+    def __init__(self, env: TrialEnv) -> None:
         self.env = env
-        self.evaluator: Evaluator = evaluator or _ServerEvaluator(self)
-        self.memory_gate = memory_gate
 
-    def run(self, trial: optuna.Trial, slot: HostSlot | None) -> float | list[float]:
-        """Run the trial on a host the caller holds (and gives back): its value, or a ``pareto`` trial's
-        values (one per metric)."""
-        env = self.env
-        params = sample(trial, env.space)
-        facts = TrialFacts.for_trial(trial)
-        try:
-            return self._evaluate(trial, params, slot, facts)
-        finally:
-            # The one write of the trial's record, however it ended.
-            write_facts(trial, facts)
-
-    def _evaluate(self, trial: optuna.Trial, params: dict[str, Any], slot: HostSlot | None,
-                  facts: TrialFacts) -> float | list[float]:
-        env = self.env
-        repeat = facts.confirmation_of is not None
-        # A configuration someone queued (the probe, a retry, a person's enqueue_trial) is launched as
-        # asked; the start-up design's points are ours and the model may skip them.
-        queued = was_enqueued(trial) and not facts.design
-        if not repeat:
-            reused = _reuse(trial, params, facts, abort=env.abort)
-            if reused is not None:
-                return reused
-        launch = LaunchConfig.from_params(env.space, params)
-        facts.engine = launch.engine
-        facts.objective_metric = env.space.objective.scored_by
-        if env.space.objective.kind == "pareto":
-            facts.objective_metrics = env.space.objective.metric_names
-        facts.objective_level = env.space.target_level
-        model = self._model(trial) if self.memory_gate else None
-        if model is not None and not repeat and not queued:
-            self._verdict(trial, params, model, facts)
-        try:
-            value = self.evaluator.evaluate(trial, launch, slot, facts)
-        except optuna.TrialPruned:
-            self._measured(trial, params, model, facts)
-            raise
-        self._measured(trial, params, model, facts)
-        return value
-
-    # ---- the memory model ----------------------------------------------------------------------
-
-    def _model(self, trial: optuna.Trial) -> MemoryModel | VllmMemoryModel | None:
-        """The study's memory model, refitted from every finished trial (so a launch that contradicts a
-        prediction counts at once): SGLang's arithmetic for SGLang and the simulated host, vLLM's start-up
-        checks for vLLM."""
-        space = self.env.space
-        past = [TrialFacts.from_trial(t) for t in
-                trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))]
-        if space.engine.kind == "vllm":
-            return VllmMemoryModel.from_trials(past, vllm_fixed(space))
-        if space.engine.kind not in ("sglang", "sim"):
-            return None
-        return MemoryModel.from_trials(past, target=space.target_level, batch_tokens=workload_batch_tokens(space))
-
-    def _verdict(self, trial: optuna.Trial, params: dict[str, Any], model: MemoryModel | VllmMemoryModel,
-                 facts: TrialFacts) -> None:
-        pred = model.predict_params(params)
-        if pred is None:
-            return
-        facts.predicted_margin_gib = round(pred.margin_gib, 3)
-        facts.predicted_sd_gib = round(pred.sd_gib, 3)
-        facts.predicted_phase = pred.tightest
-        facts.prediction_rests_on = list(pred.rests_on)
-        if not pred.likely_death or _skips_in_a_row(trial) >= MAX_SKIPS_IN_A_ROW:
-            return
-        facts.outcome, facts.phase = FailureKind.PREDICTED_OOM, _SKIP_PHASE.get(pred.tightest)
-        facts.reason = (f"predicted to die in {pred.tightest}: margin {pred.margin_gib:+.2f} GiB "
-                        f"(sd {pred.sd_gib:.2f}), from trials {list(pred.rests_on)}")
-        trial.set_constraint(MARGIN_CONSTRAINT, max(-pred.margin_gib, 0.01))
-        self._emit(trial, "outcome", FailureKind.PREDICTED_OOM.value)
-        raise optuna.TrialPruned(f"predicted OOM in {pred.tightest} (margin {pred.margin_gib:+.2f} GiB)")
-
-    def _measured(self, trial: optuna.Trial, params: dict[str, Any], model: MemoryModel | VllmMemoryModel | None,
-                  facts: TrialFacts) -> None:
-        """The launch's margin as the memory constraint: an OOM's deficit, else its predicted headroom."""
-        if model is None:
-            return
-        margin = model.add_record(facts.model_copy(update={"number": trial.number, "params": params}))
-        if margin is None:
-            return
-        facts.measured_margin_gib = round(margin, 3)
-        trial.set_constraint(MARGIN_CONSTRAINT, -margin)
-
-    # ------------------------------------------------------------------------------------------
-
-    def _emit(self, trial: optuna.Trial, kind: str, value: Any) -> None:
-        if self.env.hook is not None:
-            self.env.hook(trial.number, kind, value)
-
-    def _preflight(self, slot: HostSlot, engine: Engine) -> HostInfo:
+    def _preflight(self, slot: Slot, engine: Engine) -> HostInfo:
         """Stop orphans, check the host is reachable, the engine present and the GPUs free."""
         env = self.env
         host = slot.host
@@ -237,8 +71,8 @@ class Objective:
         host.require_free(info)
         return info
 
-    def _run(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot | None,
-             facts: TrialFacts) -> float | list[float]:
+    def evaluate(self, trial: optuna.Trial, launch: LaunchConfig, slot: Slot | None,
+                 facts: TrialFacts) -> float | list[float]:
         assert slot is not None, "a server launch needs a host"
         env = self.env
         space = env.space
@@ -246,7 +80,7 @@ class Objective:
         host_overrides = {"port": slot.host.launch_port(), "python": slot.host.python}
         launch = launch.model_copy(update={k: v for k, v in host_overrides.items() if v is not None})
         facts.launch_config = launch.model_dump(mode="json")
-        self._emit(trial, "host", slot.name)
+        emit(self.env, trial, "host", slot.name)
         facts.host = slot.name
         engine = engine_for(launch)  # resolved once per trial and passed on
         try:
@@ -268,9 +102,9 @@ class Objective:
 
         def hook(kind: str, value: Any) -> None:
             if kind == "phase":
-                self._emit(trial, "phase", value.value if isinstance(value, Phase) else value)
+                emit(self.env, trial, "phase", value.value if isinstance(value, Phase) else value)
             elif kind == "level":
-                self._emit(trial, "level", value)
+                emit(self.env, trial, "level", value)
 
         session = ServerSession(
             slot.host, engine, launch, script=script, run_dir=run_dir, run_id=run_id,
@@ -289,7 +123,7 @@ class Objective:
             failure = self._wait_ready(session)
             facts.startup_s = round(time.monotonic() - started, 3)
             if failure is None:
-                self._emit(trial, "phase", "benchmarking")
+                emit(self.env, trial, "phase", "benchmarking")
                 bench_started = time.monotonic()
                 if space.objective.kind == "max_rate_under_slo":
                     bench = self._rate_search(session, engine.bench_api, launch.model_path, facts)
@@ -354,7 +188,7 @@ class Objective:
 
     def _rate_search(self, session: ServerSession, api: str, model: str, facts: TrialFacts) -> BenchResult:
         """``max_rate_under_slo``: the highest request rate (Poisson arrivals, at most the target level in
-        flight) at which the SLO holds, by :func:`search.slo.find_max_rate`; every step is one load generator
+        flight) at which the SLO holds, by :func:`search.trial.slo.find_max_rate`; every step is one load generator
         run at one rate, kept as a level of the trial. A death ends the search (the trial is then PRUNED)."""
         space = self.env.space
         plan_of = space.objective.rate_search
@@ -448,7 +282,7 @@ class Objective:
         if slo.p99_tpot_ms is not None:
             trial.set_constraint("p99_tpot_ms", float(row.p99_tpot_ms or 0) - slo.p99_tpot_ms)
         facts.outcome, facts.phase, facts.reason = "ok", None, ""
-        self._emit(trial, "outcome", "ok")
+        emit(self.env, trial, "outcome", "ok")
         values = [float(row.figure(m)) for m in names]
         return values if space.objective.kind == "pareto" else values[0]
 
@@ -459,7 +293,7 @@ class Objective:
         rate = facts.slo_rate
         trial.set_constraint("slo_rate", 0.0 if rate is not None else 1.0)
         facts.outcome, facts.phase, facts.reason = "ok", None, ""
-        self._emit(trial, "outcome", "ok")
+        emit(self.env, trial, "outcome", "ok")
         if rate is None:
             facts.reason = f"no rate from {objective.rate_search.low:g} req/s up holds the SLO"
             return 0.0
@@ -474,7 +308,7 @@ class Objective:
             facts.exit_code = failure.exit_code
         if failure.kind == FailureKind.OOM and failure.phase is not None:
             facts.memory = {**facts.memory, "oom_phase": failure.phase.value}
-        self._emit(trial, "outcome", failure.kind.value)
+        emit(self.env, trial, "outcome", failure.kind.value)
 
     def _prune(self, trial: optuna.Trial, facts: TrialFacts, failure: Failure) -> None:
         self._set_failure(trial, facts, failure)
@@ -486,82 +320,8 @@ class Objective:
         raise TrialFailed(failure)
 
 
-class _ServerEvaluator:
-    """The real evaluator: launch the server on the host, wait, sweep, stop (:meth:`Objective._run`)."""
-
-    def __init__(self, objective: Objective) -> None:
-        self._objective = objective
-
-    def evaluate(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot | None,
-                 facts: TrialFacts) -> float | list[float]:
-        return self._objective._run(trial, launch, slot, facts)
-
-
 def _fail_fast(plan: BenchPlan, target: int) -> BenchPlan:
     """The plan with its levels in fail-fast order (target first), each with its request count."""
     per_level = dict(zip(plan.levels, plan.requests, strict=True))
     order = level_order(plan.levels, target)
     return dataclasses.replace(plan, levels=order, requests=tuple(per_level[c] for c in order))
-
-
-def _skips_in_a_row(trial: optuna.Trial) -> int:
-    """How many of the study's latest finished trials in a row were predicted-OOM skips."""
-    n = 0
-    done = [r for r in records(trial.study) if r.state in (TrialState.PRUNED, TrialState.COMPLETE)]
-    for past in sorted(done, key=lambda r: r.number, reverse=True):
-        if not past.predicted_oom:
-            break
-        n += 1
-    return n
-
-
-def _reuse(trial: optuna.Trial, params: dict[str, Any], facts: TrialFacts, *,
-           abort: threading.Event | None = None, poll: float = 0.5) -> float | list[float] | None:
-    """If these params were already measured (COMPLETE or PRUNED), reuse that result instead of rerunning:
-    ``facts`` become the measured trial's (with ``duplicate_of``).
-
-    A trial with the same params that is still RUNNING under a lower number (another host or controller
-    got there first) is waited for, so that a configuration is never run twice at once; if it ends FAIL
-    (infrastructure trouble), this trial runs the configuration itself.
-    """
-    study = trial.study
-    params = normal_params(params)
-    while True:
-        for past in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            if past.number == trial.number or normal_params(past.params) != params:
-                continue
-            measured = TrialFacts.from_trial(past)
-            if measured.predicted_oom:
-                continue  # a prediction, not a measurement: the model may have learnt better since
-            origin = measured.duplicate_of if measured.duplicate_of is not None else past.number
-            for name in TrialFacts.model_fields:
-                if name not in _NOT_REUSED:
-                    setattr(facts, name, getattr(measured, name))
-            facts.duplicate_of = origin
-            if past.state == TrialState.COMPLETE:
-                for key, value in past.constraints.items():
-                    trial.set_constraint(key, value)
-                assert past.values
-                return float(past.values[0]) if len(past.values) == 1 else [float(v) for v in past.values]
-            raise optuna.TrialPruned(f"same configuration as trial {origin}: {measured.label}")
-        # A twin whose controller died must not be waited for forever: fail it once it is stale
-        # (its configuration is then re-queued), as the budget reservation does.
-        fail_stale(study)
-        # A twin that was queued and has not sampled yet counts by its queued params.
-        twins = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                 if t.number < trial.number and normal_params(known_params(t)) == params]
-        if not twins:
-            return None
-        if abort is not None and abort.is_set():
-            facts.outcome, facts.phase, facts.reason = FailureKind.INTERRUPTED, None, "interrupted"
-            raise TrialFailed(Failure(FailureKind.INTERRUPTED, None, "interrupted"))
-        note_waiting(trial, twins[0])
-        time.sleep(poll)
-
-
-#: What a reused trial does not take over from the trial it repeats: Optuna's own facts (its number,
-#: state, params, times...), where it came from, and the measured trial's artifact ids.
-_NOT_REUSED = frozenset(
-    {name for name, f in TrialFacts.model_fields.items() if f.exclude}
-    | {"duplicate_of", "artifact_ids", "probe", "design", "confirmation_of", "final"}
-)

@@ -1,54 +1,28 @@
-"""The evaluator seam: how a trial's configuration is measured, behind one small protocol.
+"""The simulated host's pure model as an evaluator, in-process: what the efficiency benchmark and the search
+tests launch instead of a server.
 
-The search loop (:class:`search.objective.Objective`) samples a configuration, consults the memory model,
-and hands the launch to an :class:`Evaluator`. ``servetune run`` uses the objective's own server path
-(launch on a host, wait, sweep, stop); the efficiency benchmark uses :class:`SimEvaluator`, which
-evaluates the simulated host's pure model (``runners.simhost.model``) in-process. Both fill the same
-trial record (:class:`~search.records.TrialFacts`: outcome, phase, memory figures, levels) and end the
-same way: a value for a server that served the target level, :class:`optuna.TrialPruned` for one that
-died of its configuration. So the benchmark measures the product's search code, not a copy of it.
-
-A death ends the trial at once (fail fast): the levels run with the one most likely to die first, the
-target concurrency, then the others from the highest down (:func:`level_order`).
+It lives here, outside the product's import path: ``servetune run`` launches the simulated host as a real
+process (``python -m runners.simhost``) like any engine, and never imports its 1k-line model.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import optuna
 
+from runners.engines.sglang import SGLangEngine
 from runners.simhost.model import LevelResult as SimLevel
 from runners.simhost.model import Outcome, Workload, noise_factor, predict_from_argv
 from runners.simhost.profile import SimProfile, load_profile
 from runners.telemetry import FailureKind, Phase
-from search.pool import HostSlot
-from search.records import LevelResult, TrialFacts
+from search.trial.evaluate import Slot, level_order
+from search.trial.records import LevelResult, TrialFacts
 from spaces.launch import LaunchConfig
 from spaces.schema import Space
-
-__all__ = ["Evaluator", "SimEvaluator", "level_order"]
-
-
-class Evaluator(Protocol):
-    """Measure one launch of ``launch`` for ``trial``, filling ``facts`` (the trial's record, which the
-    objective writes once when the trial ends): return the objective (a ``pareto`` study's values, one per
-    metric), or record the death in ``facts`` and raise :class:`optuna.TrialPruned` (config-caused) /
-    :class:`search.objective.TrialFailed` (infrastructure)."""
-
-    def evaluate(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot | None,
-                 facts: TrialFacts) -> float | list[float]: ...
-
-
-def level_order(levels: Sequence[int], target: int) -> tuple[int, ...]:
-    """The sweep order that fails fast: the target level first, then the others from the highest down."""
-    rest = sorted((c for c in levels if c != target), reverse=True)
-    return (target, *rest) if target in levels else tuple(rest)
-
 
 # Simulator figure -> the telemetry name the SGLang log parser records it under.
 _SIM_MEM = {
@@ -96,8 +70,6 @@ class SimEvaluator:
 
     def outcome(self, launch: LaunchConfig) -> Outcome:
         """The noiseless outcome of ``launch`` with the levels in fail-fast order (cached)."""
-        from runners.engines.sglang import SGLangEngine
-
         argv = SGLangEngine().argv(launch.model_copy(update={"engine": "sglang"}), self.version or "")[3:]
         env = launch.env
         key = (*argv, *sorted(f"{k}={v}" for k, v in env.items()))
@@ -128,7 +100,7 @@ class SimEvaluator:
         value = getattr(row, self.space.objective.metric, None)
         return None if value is None else float(value)
 
-    def evaluate(self, trial: optuna.Trial, launch: LaunchConfig, slot: HostSlot | None,
+    def evaluate(self, trial: optuna.Trial, launch: LaunchConfig, slot: Slot | None,
                  facts: TrialFacts) -> float | list[float]:
         out = self.outcome(launch)
         factor = noise_factor(self.profile, self._rng.randrange(1 << 30))

@@ -15,8 +15,9 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from search._optuna_compat import note_target
-from search.records import TrialFacts
-from search.report import THIN_HEADROOM_GIB, levels_table, memory_table
+from search.outputs.text import THIN_HEADROOM_GIB, levels_table, memory_table
+from search.strategy.view import StudyView
+from search.trial.records import TrialFacts
 
 __all__ = ["NotesCallback", "note_markdown", "notes_callback", "oom_lines", "write_note"]
 
@@ -83,14 +84,14 @@ def oom_lines(log_tail: str) -> list[str]:
 
 
 class NotesCallback:
-    """Optuna study callback that writes the finished trial's note; logs a warning and carries on on error."""
+    """Study callback that writes the finished trial's note; logs a warning and carries on on error."""
 
     def __init__(self) -> None:
         self.failures = 0
 
-    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+    def __call__(self, view: StudyView, trial: FrozenTrial) -> None:
         try:
-            write_note(study, trial)
+            write_note(view.study, trial)
         except Exception as exc:  # a note is a convenience: the study goes on without it
             self.failures += 1
             log = logger.warning if self.failures == 1 else logger.debug
@@ -98,5 +99,5 @@ class NotesCallback:
 
 
 def notes_callback() -> NotesCallback:
-    """A study callback ``(study, frozen_trial) -> None`` that saves each trial's note and never raises."""
+    """A study callback ``(view, frozen_trial) -> None`` that saves each trial's note and never raises."""
     return NotesCallback()

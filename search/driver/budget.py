@@ -1,0 +1,128 @@
+"""The budget: trials are created one at a time inside a lock all controllers of the study share, as the strategy
+says (see :mod:`search.driver.run`, "The budget is exact across controllers").
+
+:meth:`Budget.reserve` asks the strategy what to do *outside* the lock, on a view of the study read there; inside
+the lock it reads the trials' numbers and states once more and asks again only when they changed, then applies
+the answer (queue and ask, ask, wait, done). So the lock is held for one read of the study and one ``ask``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import RDBStorage
+
+from search._optuna_compat import trial_id
+from search.storage import fail_stale, sqlite_file
+from search.strategy.strategy import Done, Strategy, apply
+from search.strategy.view import StudyView, fingerprint
+from search.trial.records import note_host
+
+__all__ = ["Budget", "StudyLock"]
+
+
+class StudyLock:
+    """A lock around trial creation, shared by every controller of the study (see the module docstring)."""
+
+    def __init__(self, storage: RDBStorage, study_id: int, url: str) -> None:
+        self._thread_lock = threading.Lock()
+        self._storage = storage
+        self._key = (0x53525654, study_id)  # "SRVT", study
+        self._dialect = storage.engine.dialect.name
+        self._conn: Any = None
+        self._file: Path | None = None
+        db = sqlite_file(url) if self._dialect == "sqlite" else None
+        if db is not None and not str(db).startswith("file::memory"):
+            self._file = db.with_name(db.name + ".servetune-lock")
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._thread_lock:
+            if self._dialect == "postgresql":
+                import sqlalchemy
+
+                if self._conn is None:
+                    self._conn = self._storage.engine.connect()
+                try:
+                    self._conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:a, :b)"),
+                                       {"a": self._key[0], "b": self._key[1]})
+                    self._conn.commit()
+                except Exception:
+                    self._drop_connection()
+                    raise
+                try:
+                    yield
+                finally:
+                    try:
+                        self._conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:a, :b)"),
+                                           {"a": self._key[0], "b": self._key[1]})
+                        self._conn.commit()
+                    except Exception:  # the session is gone, and its lock with it
+                        self._drop_connection()
+            elif self._file is not None:
+                with open(self._file, "a") as fh:
+                    fcntl.flock(fh, fcntl.LOCK_EX)
+                    try:
+                        yield
+                    finally:
+                        fcntl.flock(fh, fcntl.LOCK_UN)
+            else:
+                yield
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+    def close(self) -> None:
+        with self._thread_lock:
+            self._drop_connection()
+
+
+class Budget:
+    """Reserves trials for the workers as :class:`~search.strategy.strategy.Strategy` says: counts and locks,
+    nothing more."""
+
+    DONE = "done"
+    WAIT = "wait"
+
+    def __init__(self, study: optuna.Study, strategy: Strategy, lock: StudyLock, storage: RDBStorage) -> None:
+        self.study = study
+        self.strategy = strategy
+        self.lock = lock
+        self.storage = storage
+        self.why = ""
+        """Why the last reservation was DONE or WAIT."""
+
+    def view(self) -> StudyView:
+        return self.strategy.view(self.study)
+
+    def done(self) -> bool:
+        """The study already holds its search budget."""
+        return self.strategy.search_done(self.view())
+
+    def reserve(self, host: str) -> tuple[optuna.Trial, StudyView] | str:
+        """A new (or re-queued) trial for ``host`` with its first heartbeat recorded, and the view it was
+        reserved on (the trial's gate uses its memory model); or DONE; or WAIT."""
+        view = self.view()
+        action = self.strategy.next(view)
+        with self.lock():
+            fail_stale(self.study)  # serialised by the lock
+            if fingerprint(self.study.get_trials(deepcopy=False)) != view.fingerprint:
+                view = self.view()  # another worker or controller changed the study meanwhile
+                action = self.strategy.next(view)
+            trial = apply(self.study, action)
+            if trial is None:
+                self.why = action.why
+                return self.DONE if isinstance(action, Done) else self.WAIT
+            # Named at once: `servetune status` and a recovering controller see which host runs it.
+            note_host(trial, host)
+            self.storage.record_heartbeat(trial_id(trial))
+            return trial, view

@@ -1,0 +1,117 @@
+"""Markdown and number formatting shared by every output (report, dashboard notes, status, export)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeGuard
+
+from search.trial.records import LevelResult
+
+__all__ = ["MEMORY_LABELS", "THIN_HEADROOM_GIB", "cell", "escape", "fmt", "format_duration", "is_number",
+           "levels_table", "memory_table", "short", "sort_key", "unit"]
+
+#: Free GPU memory after CUDA graph capture below which a configuration is called thin (seed 001: 0.82 GB
+#: of headroom was a crash waiting for a prefill burst).
+THIN_HEADROOM_GIB = 2.0
+
+MEMORY_LABELS: dict[str, str] = {
+    "gpu_total_gib": "GPU total (GiB)",
+    "mem_fraction_static": "mem_fraction_static (as run)",
+    "cuda_graph_max_bs": "cuda_graph_max_bs (as run)",
+    "avail_before_weights_gib": "available before weights (GiB)",
+    "weights_gib": "weights (GiB)",
+    "avail_after_weights_gib": "available after weights (GiB)",
+    "kv_tokens": "KV cache tokens",
+    "kv_gib": "KV cache (GiB)",
+    "avail_after_kv_gib": "available after KV pool (GiB)",
+    "graph_gib": "CUDA graphs (GiB)",
+    "free_after_capture_gib": "free after CUDA graph capture (GiB)",
+    "max_total_num_tokens": "max_total_num_tokens",
+    "max_running_requests": "max_running_requests",
+    "chunked_prefill_size": "chunked_prefill_size",
+    "context_len": "context_len",
+    "oom_phase": "OOM phase",
+    "tried_to_allocate_gib": "OOM: tried to allocate (GiB)",
+    "free_at_oom_gib": "OOM: free at the time (GiB)",
+    "smi_peak_used_mib": "nvidia-smi peak used (MiB)",
+}
+
+
+def levels_table(levels: Sequence[LevelResult]) -> list[str]:
+    """Per-level bench_serving figures as Markdown table lines (columns present in any level)."""
+    columns = [(k, label) for k, label in LevelResult.TABLE if any(k in lv.model_fields_set for lv in levels)]
+    if not columns:
+        return []
+    out = ["| " + " | ".join(label for _, label in columns) + " |", "|" + "---:|" * len(columns)]
+    for level in sorted(levels, key=lambda lv: sort_key(lv.max_concurrency)):
+        out.append("| " + " | ".join(cell(level.figure(k)) for k, _ in columns) + " |")
+    return out
+
+
+def memory_table(memory: dict[str, Any]) -> list[str]:
+    """The ``mem.*`` figures as Markdown table lines, in the order a server allocates memory."""
+    if not memory:
+        return []
+    order = list(MEMORY_LABELS)
+    keys = sorted(memory, key=lambda k: (order.index(k) if k in order else len(order), k))
+    out = ["| figure | value |", "|---|---:|"]
+    out += [f"| {MEMORY_LABELS.get(k, k)} | {cell(memory[k])} |" for k in keys]
+    return out
+
+
+def format_duration(seconds: float) -> str:
+    """``3725`` -> ``'1h 02m 05s'``; ``42.5`` -> ``'42.5s'``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
+
+
+def is_number(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 1e15:
+            return f"{value:.1f}"
+        return f"{value:.4g}" if abs(value) < 1 else f"{value:,.2f}".replace(",", "")
+    return str(value)
+
+
+def cell(value: Any) -> str:
+    return escape(fmt(value))
+
+
+def escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def short(text: str, limit: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def sort_key(value: Any) -> tuple[int, float, str]:
+    if value is None:
+        return (2, 0.0, "")
+    if is_number(value):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))
+
+
+def unit(metric: str) -> str:
+    """The unit of a bench_serving metric (``tok/s``, ``req/s``, ``ms``; empty when unknown)."""
+    if metric.endswith("_ms"):
+        return "ms"
+    if metric == "request_throughput":
+        return "req/s"
+    if metric.endswith("_throughput"):
+        return "tok/s"
+    return ""
