@@ -33,7 +33,7 @@ def main() -> None:
     delays = []
     phases: dict[str, int] = {}
     for t in study.trials:
-        if t.state != TrialState.PRUNED or not TrialFacts.from_trial(t).measured:
+        if t.state != TrialState.PRUNED or not TrialFacts.from_trial(t).launched:
             continue
         run_dir = Path(wd / "runs" / "bench" / str(t.number))
         exit_file = run_dir / "exit_code"

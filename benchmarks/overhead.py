@@ -29,7 +29,7 @@ def main() -> None:
         "budget.n_trials": args.trials,
     })
     study, wall = run(space, wd, args.trials)
-    trials = [t for t in study.trials if t.state == TrialState.COMPLETE and TrialFacts.from_trial(t).measured]
+    trials = [t for t in study.trials if t.state == TrialState.COMPLETE and TrialFacts.from_trial(t).launched]
     in_trial = []
     served = 0.0
     for t in trials:
@@ -38,7 +38,7 @@ def main() -> None:
         server = (facts.startup_s or 0.0) + (facts.bench_s or 0.0)
         served += server
         in_trial.append(duration - server)
-    ran = [t for t in study.trials if TrialFacts.from_trial(t).measured]
+    ran = [t for t in study.trials if TrialFacts.from_trial(t).launched]
     per_trial_wall = (wall - served) / max(len(trials), 1) if len(trials) == len(ran) else float("nan")
     print(json.dumps(metadata()))
     print(f"trials: {len(trials)} complete of {len(study.trials)}")

@@ -106,7 +106,7 @@ class SimEvaluator:
         factor = noise_factor(self.profile, self._rng.randrange(1 << 30))
         facts.simulated = True
         facts.engine_version = self.version
-        facts.memory = {**facts.memory, **_sim_memory(out)}
+        facts.memory = facts.memory.merged(_sim_memory(out))
         levels = [_sim_level(lv, factor) for lv in out.levels]
         facts.levels = [LevelResult.model_validate(row) for row in levels]
         done = [lv.max_concurrency for lv in facts.levels if lv.served]
@@ -121,7 +121,7 @@ class SimEvaluator:
             phase = None if out.phase is None else Phase.STARTING if out.phase == "init" else Phase(out.phase)
             facts.outcome, facts.phase, facts.reason = kind, phase, out.error or ""
             if kind == FailureKind.OOM and phase is not None:
-                facts.memory = {**facts.memory, "oom_phase": phase.value}
+                facts.memory = facts.memory.merged({"oom_phase": phase.value})
             raise optuna.TrialPruned(f"{out.outcome} in {out.phase or '?'}")
         target = self.space.target_level
         row_t = next(r for r in levels if r["max_concurrency"] == target)

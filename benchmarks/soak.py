@@ -167,7 +167,7 @@ def main() -> int:
     states: dict[str, int] = {}
     for t in ts:
         states[t.state.name] = states.get(t.state.name, 0) + 1
-    reused = sum(1 for t in ts if not TrialFacts.from_trial(t).measured)
+    reused = sum(1 for t in ts if not TrialFacts.from_trial(t).launched)
     ooms = sum(1 for t in ts if TrialFacts.from_trial(t).outcome == "oom")
     after_warmup = len(ts) - warmup
     steady = time.perf_counter() - marks["t_before"] if "t_before" in marks else float("nan")

@@ -138,9 +138,9 @@ def _trial_line(t: Any) -> str:
     head = f"  trial {t.number} {t.params}: {t.state.name}"
     if t.state.name != "COMPLETE":
         return (f"{head} {facts.outcome} in {facts.phase}, spawn to death {facts.startup_s} s; "
-                f"KV requested {facts.memory.get('kv_requested_gib')} GiB, available "
-                f"{facts.memory.get('kv_available_gib')} GiB, cgroup oom_kill "
-                f"{facts.memory.get('cgroup_oom_kill')}")
+                f"KV requested {facts.memory.figure('kv_requested_gib')} GiB, available "
+                f"{facts.memory.figure('kv_available_gib')} GiB, cgroup oom_kill "
+                f"{facts.memory.figure('cgroup_oom_kill')}")
     levels = "; ".join(
         f"C={lv.max_concurrency}: {lv.output_throughput:.0f} tok/s, median TTFT {lv.median_ttft_ms:.1f} ms, "
         f"mean TPOT {lv.mean_tpot_ms:.2f} ms" for lv in sorted(facts.levels, key=lambda lv: lv.max_concurrency))

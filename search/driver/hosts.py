@@ -15,6 +15,7 @@ from pathlib import Path
 
 from runners.errors import ConfigError
 from runners.host import ANY_FREE_PORT, Host
+from runners.inventory import HostSpec, load_inventory, open_host
 from runners.transport import LocalTransport
 from spaces.schema import Space
 
@@ -52,8 +53,6 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
     """Hosts from the CLI and/or an inventory file; this machine when neither is given."""
     if not host_args and inventory is None:
         return [local_host(space, runs_root=runs_root, sim_dir=sim_dir)]
-    from runners.inventory import HostSpec, load_inventory, open_host
-
     specs = list(load_inventory(inventory)) if inventory is not None else []
     specs += [HostSpec.parse(arg) for arg in host_args]
     if accept_new_host_key:  # the flag applies to every host, inventory ones included
@@ -78,8 +77,6 @@ def host_names(host_args: Sequence[str], inventory: Path | None) -> list[str]:
     without opening or preparing any of them."""
     if not host_args and inventory is None:
         return ["local (this machine)"]
-    from runners.inventory import HostSpec, load_inventory
-
     specs = list(load_inventory(inventory)) if inventory is not None else []
     specs += [HostSpec.parse(arg) for arg in host_args]
     return [s.name for s in specs]

@@ -65,18 +65,14 @@ def export_script(view: StudyView, *, trial: int | None = None, min_free_gib: fl
     goal = view.goal
     rule = _rule(study, goal, trial, pick)
     rec = pick_record(view, trial=trial, min_free_gib=min_free_gib, rule=rule)
-    launch_data = rec.launch_config
+    launch = rec.launch_config
     version = rec.engine_version
-    if not launch_data or not version:
-        missing = "launch_config" if not launch_data else "engine_version"
+    if rec.launch_config_error is not None:
+        raise ConfigError(f"trial {rec.number}: stored launch config is invalid ({rec.launch_config_error})")
+    if launch is None or not version:
+        missing = "launch_config" if launch is None else "engine_version"
         raise ConfigError(f"trial {rec.number} of study {study.study_name!r} has no stored {missing}: "
                           "it cannot be exported")
-    try:
-        launch = LaunchConfig.model_validate(launch_data)
-    except ValidationError as exc:
-        where, msg = validation_line(exc)
-        raise ConfigError(f"trial {rec.number}: stored launch config is invalid ({where or 'launch_config'}: "
-                          f"{msg})") from None
     bar = min_free_gib if min_free_gib is not None else THIN_HEADROOM_GIB
     header = _header(view, rec, version, bar, now or datetime.now(UTC), rule=rule)
     if engine is None:
@@ -268,7 +264,7 @@ def _header(view: StudyView, rec: TrialFacts, version: str, bar: float, now: dat
     lines = [
         f"servetune export: study {view.name}, trial {rec.number}",
         f"exported {now.isoformat(timespec='seconds')}",
-        f"engine: {rec.engine or (rec.launch_config or {}).get('engine', '?')} {version}{sim}",
+        f"engine: {rec.engine or (rec.launch_config.engine if rec.launch_config else '?')} {version}{sim}",
     ]
     gpu = rec.gpu_name or "unknown GPU"
     count = rec.gpu_count

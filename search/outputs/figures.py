@@ -132,18 +132,9 @@ def outcome_class(rec: TrialFacts) -> str:
     return "failed"
 
 
-def knob_value(rec: TrialFacts, name: str) -> Any:
-    """A knob of a trial: as searched, else as launched, else as the engine logged it (``mem.*``)."""
-    knobs = (rec.launch_config or {}).get("knobs") or {}
-    for source in (rec.params, knobs, rec.memory):
-        if source.get(name) is not None:
-            return source[name]
-    return None
-
-
 def _first_knob(recs: Sequence[TrialFacts], names: Sequence[str]) -> str | None:
     for name in names:
-        if any(_is_number(knob_value(r, name)) for r in recs):
+        if any(_is_number(r.knob_value(name)) for r in recs):
             return name
     return None
 
@@ -181,7 +172,7 @@ def oom_map(recs: Sequence[TrialFacts], *, x: str | None = None, y: str | None =
     x = x or _first_knob(recs, FRACTION_KNOBS) or "mem_fraction_static"
     y = y or _first_knob(recs, GRAPH_KNOBS) or "cuda_graph_max_bs"
     metric, level = _objective(recs)
-    placed = [r for r in recs if knob_value(r, x) is not None and knob_value(r, y) is not None]
+    placed = [r for r in recs if r.knob_value(x) is not None and r.knob_value(y) is not None]
     values = [r.value for r in placed if r.value is not None and math.isfinite(r.value)]
     low, high = (min(values), max(values)) if values else (0.0, 0.0)
     fig = go.Figure()
@@ -191,7 +182,7 @@ def oom_map(recs: Sequence[TrialFacts], *, x: str | None = None, y: str | None =
             continue
         sizes = [_size(r.value, low, high) for r in group]
         fig.add_trace(go.Scatter(
-            x=[knob_value(r, x) for r in group], y=[knob_value(r, y) for r in group],
+            x=[r.knob_value(x) for r in group], y=[r.knob_value(y) for r in group],
             mode="markers", name=f"{label} ({len(group)})",
             marker={"color": colour, "symbol": symbol, "size": sizes, "line": {"width": 1.5, "color": colour}},
             customdata=[r.number for r in group],
@@ -241,8 +232,8 @@ def _wrap(text: str, width: int) -> str:
 def _add_boundary(fig: go.Figure, placed: Sequence[TrialFacts], x: str, y: str, boundary: Boundary) -> None:
     import plotly.graph_objects as go
 
-    xs_seen = [float(knob_value(r, x)) for r in placed if _is_number(knob_value(r, x))]
-    ys_seen = [float(knob_value(r, y)) for r in placed if _is_number(knob_value(r, y))]
+    xs_seen = [float(r.knob_value(x)) for r in placed if _is_number(r.knob_value(x))]
+    ys_seen = [float(r.knob_value(y)) for r in placed if _is_number(r.knob_value(y))]
     if not xs_seen or not ys_seen:
         return
     xs = _span(min(xs_seen), max(xs_seen), 60)
@@ -278,9 +269,9 @@ def gpu_total_gib(rec: TrialFacts, recs: Sequence[TrialFacts] = ()) -> float | N
     """The GPU's total memory (GiB) for a trial: its own figure, else one another trial of the study saw
     (an OOM message states it; a trial that lived may not), else what was available before the weights."""
     for source in (rec, *recs):
-        if _is_number(source.memory.get("gpu_total_gib")):
-            return float(source.memory["gpu_total_gib"])
-    before = rec.memory.get("avail_before_weights_gib")
+        if _is_number(source.memory.gpu_total_gib):
+            return float(source.memory.gpu_total_gib)
+    before = rec.memory.avail_before_weights_gib
     return float(before) if _is_number(before) else None
 
 
@@ -288,8 +279,7 @@ def ladder_segments(rec: TrialFacts, total: float | None = None) -> dict[str, fl
     """The ladder of one trial, GiB per GPU: the figures it has, and ``other_gib`` = what the GPU's
     ``total`` (default: :func:`gpu_total_gib`) leaves after them (activations, the runtime's own), when
     every figure is known."""
-    mem = rec.memory
-    out = {key: float(mem[key]) for key, _, _ in LADDER if _is_number(mem.get(key))}
+    out = {key: value for key, _, _ in LADDER if (value := rec.memory.number(key)) is not None}
     total = total if total is not None else gpu_total_gib(rec)
     known = ("weights_gib", "kv_gib", "graph_gib", "free_after_capture_gib")
     if _is_number(total) and all(k in out for k in known):
@@ -317,10 +307,10 @@ def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = No
         ))
     # The allocation that failed starts where the free memory at the OOM began (the GPU's total less what
     # was free): drawn past the total by as much as it did not fit. A bar with a base is not stacked.
-    tried = [(label, float(r.memory["tried_to_allocate_gib"]), total - float(r.memory["free_at_oom_gib"]))
+    tried = [(label, float(r.memory.tried_to_allocate_gib), total - float(r.memory.free_at_oom_gib))
              for label, r in zip(labels, shown, strict=True)
-             if r.label == "oom" and _is_number(r.memory.get("tried_to_allocate_gib"))
-             and _is_number(r.memory.get("free_at_oom_gib")) and (total := gpu_total_gib(r, recs)) is not None]
+             if r.label == "oom" and _is_number(r.memory.tried_to_allocate_gib)
+             and _is_number(r.memory.free_at_oom_gib) and (total := gpu_total_gib(r, recs)) is not None]
     if tried:
         fig.add_trace(go.Bar(
             y=[t[0] for t in tried], x=[t[1] for t in tried], base=[t[2] for t in tried],
@@ -337,8 +327,8 @@ def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = No
             marker={"symbol": "line-ns-open", "size": 30, "color": "black", "line": {"width": 3}},
             hovertemplate="GPU total: %{x:.2f} GiB<extra></extra>",
         ))
-    peaks = [(label, float(r.memory["smi_peak_used_mib"]) / 1024) for label, r in zip(labels, shown, strict=True)
-             if _is_number(r.memory.get("smi_peak_used_mib"))]
+    peaks = [(label, float(r.memory.smi_peak_used_mib) / 1024) for label, r in zip(labels, shown, strict=True)
+             if _is_number(r.memory.smi_peak_used_mib)]
     if peaks:
         fig.add_trace(go.Scatter(
             y=[p[0] for p in peaks], x=[p[1] for p in peaks], mode="markers", name="peak used under load",
@@ -347,12 +337,12 @@ def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = No
         ))
     ooms = [(label, r) for label, r in zip(labels, shown, strict=True) if r.label == "oom"]
     for label, rec in ooms:
-        asked = rec.memory.get("tried_to_allocate_gib")
+        asked = rec.memory.tried_to_allocate_gib
         if _is_number(asked):
             fig.add_annotation(y=label, x=0, xanchor="left", showarrow=False, yshift=-22,
                                text=f"died in {rec.oom_phase or 'an unknown phase'}: "
                                     f"tried to allocate {float(asked):.2f} GiB with "
-                                    f"{float(rec.memory.get('free_at_oom_gib') or 0):.2f} GiB free")
+                                    f"{rec.memory.free_at_oom_gib or 0.0:.2f} GiB free")
     fig.update_layout(
         barmode="stack", title=f"Memory ladder, GiB per GPU{_simulated(recs)}", xaxis_title="GiB per GPU",
         legend={"orientation": "h", "yanchor": "top", "y": -0.2},
@@ -383,7 +373,7 @@ def _ladder_label(rec: TrialFacts, chosen: int | None) -> str:
 def top_records(recs: Sequence[TrialFacts], direction: StudyDirection, k: int) -> list[TrialFacts]:
     """The ``k`` best COMPLETE, feasible, measured (not reused) trials."""
     ok = [r for r in recs if r.state == TrialState.COMPLETE and r.value is not None and r.feasible
-          and r.measured]
+          and r.launched]
     return sorted(ok, key=lambda r: r.value or 0.0, reverse=direction == StudyDirection.MAXIMIZE)[:k]
 
 
@@ -428,7 +418,7 @@ def progress_points(recs: Sequence[TrialFacts], direction: StudyDirection) -> li
     gpu_minutes = 0.0
     out: list[dict[str, Any]] = []
     launched = [r for r in sorted(recs, key=lambda r: r.number)
-                if r.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) and r.measured
+                if r.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) and r.launched
                 and r.label != "predicted_oom"]
     for n, rec in enumerate(launched, start=1):
         gpu_minutes += (rec.duration_s or 0.0) * gpus_used(rec) / 60
@@ -443,12 +433,12 @@ def progress_points(recs: Sequence[TrialFacts], direction: StudyDirection) -> li
 def gpus_used(rec: TrialFacts) -> int:
     """GPUs a trial's server held: its tensor-parallel size when the launch names one, else the host's GPU
     count, else 1."""
-    launch = rec.launch_config or {}
-    tp = tp_flag([str(a) for a in launch.get("fixed_args") or ()])
+    launch = rec.launch_config
+    tp = tp_flag([str(a) for a in launch.fixed_args]) if launch is not None else None
     if tp is not None:
         return tp
     for name in ("tp", "tp_size", "tensor_parallel_size"):
-        knob = (launch.get("knobs") or {}).get(name)
+        knob = rec.knob_value(name)
         if isinstance(knob, int) and knob > 0:
             return knob
     return rec.gpu_count if rec.gpu_count is not None and rec.gpu_count > 0 else 1

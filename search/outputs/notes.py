@@ -68,7 +68,7 @@ def note_markdown(trial: FrozenTrial) -> str:
         out += [f"**Thin headroom:** {free:.2f} GiB free after CUDA graph capture "
                 f"(below {THIN_HEADROOM_GIB:g} GiB).", ""]
     if rec.memory:
-        out += ["### Memory", "", *memory_table(rec.memory), ""]
+        out += ["### Memory", "", *memory_table(rec.memory.figures()), ""]
     if rec.levels:
         out += ["### Results per concurrency level", "", *levels_table(rec.levels), ""]
     lines = oom_lines(rec.log_tail or "")

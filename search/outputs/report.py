@@ -135,7 +135,7 @@ def _verdict_section(view: StudyView) -> list[str]:
 
 
 def _bound_text(best: TrialFacts, recs: Sequence[TrialFacts]) -> str:
-    ooms = [r for r in recs if r.label == "oom" and r.measured]
+    ooms = [r for r in recs if r.label == "oom" and r.launched]
     if not ooms:
         return "no trial ran out of memory, so no memory limit was reached within the searched space."
     nearest = min(ooms, key=lambda r: _distance(best, r, recs))
@@ -246,7 +246,7 @@ def _counts_section(recs: Sequence[TrialFacts]) -> list[str]:
            "|---:|---:|---:|---:|---:|---:|",
            f"| {counts['COMPLETE']} | {counts['PRUNED']} | {counts['FAIL']} | {counts['RUNNING']} | "
            f"{counts['WAITING']} | {len(recs)} |", ""]
-    duplicates = sum(1 for r in recs if not r.measured)
+    duplicates = sum(1 for r in recs if not r.launched)
     if duplicates:
         out += [f"{duplicates} trial(s) repeated a measured configuration and reused its result.", ""]
     return out
@@ -270,7 +270,7 @@ def _front_section(view: StudyView) -> list[str]:
             "| trial | " + " | ".join(f"`{m}`" for m in goal.metrics) + " | launches | "
             + " | ".join(f"`{k}`" for k in knobs) + " |",
             "|---:|" + "---:|" * (len(goal.metrics) + 1) + "---:|" * len(knobs)]
-    launches = Counter(origin(r) for r in recs if r.state == TrialState.COMPLETE and r.measured)
+    launches = Counter(origin(r) for r in recs if r.state == TrialState.COMPLETE and r.launched)
     for p in sorted(points, key=lambda p: p.values[0]):
         rec = by_number[p.number]
         tag = " (knee)" if knee is not None and knee.number == p.number else ""
@@ -317,7 +317,7 @@ def _headroom_line(free: float | None, bar: float) -> str:
 
 def _boundary_section(recs: Sequence[TrialFacts]) -> list[str]:
     out = ["## OOM boundary", ""]
-    measured = [r for r in recs if r.state in (TrialState.COMPLETE, TrialState.PRUNED) and r.measured]
+    measured = [r for r in recs if r.state in (TrialState.COMPLETE, TrialState.PRUNED) and r.launched]
     if not any(r.label == "oom" for r in measured):
         survivors = sum(1 for r in measured if r.label == "ok")
         return [*out, f"No trial ran out of memory ({survivors} survived).", ""]
@@ -373,7 +373,7 @@ def _verdict(group: Sequence[TrialFacts]) -> str:
 
 
 def _span(group: Sequence[TrialFacts], figure: str) -> str:
-    values = sorted(float(r.memory[figure]) for r in group if is_number(r.memory.get(figure)))
+    values = sorted(value for r in group if (value := r.memory.number(figure)) is not None)
     if not values:
         return "-"
     if values[0] == values[-1]:
@@ -383,7 +383,7 @@ def _span(group: Sequence[TrialFacts], figure: str) -> str:
 
 def _failures_section(recs: Sequence[TrialFacts]) -> list[str]:
     out = ["## Failures by cause", ""]
-    failed = [r for r in recs if r.state in (TrialState.PRUNED, TrialState.FAIL) and r.measured]
+    failed = [r for r in recs if r.state in (TrialState.PRUNED, TrialState.FAIL) and r.launched]
     if not failed:
         return [*out, "None.", ""]
     by_cause: dict[str, list[TrialFacts]] = defaultdict(list)
@@ -423,7 +423,7 @@ def _time_section(recs: Sequence[TrialFacts]) -> list[str]:
                f"per trial on average ({len(spent)} measured)")
     by_outcome: dict[str, float] = defaultdict(float)
     for rec in recs:
-        if rec.duration_s is not None and rec.measured:
+        if rec.duration_s is not None and rec.launched:
             by_outcome[rec.label] += rec.duration_s
     out.append("- by outcome: " + ", ".join(
         f"{k} {format_duration(v)}" for k, v in sorted(by_outcome.items(), key=lambda kv: -kv[1])))

@@ -158,7 +158,7 @@ def _clock_end(recs: Sequence[TrialFacts], now: datetime) -> datetime:
 def durations(recs: Iterable[TrialFacts]) -> list[float]:
     """Durations of finished trials that ran (a reused duplicate took no time)."""
     return [r.duration_s for r in recs
-            if r.duration_s is not None and r.state != TrialState.RUNNING and r.measured]
+            if r.duration_s is not None and r.state != TrialState.RUNNING and r.launched]
 
 
 def seconds(when: datetime) -> datetime:

@@ -527,16 +527,16 @@ class MlflowCallback:
 
 
 def _params(rec: TrialFacts) -> dict[str, str]:
-    launch = rec.launch_config or {}
+    launch = rec.launch_config
     out: dict[str, str] = {str(k): _str(v) for k, v in rec.params.items()}
     extra: dict[str, Any] = {
-        "engine": rec.engine or launch.get("engine"),
+        "engine": rec.engine or (launch.engine if launch else None),
         "engine_version": rec.engine_version,
         "host": rec.host,
         "gpu_name": rec.gpu_name,
         "gpu_count": rec.gpu_count,
-        "model_path": launch.get("model_path"),
-        "fixed_args": shlex.join(str(a) for a in launch["fixed_args"]) if launch.get("fixed_args") else None,
+        "model_path": launch.model_path if launch else None,
+        "fixed_args": shlex.join(str(a) for a in launch.fixed_args) if launch and launch.fixed_args else None,
     }
     for key, value in extra.items():
         if value is not None and key not in out:
@@ -572,7 +572,7 @@ def _metrics(rec: TrialFacts) -> list[tuple[str, float, int]]:
                 continue
             if served or key in ("completed", "failed"):
                 out.append((f"c{concurrency}.{key}", float(value), 0))
-    for key, value in rec.memory.items():
+    for key, value in rec.memory.figures().items():
         if _number(value):
             out.append((MEM_PREFIX + key, float(value), 0))
     out += _objective_metrics(rec)
@@ -606,7 +606,7 @@ def _tags(study_name: str, rec: TrialFacts) -> dict[str, str]:
         TAG_OOM_PHASE: rec.oom_phase,
         TAG_REASON: rec.reason or None,
         TAG_SIMULATED: "true" if rec.simulated else "false",
-        "engine": rec.engine or (rec.launch_config or {}).get("engine"),
+        "engine": rec.engine or (rec.launch_config.engine if rec.launch_config is not None else None),
         "servetune.duplicate_of": rec.duplicate_of,
         "servetune.retried_from": rec.retried_from,
     }

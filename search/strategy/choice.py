@@ -136,7 +136,7 @@ def best_single_launch(recs: Iterable[TrialFacts], direction: StudyDirection, *,
     direction_max = direction == StudyDirection.MAXIMIZE
     best: TrialFacts | None = None
     for rec in recs:
-        if rec.state != TrialState.COMPLETE or rec.value is None or not rec.feasible or not rec.measured:
+        if rec.state != TrialState.COMPLETE or rec.value is None or not rec.feasible or not rec.launched:
             continue
         if min_free_gib is not None and (rec.free_after_capture_gib is None
                                          or rec.free_after_capture_gib < min_free_gib):

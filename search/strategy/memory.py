@@ -177,8 +177,14 @@ class Prediction:
         }
 
 
-def _num(memory: Mapping[str, Any], key: str) -> float | None:
-    value = memory.get(key)
+def _num(values: Mapping[str, Any], key: str) -> float | None:
+    value = values.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _knob(rec: TrialFacts, name: str) -> float | None:
+    """The knob's value in ``rec`` (:meth:`~search.trial.records.TrialFacts.knob_value`) when it is a number."""
+    value = rec.knob_value(name)
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
@@ -200,27 +206,21 @@ def facts_from_record(rec: TrialFacts, *, target: int) -> LaunchFacts | None:
     """The memory facts in a trial's record and params (None when it was not launched)."""
     if rec.outcome is None or not rec.launched:
         return None
-    memory, params = rec.memory, rec.params
-    mfs = _num(memory, "mem_fraction_static")
-    if mfs is None and isinstance(params.get("mem_fraction_static"), float):
-        mfs = float(params["mem_fraction_static"])
-    max_bs_f = _num(memory, "cuda_graph_max_bs")
-    if max_bs_f is None and isinstance(params.get("cuda_graph_max_bs"), int):
-        max_bs_f = float(params["cuda_graph_max_bs"])
-    running = _num(memory, "max_running_requests")
-    chunk = _num(memory, "chunked_prefill_size")
-    if chunk is None and isinstance(params.get("chunked_prefill_size"), int):
-        chunk = float(params["chunked_prefill_size"])
+    memory = rec.memory
+    mfs = _knob(rec, "mem_fraction_static")
+    max_bs_f = _knob(rec, "cuda_graph_max_bs")
+    running = memory.number("max_running_requests")
+    chunk = _knob(rec, "chunked_prefill_size")
     served = any(lv.max_concurrency == target and lv.served for lv in rec.levels)
     return LaunchFacts(
         number=rec.number, outcome=str(rec.outcome), phase=rec.phase.value if rec.phase else None, mfs=mfs,
         max_bs=None if max_bs_f is None else int(max_bs_f),
-        pre=_num(memory, "avail_before_weights_gib"), weights=_num(memory, "weights_gib"),
-        free_pool=_num(memory, "avail_after_kv_gib"), graph=_num(memory, "graph_gib"),
-        free_cap=_num(memory, "free_after_capture_gib"),
+        pre=memory.number("avail_before_weights_gib"), weights=memory.number("weights_gib"),
+        free_pool=memory.number("avail_after_kv_gib"), graph=memory.number("graph_gib"),
+        free_cap=memory.number("free_after_capture_gib"),
         max_running=None if running is None else int(running),
-        tried=_num(memory, "tried_to_allocate_gib"), free_at_oom=_num(memory, "free_at_oom_gib"),
-        total=_num(memory, "gpu_total_gib"), target_served=served or rec.outcome == "ok",
+        tried=memory.number("tried_to_allocate_gib"), free_at_oom=memory.number("free_at_oom_gib"),
+        total=memory.number("gpu_total_gib"), target_served=served or rec.outcome == "ok",
         chunk=None if chunk is None else int(chunk),
     )
 
@@ -577,20 +577,20 @@ def vllm_facts_from_record(rec: TrialFacts, fixed: Mapping[str, float] | None = 
         return None
     fixed = fixed or {}
     mem, params = rec.memory, rec.params
-    total = _num(mem, "gpu_total_gib") or _num(mem, "node_total_gib")
+    total = mem.number("gpu_total_gib") or mem.number("node_total_gib")
     length = _vllm_setting(params, fixed, "max_model_len")
     refused = None
     if rec.outcome == "oom" and rec.phase is not None and rec.phase.value == "kv_pool":
-        if _num(mem, "context_len") is not None and "max model len" in (rec.reason or ""):
+        if mem.number("context_len") is not None and "max model len" in (rec.reason or ""):
             refused = VLLM_MAX_LEN
-            length = _num(mem, "context_len")
-        elif _num(mem, "kv_available_gib") is not None:
+            length = mem.number("context_len")
+        elif mem.number("kv_available_gib") is not None:
             refused = VLLM_ALLOCATION
     return VllmFacts(
         number=rec.number, outcome=str(rec.outcome), demand=_vllm_demand(params, fixed, total),
-        available=_num(mem, "kv_available_gib") if refused == VLLM_ALLOCATION else None, refused=refused,
-        kv=_num(mem, "kv_available_gib") if refused == VLLM_MAX_LEN else _num(mem, "kv_gib"),
-        needed=_num(mem, "kv_requested_gib") if refused == VLLM_MAX_LEN else None,
+        available=mem.number("kv_available_gib") if refused == VLLM_ALLOCATION else None, refused=refused,
+        kv=mem.number("kv_available_gib") if refused == VLLM_MAX_LEN else mem.number("kv_gib"),
+        needed=mem.number("kv_requested_gib") if refused == VLLM_MAX_LEN else None,
         max_model_len=None if length is None else int(length),
         utilization=_vllm_setting(params, fixed, "gpu_memory_utilization"), total=total)
 

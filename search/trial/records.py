@@ -36,10 +36,13 @@ from typing import Any, ClassVar, Literal
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from runners.errors import validation_line
 from runners.telemetry import FailureKind, Phase, Telemetry
 from search._optuna_compat import known_params, set_trial_user_attr
+from spaces.launch import LaunchConfig
+from spaces.schema import UNSET
 
 __all__ = [
     "DEPLOY_ATTR",
@@ -47,6 +50,7 @@ __all__ = [
     "FLOAT_DIGITS",
     "QUEUED_TAGS",
     "LevelResult",
+    "MemoryFacts",
     "Outcome",
     "RateStepFacts",
     "TrialFacts",
@@ -174,6 +178,57 @@ class RateStepFacts(BaseModel):
     violations: list[str] = Field(default_factory=list)
 
 
+class MemoryFacts(BaseModel):
+    """A trial's memory telemetry (GiB unless the name says otherwise): the figures its server's log and
+    nvidia-smi showed (:class:`~runners.telemetry.Telemetry`), None where not seen. An engine's own figures
+    beyond these (``swa_tokens``, ``kv_mode``...) are kept as extras (:meth:`figure` reads either)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    gpu_total_gib: float | None = None
+    mem_fraction_static: float | None = None
+    """As the engine resolved it (the searched value, or the engine's default)."""
+    cuda_graph_max_bs: int | None = None
+    chunked_prefill_size: int | None = None
+    context_len: int | None = None
+    avail_before_weights_gib: float | None = None
+    weights_gib: float | None = None
+    avail_after_weights_gib: float | None = None
+    kv_tokens: int | None = None
+    kv_gib: float | None = None
+    avail_after_kv_gib: float | None = None
+    graph_gib: float | None = None
+    free_after_capture_gib: float | None = None
+    max_total_num_tokens: int | None = None
+    max_running_requests: int | None = None
+    oom_phase: str | None = None
+    tried_to_allocate_gib: float | None = None
+    free_at_oom_gib: float | None = None
+    smi_peak_used_mib: float | None = None
+
+    def figures(self) -> dict[str, Any]:
+        """Every figure that was seen, named ones first, then the engine's extras."""
+        return {k: v for k, v in {**self.model_dump(), **(self.model_extra or {})}.items() if v is not None}
+
+    def figure(self, name: str) -> Any:
+        """The figure ``name`` (a named field or an engine's extra), None when not seen."""
+        if name in type(self).model_fields:
+            return getattr(self, name)
+        return (self.model_extra or {}).get(name)
+
+    def number(self, name: str) -> float | None:
+        """:meth:`figure` as a float when it is a number."""
+        value = self.figure(name)
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    def merged(self, figures: Mapping[str, Any]) -> MemoryFacts:
+        """These figures with ``figures`` added (a None leaves a figure as it is)."""
+        return MemoryFacts.model_validate({**self.figures(), **{k: v for k, v in figures.items() if v is not None}})
+
+    def __bool__(self) -> bool:
+        return bool(self.figures())
+
+
 class TrialFacts(BaseModel):
     """What servetune knows about one trial.
 
@@ -212,12 +267,14 @@ class TrialFacts(BaseModel):
     engine: str | None = None
     engine_version: str | None = None
     simulated: bool = False
-    launch_config: dict[str, Any] | None = None
-    """The frozen :class:`~spaces.launch.LaunchConfig` as JSON (``export`` renders from it)."""
+    launch_config: LaunchConfig | None = None
+    """The frozen launch config the trial ran (``export`` renders from it)."""
+    launch_config_error: str | None = Field(default=None, exclude=True)
+    """Why a stored launch config did not validate (it then reads as None; ``export`` says this)."""
     argv: list[str] | None = None
     env: dict[str, str] | None = None
     run_id: str | None = None
-    memory: dict[str, Any] = Field(default_factory=dict)
+    memory: MemoryFacts = Field(default_factory=MemoryFacts)
     """Memory telemetry (:class:`~runners.telemetry.Telemetry` figures that were seen, and engine extras)."""
     levels: list[LevelResult] = Field(default_factory=list)
     level_reached: int | None = None
@@ -310,9 +367,24 @@ class TrialFacts(BaseModel):
         return cls.model_validate(_queued_tags(trial.user_attrs, {}))
 
     def stored(self) -> dict[str, Any]:
-        """The record as written to the trial (JSON-friendly; Optuna's own fields left out)."""
-        data = self.model_dump(mode="json", exclude={"levels"})
+        """The record as written to the trial (JSON-friendly; Optuna's own fields left out; memory figures and
+        level figures only where seen)."""
+        data = self.model_dump(mode="json", exclude={"levels", "memory"})
+        data["memory"] = self.memory.figures()
         data["levels"] = [lv.stored() for lv in self.levels]
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tolerate_a_stale_launch_config(cls, data: Any) -> Any:
+        """A stored launch config that no longer validates reads as None with the reason kept (the rest of the
+        record still reads; ``export`` says why it cannot render it)."""
+        if isinstance(data, Mapping) and isinstance(data.get("launch_config"), Mapping):
+            try:
+                LaunchConfig.model_validate(data["launch_config"])
+            except ValidationError as exc:
+                where, msg = validation_line(exc)
+                data = {**data, "launch_config": None, "launch_config_error": f"{where or 'launch_config'}: {msg}"}
         return data
 
     # ---- derived ------------------------------------------------------------------------------------
@@ -336,7 +408,8 @@ class TrialFacts(BaseModel):
 
     @property
     def launched(self) -> bool:
-        """A server was (or is being) launched for it: not a predicted-OOM skip, not a reused duplicate."""
+        """A server was (or is being) launched for it: not a predicted-OOM skip, not a reused duplicate. Only
+        such a trial measured anything."""
         return not self.predicted_oom and self.duplicate_of is None
 
     @property
@@ -346,19 +419,18 @@ class TrialFacts(BaseModel):
     @property
     def oom_phase(self) -> str | None:
         """Where it ran out of memory (the stored figure, else the phase of an OOM outcome)."""
-        stored = self.memory.get("oom_phase")
-        return str(stored) if stored else (self.phase.value if self.oom and self.phase else None)
+        stored = self.memory.oom_phase
+        return stored if stored else (self.phase.value if self.oom and self.phase else None)
 
     @property
     def free_after_capture_gib(self) -> float | None:
-        value = self.memory.get("free_after_capture_gib")
-        return float(value) if value is not None else None
+        return self.memory.free_after_capture_gib
 
     @property
     def telemetry(self) -> Telemetry:
         """The memory figures as :class:`~runners.telemetry.Telemetry` (unknown names in ``extra``)."""
         tele = Telemetry()
-        tele.merge(self.memory)
+        tele.merge(self.memory.figures())
         tele.simulated = self.simulated
         return tele
 
@@ -368,19 +440,26 @@ class TrialFacts(BaseModel):
             return None
         return (self.datetime_complete - self.datetime_start).total_seconds()
 
-    @property
-    def measured(self) -> bool:
-        """Finished by running its own server (not a reused duplicate)."""
-        return self.duplicate_of is None
+    def knob_value(self, name: str) -> Any:
+        """The value knob ``name`` had in this trial: as the engine resolved it (its logged figure, e.g. SGLang's
+        own default for a knob left unset), else as launched, else as sampled; None when it was never set. The
+        one place that says it: the OOM map, the report's boundary and the memory model all read it here."""
+        launch = self.launch_config
+        launched: Any = None
+        if launch is not None:
+            launched = launch.env.get(name.removeprefix("nccl.")) if name.startswith("nccl.") \
+                else launch.knobs.get(name)
+        for value in (self.memory.figure(name), launched, self.params.get(name)):
+            if value is not None and value != UNSET:
+                return value
+        return None
 
     def knob(self, names: Iterable[str]) -> tuple[str, Any] | None:
-        """The first of ``names`` this trial has: as searched, else as launched, else as the engine logged it."""
-        knobs = (self.launch_config or {}).get("knobs") or {}
-        names = tuple(names)
-        for source in (self.params, knobs, self.memory):
-            for name in names:
-                if source.get(name) is not None:
-                    return name, source[name]
+        """The first of ``names`` that had a value in this trial (:meth:`knob_value`), with that value."""
+        for name in names:
+            value = self.knob_value(name)
+            if value is not None:
+                return name, value
         return None
 
     def summary(self) -> dict[str, Any]:
@@ -396,9 +475,9 @@ class TrialFacts(BaseModel):
             "params": self.params,
             "host": self.host,
             "free_after_capture_gib": self.free_after_capture_gib,
-            "tried_to_allocate_gib": self.memory.get("tried_to_allocate_gib"),
-            "free_at_oom_gib": self.memory.get("free_at_oom_gib"),
-            "max_total_num_tokens": self.memory.get("max_total_num_tokens"),
+            "tried_to_allocate_gib": self.memory.tried_to_allocate_gib,
+            "free_at_oom_gib": self.memory.free_at_oom_gib,
+            "max_total_num_tokens": self.memory.max_total_num_tokens,
             "level_reached": self.level_reached,
             "reason": self.reason,
             "simulated": self.simulated,

@@ -29,7 +29,7 @@ from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
 from search.trial.evaluate import Slot, level_order
 from search.trial.objective import TrialEnv, TrialFailed, emit
 from search.trial.preflight import preflight
-from search.trial.records import LevelResult, RateStepFacts, TrialFacts
+from search.trial.records import LevelResult, MemoryFacts, RateStepFacts, TrialFacts
 from search.trial.slo import find_max_rate
 from search.trial.workload import bench_plan, run_files
 from spaces.launch import LaunchConfig
@@ -79,7 +79,7 @@ class ServerEvaluator:
         # What the host's inventory entry overrides: the port the server binds, the engine's python.
         host_overrides = {"port": slot.host.launch_port(), "python": slot.host.python}
         launch = launch.model_copy(update={k: v for k, v in host_overrides.items() if v is not None})
-        facts.launch_config = launch.model_dump(mode="json")
+        facts.launch_config = launch
         emit(self.env, trial, "host", slot.name)
         facts.host = slot.name
         engine = engine_for(launch)  # resolved once per trial and passed on
@@ -220,7 +220,8 @@ class ServerEvaluator:
         env = self.env
         memory = merge_smi_peak(session)
         facts.simulated = bool(memory.pop("simulated", False))
-        facts.memory = {k: v for k, v in memory.items() if isinstance(v, int | float | str | bool)}
+        facts.memory = MemoryFacts.model_validate(
+            {k: v for k, v in memory.items() if isinstance(v, int | float | str | bool)})
         facts.levels = [LevelResult.model_validate(level) for level in levels]
         finished = [lv for lv in facts.levels if lv.served]
         facts.level_reached = max((lv.max_concurrency for lv in finished), default=0)
@@ -307,7 +308,7 @@ class ServerEvaluator:
         if failure.exit_code is not None:
             facts.exit_code = failure.exit_code
         if failure.kind == FailureKind.OOM and failure.phase is not None:
-            facts.memory = {**facts.memory, "oom_phase": failure.phase.value}
+            facts.memory = facts.memory.merged({"oom_phase": failure.phase.value})
         emit(self.env, trial, "outcome", failure.kind.value)
 
     def _prune(self, trial: optuna.Trial, facts: TrialFacts, failure: Failure) -> None:

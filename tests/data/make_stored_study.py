@@ -22,19 +22,21 @@ from typing import Any
 
 import optuna
 
-from search.driver.hosts import local_host
-from search.driver.run import RunOptions, run_search
-from search.outputs.notes import notes_callback
-from search.storage import create_or_load, open_storage
-from search.strategy.view import StudyView
-from spaces.schema import load_space
-from tests.search.overnight_kit import DIES, SEED003, SURVIVES
-from tests.search.overnight_kit import make_space as kit_make_space
-
 STUDY = "stored-0.1.0"
 
 
 def main(out: Path) -> None:
+    # That release's module paths (search/ was one flat package then): imported here, so that the test can
+    # import this file's constants with today's code.
+    from search.hosts import local_host  # type: ignore[import-not-found]
+    from search.notes import notes_callback  # type: ignore[import-not-found]
+    from search.run import RunOptions, run_search  # type: ignore[import-not-found]
+    from search.study import create_or_load, open_storage  # type: ignore[import-not-found]
+
+    from spaces.schema import load_space
+    from tests.search.overnight_kit import DIES, SEED003, SURVIVES
+    from tests.search.overnight_kit import make_space as kit_make_space
+
     out = out.resolve()
     out.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="servetune-stored-") as tmp:
@@ -69,21 +71,22 @@ EXPORTED_AT = datetime(2026, 12, 1, 3, 0, 0, tzinfo=UTC)
 
 def expected(db: Path) -> dict[str, Any]:
     """What servetune made of the stored study (report, export, notes, ``trials --json``, MLflow content)."""
-    from search.outputs import tracking
-    from search.outputs.export import export_script
-    from search.outputs.notes import note_markdown
-    from search.outputs.report import report_markdown
+    from search.export import export_script
+    from search.notes import note_markdown
+    from search.report import report_markdown
+
+    from search import tracking
 
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{db}")
     trials = study.get_trials()
     try:
-        from search.trial.records import TrialFacts as Record  # type: ignore[attr-defined]
+        from search.records import TrialFacts as Record  # type: ignore[attr-defined]
     except ImportError:
-        from search.trial.records import TrialRecord as Record  # type: ignore[attr-defined,no-redef]
+        from search.records import TrialRecord as Record  # type: ignore[attr-defined,no-redef]
     recs = [Record.from_trial(t) for t in trials]
     return {
-        "report": report_markdown(StudyView.of(study)),
-        "export": export_script(StudyView.of(study), now=EXPORTED_AT),
+        "report": report_markdown(study),
+        "export": export_script(study, now=EXPORTED_AT),
         "notes": [note_markdown(t) for t in trials],
         "trials_json": json.loads(json.dumps([r.summary() for r in recs], default=str)),
         "mlflow_params": [tracking._params(r) for r in recs],

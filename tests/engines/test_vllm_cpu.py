@@ -89,9 +89,9 @@ def test_search_prunes_kv_oom_and_completes_with_real_throughput(search: RunSumm
         facts = TrialFacts.from_trial(t)
         assert t.state == TrialState.PRUNED, (t.number, facts.outcome, facts.reason)
         assert facts.outcome == FailureKind.OOM.value and facts.phase == "kv_pool", facts.reason
-        assert facts.memory["kv_requested_gib"] == 32.0
-        assert 0 < facts.memory["kv_available_gib"] < 32.0
-        assert facts.memory["oom_phase"] == "kv_pool"
+        assert facts.memory.figure("kv_requested_gib") == 32.0
+        assert 0 < facts.memory.figure("kv_available_gib") < 32.0
+        assert facts.memory.oom_phase == "kv_pool"
         assert "requested" in facts.reason
     wl = vllm_space.workload
     for t in ok:
@@ -99,8 +99,8 @@ def test_search_prunes_kv_oom_and_completes_with_real_throughput(search: RunSumm
         assert t.state == TrialState.COMPLETE, (t.number, facts.outcome, facts.reason,
                                                  facts.log_tail)
         assert t.value is not None and t.value > 0
-        assert facts.memory["kv_gib"] == float(t.params["kv_cache_space_gib"])
-        assert facts.memory["kv_tokens"] > 0
+        assert facts.memory.kv_gib == float(t.params["kv_cache_space_gib"])
+        assert facts.memory.kv_tokens > 0
         levels = sorted((lv.stored() for lv in facts.levels), key=lambda lv: lv["max_concurrency"])
         assert facts.levels[0].max_concurrency == vllm_space.target_level  # fail fast: the target level first
         assert [lv["max_concurrency"] for lv in levels] == wl.concurrency
@@ -135,10 +135,10 @@ def test_kernel_oom_kill_in_a_memory_cgroup_is_pruned_as_oom(
     assert t.state == TrialState.PRUNED, (facts.outcome, facts.reason, facts.log_tail)
     assert facts.outcome == FailureKind.OOM.value, facts.reason
     assert "OOM killer" in facts.reason
-    assert facts.memory["cgroup_oom_kill"] >= 1
-    assert facts.memory["oom_kill"] >= 1
-    assert facts.memory["cgroup_limit_gib"] == 2.5
-    assert facts.memory["cgroup_peak_gib"] >= 2.4
+    assert facts.memory.figure("cgroup_oom_kill") >= 1
+    assert facts.memory.figure("oom_kill") >= 1
+    assert facts.memory.figure("cgroup_limit_gib") == 2.5
+    assert facts.memory.figure("cgroup_peak_gib") >= 2.4
     # the memory cgroup is gone with the server
     run_dir = Path(ssh_host.resolve(ssh_host.run_dir("vllm-cpu-oom-kill", str(t.number))))
     _version, _, path = (run_dir / "cgroup").read_text().strip().partition(" ")

@@ -401,7 +401,8 @@ def test_export_engine_keeps_the_gpus_the_trial_was_given(tmp_path: Path) -> Non
 
     trial = make_trial(state=TrialState.COMPLETE, mfs=0.7, cgbs=64, value=10.0, levels=[level(16, 10.0)])
     facts = TrialFacts.from_trial(trial)
-    launch = {**(facts.launch_config or {}), "env": {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}}
+    assert facts.launch_config is not None
+    launch = facts.launch_config.model_copy(update={"env": {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}})
     trial.user_attrs = stored_attrs(facts.model_copy(update={"launch_config": launch}))
     study = build_study(f"sqlite:///{tmp_path / 'o.db'}", "real", [trial])
     script = export_script(StudyView.of(study), engine="sglang", deploy=Deploy())

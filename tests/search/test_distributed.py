@@ -84,7 +84,7 @@ def test_two_workers_share_one_postgres_study_and_mlflow_is_back_filled(
     assert len(done) == 20  # exactly the budget: no overshoot from two controllers starting at once
     assert all(t.state.is_finished() for t in ts)  # none left RUNNING or WAITING: none lost
     assert sorted(t.number for t in ts) == list(range(len(ts)))
-    ran = [t for t in done if TrialFacts.from_trial(t).measured]
+    ran = [t for t in done if TrialFacts.from_trial(t).launched]
     reused = len(done) - len(ran)
     configs = [tuple(sorted(t.params.items())) for t in ran]
     twice = [(t.number, TrialFacts.from_trial(t).host, t.params, TrialFacts.from_trial(t).probe,

@@ -83,20 +83,20 @@ def test_eager_decode_oom_is_pruned_with_telemetry(searched: tuple[Path, optuna.
     facts = TrialFacts.from_trial(t)
     assert facts.outcome == FailureKind.OOM
     assert facts.phase == Phase.DECODE
-    assert facts.oom_phase == "decode" and facts.memory["oom_phase"] == "decode"
+    assert facts.oom_phase == "decode" and facts.memory.oom_phase == "decode"
     # The failing allocation is the largest piece of one eager decode step's working set, so it names the
     # batch: seed 003's 3.94 GiB is 64 requests. Real arrivals over HTTP decide which batch above the 32
     # captured graphs fails first (a loaded machine has seen 56), so the test checks the batch it names.
     mem = load_profile(PROFILE).memory
     per_request_gib = mem.eager_decode_mib_per_request * mem.eager_largest_alloc_fraction / 1024
-    batch = facts.memory["tried_to_allocate_gib"] / per_request_gib
+    batch = facts.memory.tried_to_allocate_gib / per_request_gib
     assert 32 < round(batch) <= 64 and abs(batch - round(batch)) < 0.2, batch
     # Seed 003 saw 2.8 GiB free after C=1 and C=16; with C=64 first on a fresh server it reads 2.8-3.3
     # (how the 64 requests batch depends on their arrival).
-    assert 2.5 <= facts.memory["free_at_oom_gib"] <= 3.6
-    assert facts.memory["tried_to_allocate_gib"] > facts.memory["free_at_oom_gib"] - mem.fragmentation_gib
+    assert 2.5 <= facts.memory.free_at_oom_gib <= 3.6
+    assert facts.memory.tried_to_allocate_gib > facts.memory.free_at_oom_gib - mem.fragmentation_gib
     assert facts.free_after_capture_gib is not None and facts.free_after_capture_gib > 0
-    assert facts.memory["max_total_num_tokens"] > 0  # DSv4 logs no "KV Cache is allocated" (engine-audit item 9)
+    assert facts.memory.max_total_num_tokens > 0  # DSv4 logs no "KV Cache is allocated" (engine-audit item 9)
     assert facts.level_reached == 0  # fail fast: C=64, the target, runs first and kills it
     assert [lv.max_concurrency for lv in facts.levels] == [64]
     assert "CUDA out of memory" in (facts.log_tail or "")
@@ -260,5 +260,5 @@ def test_the_probe_takes_its_memory_fraction_from_the_hosts_cards(tmp_path: Path
     first = TrialFacts.from_trial(summary.study.trials[0])
     assert first.probe and first.state == TrialState.COMPLETE, first.reason
     assert first.params["mem_fraction_static"] == pytest.approx(0.69)
-    assert first.memory["mem_fraction_static"] == pytest.approx(0.69)  # as the server logged it
+    assert first.memory.mem_fraction_static == pytest.approx(0.69)  # as the server logged it
     assert first.params["cuda_graph_max_bs"] == 80

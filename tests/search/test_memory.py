@@ -245,7 +245,7 @@ def test_vllm_max_model_len_check() -> None:
     80 GiB) gives the KV bytes per token and the non-KV memory: 0.9 with 32,768 tokens fits, 0.9 with
     131,072 tokens does not, and a larger utilization makes room for it."""
     rec = logged(0, "vllm-max-len-wrapped", {"gpu_memory_utilization": 0.9, "max_model_len": 100000})
-    rec = rec.model_copy(update={"memory": {**rec.memory, "gpu_total_gib": 80.0}})
+    rec = rec.model_copy(update={"memory": rec.memory.merged({"gpu_total_gib": 80.0})})
     model = VllmMemoryModel()
     assert model.add_record(rec) == pytest.approx(4.25 - 4.26)
     assert model.gib_per_token() == pytest.approx(4.26 / 100000)

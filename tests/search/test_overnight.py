@@ -105,7 +105,7 @@ def test_controller_killed_mid_trial_then_resumed(tmp_path: Path) -> None:
     assert len(retried) == 1
     again = retried[0]
     assert again.params == dead.params == SURVIVES
-    assert again.state == TrialState.COMPLETE and TrialFacts.from_trial(again).measured  # really run
+    assert again.state == TrialState.COMPLETE and TrialFacts.from_trial(again).launched  # really run
     assert (tmp_path / "runs" / STUDY / str(again.number) / "server.log").read_text()
     assert len(counted(ts)) == 3  # the budget is exact: the FAIL'd trial does not count
     assert not [t for t in ts if t.state in (TrialState.RUNNING, TrialState.WAITING)]

@@ -243,7 +243,7 @@ def test_the_built_in_host_serves_beside_another_server_on_the_spaces_port(tmp_p
     assert res.returncode == 0, res.stdout + res.stderr
     ts = trials(storage, "beside")
     assert len(counted(ts)) == 2 and not [t for t in ts if t.state == TrialState.FAIL]
-    ports = {TrialFacts.from_trial(t).launch_config["port"] for t in ts}
+    ports = {TrialFacts.from_trial(t).launch_config.port for t in ts}
     assert port not in ports and all(p > 0 for p in ports)
     assert _Foreign.seen == []
 

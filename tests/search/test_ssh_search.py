@@ -163,7 +163,7 @@ def test_search_over_ssh_prunes_the_oom_and_completes_the_survivor(
     assert oom.state == TrialState.PRUNED
     assert TrialFacts.from_trial(oom).outcome == "oom" and TrialFacts.from_trial(oom).oom_phase == "decode"
     assert TrialFacts.from_trial(oom).level_reached == 0  # fail fast: C=64, the target, runs first and kills it
-    assert TrialFacts.from_trial(oom).memory["tried_to_allocate_gib"] > 0
+    assert TrialFacts.from_trial(oom).memory.tried_to_allocate_gib > 0
     assert "CUDA out of memory" in (TrialFacts.from_trial(oom).log_tail or "")
     assert ok.state == TrialState.COMPLETE
     c64 = next(lv.stored() for lv in TrialFacts.from_trial(ok).levels if lv.max_concurrency == 64)
@@ -206,7 +206,7 @@ def test_sshd_killed_mid_trial_is_fail_and_its_orphan_is_stopped_when_the_host_i
     lost = trials[0]
     assert lost.state == TrialState.FAIL  # infrastructure, not the config: the sampler learns nothing
     assert TrialFacts.from_trial(lost).outcome == "host_unreachable"
-    assert "oom_phase" not in TrialFacts.from_trial(lost).memory
+    assert TrialFacts.from_trial(lost).memory.oom_phase is None
     assert TrialFacts.from_trial(lost).stop_error  # the stop could not reach the host
     # The detached server outlived the connection and held its simulated GPU memory ...
     assert seen["members"] and seen["orphan_at_outcome"]
@@ -296,8 +296,8 @@ def test_two_hosts_run_two_trials_at_the_same_time(
     assert first.datetime_start < second.datetime_complete and second.datetime_start < first.datetime_complete
     for t in ran:
         box = b if TrialFacts.from_trial(t).host == b.spec.name else c
-        assert TrialFacts.from_trial(t).launch_config["port"] == box.spec.server_port
-        assert TrialFacts.from_trial(t).launch_config["python"] == (str(python_c) if box is c else space.engine.python)
+        assert TrialFacts.from_trial(t).launch_config.port == box.spec.server_port
+        assert TrialFacts.from_trial(t).launch_config.python == (str(python_c) if box is c else space.engine.python)
         launch_sh = (box.run_dir("ssh", t.number) / "launch.sh").read_text()
         assert (f"exec {python_c} -m" in launch_sh) == (box is c)
         assert (box.run_dir("ssh", t.number) / "server.log").read_text()

@@ -42,14 +42,14 @@ def expected() -> dict[str, Any]:
 def test_trials_read_back_as_facts(study: optuna.Study) -> None:
     oom, ok, nccl, dup = records(study)
     assert (oom.state, oom.outcome, oom.phase) == (TrialState.PRUNED, FailureKind.OOM, Phase.DECODE)
-    assert oom.oom_phase == "decode" and oom.memory["tried_to_allocate_gib"] > 0
+    assert oom.oom_phase == "decode" and oom.memory.tried_to_allocate_gib > 0
     assert oom.level_reached == 16 and [lv.max_concurrency for lv in oom.levels][:2] == [1, 16]
     assert (ok.state, ok.outcome, ok.phase) == (TrialState.COMPLETE, "ok", None)
     assert ok.free_after_capture_gib is not None and ok.simulated
     assert ok.levels[-1].output_throughput == pytest.approx(ok.value)
     assert ok.launch_config is not None and ok.argv and ok.engine_version == "0.5.10"
     assert (nccl.state, nccl.outcome) == (TrialState.PRUNED, FailureKind.NCCL_ERROR)
-    assert dup.duplicate_of == 1 and not dup.measured and dup.value == ok.value
+    assert dup.duplicate_of == 1 and not dup.launched and dup.value == ok.value
     assert ok.telemetry.free_after_capture_gib == ok.free_after_capture_gib
 
 
@@ -72,3 +72,31 @@ def test_trials_json_and_mlflow_content_are_those_of_the_release(study: optuna.S
     assert metrics == [release_metrics_by_level(m, tracking.objective_key(r))
                        for m, r in zip(expected["mlflow_metrics"], recs, strict=True)]
     assert [tracking._tags(STUDY, r) for r in recs] == expected["mlflow_tags"]
+
+
+# ---- a study stored at 19b29ef (before search/ was split into parts) ------------------------------
+
+
+@pytest.fixture(scope="module")
+def study_19b29ef(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
+    db = tmp_path_factory.mktemp("stored") / "study.db"
+    shutil.copy(DATA / "study-19b29ef.db", db)
+    return optuna.load_study(study_name="stored-19b29ef", storage=f"sqlite:///{db}")
+
+
+def test_a_study_of_19b29ef_reads_and_recommends_what_that_revision_did(study_19b29ef: optuna.Study) -> None:
+    """Its probe, design, repeats and final launches come back as they were queued; the choice, its figure
+    and every ``trials --json`` row are that revision's (tests/data/make_study_19b29ef.py made both files)."""
+    expected = json.loads((DATA / "study-19b29ef.expected.json").read_text())
+    view = StudyView.of(study_19b29ef)
+    recs = view.records
+    assert recs[0].probe and any(r.design for r in recs) and any(r.final for r in recs)
+    assert any(r.confirmation_of is not None and not r.final for r in recs)
+    assert all(r.launch_config is not None and r.launch_config_error is None for r in recs if r.launched)
+    assert any(r.oom and r.memory.tried_to_allocate_gib for r in recs)
+    assert view.choice is not None
+    verdict = report_markdown(view).split("## Verdict", 1)[1].split("\n## ", 1)[0]
+    assert next(line for line in verdict.splitlines() if line.startswith("- **Best")) == \
+        expected["verdict_best_line"]
+    assert export_script(view).splitlines()[1] == expected["export_first_line"]
+    assert json.loads(json.dumps([r.summary() for r in recs], default=str)) == expected["trials_json"]
