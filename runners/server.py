@@ -354,12 +354,7 @@ class ServerSession:
 
     def http_get(self, path: str, *, timeout: float = 10.0) -> tuple[int, str]:
         """GET ``path`` from the server *on the host* (bash /dev/tcp), so it works behind SSH too."""
-        script = (
-            f"exec 3<>/dev/tcp/127.0.0.1/{int(self.launch.port)} || exit 7; "
-            f"printf 'GET {path} HTTP/1.0\\r\\nHost: 127.0.0.1\\r\\n\\r\\n' >&3; "
-            f"timeout {timeout:g} cat <&3"
-        )
-        res = self.host.run(script, timeout=timeout + 10)
+        res = self.host.run_script("http_get.sh", int(self.launch.port), path, f"{timeout:g}", timeout=timeout + 10)
         if res.rc == 7 or not res.stdout:
             return 0, ""
         head, _, body = res.stdout.partition("\r\n\r\n")
