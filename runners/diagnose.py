@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runners.engines import get_engine
-from runners.engines.base import Engine, LogParser
+from runners.engines.base import Engine, LogParser, MemoryFamily
 from runners.errors import ConfigError
 from runners.telemetry import Failure, FailureKind, Phase
 
@@ -324,8 +324,9 @@ def _gib(value: Any) -> str:
     return f"{value:.2f} GiB" if isinstance(value, int | float) else "?"
 
 
-def _bound(engine: str, failure: Failure | None, memory: dict[str, Any]) -> tuple[str | None, str]:
-    """Which limit bound, as a short name and a sentence: what ran out and which knob moves it."""
+def _bound(engine: Engine, failure: Failure | None, memory: dict[str, Any]) -> tuple[str | None, str]:
+    """Which limit bound, as a short name and a sentence: what ran out and which knob moves it (in the terms of
+    the engine's memory model)."""
     if failure is None or failure.kind is not FailureKind.OOM:
         return None, ""
     phase = failure.phase
@@ -334,9 +335,7 @@ def _bound(engine: str, failure: Failure | None, memory: dict[str, Any]) -> tupl
     asked = f"asked {_gib(tried)} with {_gib(free)} free" if tried is not None else "ran out"
     if "OOM killer" in reason or "DefaultCPUAllocator" in reason:
         return "host_memory", "the host's RAM (kernel OOM killer or a CPU allocation): lower the KV cache or free RAM"
-    if engine == "vllm":
-        return _bound_vllm(phase, reason, memory, asked)
-    return _bound_sglang(phase, reason, memory, asked)
+    return _BOUNDS[engine.memory_family or "sglang"](phase, reason, memory, asked)
 
 
 def _bound_vllm(phase: Phase | None, reason: str, memory: dict[str, Any], asked: str) -> tuple[str, str]:
@@ -379,6 +378,13 @@ def _bound_sglang(phase: Phase | None, reason: str, memory: dict[str, Any], aske
                                    "(or --chunked-prefill-size / --cuda-graph-max-bs)")
 
 
+_BOUNDS: dict[MemoryFamily, Callable[[Phase | None, str, dict[str, Any], str], tuple[str, str]]] = {
+    "sglang": _bound_sglang,
+    "vllm": _bound_vllm,
+}
+"""The explanation of an OOM per memory model (:attr:`~runners.engines.base.Engine.memory_family`)."""
+
+
 def _memory(parser: LogParser) -> dict[str, Any]:
     tele = parser.telemetry.to_dict()
     memory = {key: tele.get(key) for key in MEMORY_KEYS}
@@ -417,7 +423,7 @@ def diagnose(text: str, *, engine: str | None = None, version: str | None = None
         match = _MFS_IN_REASON.search(failure.reason)
         if match:
             memory["mem_fraction_static"] = float(match.group(1))
-    bound, detail = _bound(name, failure, memory)
+    bound, detail = _bound(eng, failure, memory)
     simulated = any(_SIMULATED in line for line in attempt[:20]) or parser.telemetry.simulated
     return Diagnosis(
         engine=name, engine_source=engine_source, version=the_version, version_source=version_source,

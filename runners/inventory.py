@@ -87,7 +87,7 @@ class HostSpec(BaseModel):
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
         # Keys are written unquoted after `export`; values are quoted but for $NAME/${NAME} references
-        # (runners.host.env_value), so only a NUL byte, which no environment can hold, is refused here.
+        # (runners.host.shell.env_value), so only a NUL byte, which no environment can hold, is refused here.
         for key, text in value.items():
             if not _IDENTIFIER.fullmatch(key):
                 raise ValueError(f"environment variable name {key!r} is not a shell identifier (letters, "

@@ -75,6 +75,102 @@ RECORD_KEYS = (
 
 
 
+# ---- the HTTP APIs -----------------------------------------------------------------------------------
+
+
+class BenchApi:
+    """One HTTP API the load generator speaks: the streaming request it sends, and what a streamed chunk
+    says (tokens, usage, finish reason). :data:`APIS` names each by its ``--api`` value."""
+
+    name = ""
+    path = ""
+
+    def body(self, model: str, prompt: list[int], output_len: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def finish_reason(self, chunk: dict[str, Any]) -> Any:
+        """The finish reason a chunk reports, or None (still streaming)."""
+        raise NotImplementedError
+
+    def read_chunk(self, chunk: dict[str, Any], reported: int | None) -> tuple[int, bool, int | None, int | None]:
+        """(tokens this chunk carries, whether that count is exact, cumulative completion tokens if reported,
+        prompt tokens if reported)."""
+        raise NotImplementedError
+
+
+class SGLangApi(BenchApi):
+    """SGLang's native ``POST /generate``: chunks carry ``meta_info`` with exact token counts."""
+
+    name = "sglang"
+    path = "/generate"
+
+    def body(self, model: str, prompt: list[int], output_len: int) -> dict[str, Any]:
+        return {
+            "input_ids": prompt,
+            "sampling_params": {"max_new_tokens": output_len, "ignore_eos": True, "temperature": 0.0},
+            "stream": True,
+        }
+
+    def finish_reason(self, chunk: dict[str, Any]) -> Any:
+        meta = chunk.get("meta_info")
+        return (meta.get("finish_reason") if isinstance(meta, dict) else None) or None
+
+    def read_chunk(self, chunk: dict[str, Any], reported: int | None) -> tuple[int, bool, int | None, int | None]:
+        meta = chunk.get("meta_info")
+        meta = meta if isinstance(meta, dict) else {}
+        completion = meta.get("completion_tokens")
+        prompt_tokens = meta.get("prompt_tokens")
+        prompt_tokens = prompt_tokens if isinstance(prompt_tokens, int) else None
+        if isinstance(completion, int) and not isinstance(completion, bool):
+            return completion - (reported or 0), True, completion, prompt_tokens
+        carries = bool(chunk.get("text")) or bool(chunk.get("output_ids"))
+        return (1 if carries else 0), False, None, prompt_tokens
+
+
+class OpenAIApi(BenchApi):
+    """The OpenAI-compatible ``POST /v1/completions`` (vLLM; SGLang serves it too), usage in the last chunk."""
+
+    name = "openai"
+    path = "/v1/completions"
+
+    def body(self, model: str, prompt: list[int], output_len: int) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "prompt": prompt,
+            "max_tokens": output_len,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if model:
+            body["model"] = model
+        return body
+
+    def finish_reason(self, chunk: dict[str, Any]) -> Any:
+        choices = chunk.get("choices")
+        reason = choices[0].get("finish_reason") if isinstance(choices, list) and choices and \
+            isinstance(choices[0], dict) else None
+        return reason or None
+
+    def read_chunk(self, chunk: dict[str, Any], reported: int | None) -> tuple[int, bool, int | None, int | None]:
+        usage = chunk.get("usage")
+        completion = prompt_tokens = None
+        if isinstance(usage, dict):
+            c, p = usage.get("completion_tokens"), usage.get("prompt_tokens")
+            completion = c if isinstance(c, int) else None
+            prompt_tokens = p if isinstance(p, int) else None
+        choices = chunk.get("choices")
+        # OpenAI chunks do not say how many tokens they carry (vLLM may coalesce); the usage chunk does. A chunk
+        # with a choice counts as an arrival even when its text is empty, as vLLM's bench counts it: tokens
+        # that decode to part of a character arrive with no text, and a reply made only of them is still one.
+        has_choice = isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict)
+        return (1 if has_choice else 0), False, completion, prompt_tokens
+
+
+APIS: dict[str, BenchApi] = {api.name: api for api in (SGLangApi(), OpenAIApi())}
+"""The APIs by ``--api`` name."""
+
+
 # ---- one request -----------------------------------------------------------------------------------
 
 
@@ -109,27 +205,6 @@ class Target:
         if self.scheme == "https":
             return http.client.HTTPSConnection(self.host, self.port, timeout=timeout)
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-
-
-def request_body(api: str, model: str, prompt: list[int], output_len: int) -> tuple[str, dict[str, Any]]:
-    """The path and JSON body of one streaming request for ``api`` (``sglang`` or ``openai``)."""
-    if api == "sglang":
-        return "/generate", {
-            "input_ids": prompt,
-            "sampling_params": {"max_new_tokens": output_len, "ignore_eos": True, "temperature": 0.0},
-            "stream": True,
-        }
-    body: dict[str, Any] = {
-        "prompt": prompt,
-        "max_tokens": output_len,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if model:
-        body["model"] = model
-    return "/v1/completions", body
 
 
 def _error_text(exc: BaseException) -> str:
@@ -170,12 +245,11 @@ def _chunks(resp: http.client.HTTPResponse, deadline: float, timeout: float) -> 
         yield now, chunk
 
 
-def stream_request(target: Target, api: str, model: str, prompt: list[int], output_len: int,
+def stream_request(target: Target, api: BenchApi, model: str, prompt: list[int], output_len: int,
                    timeout: float) -> RequestResult:
     """Send one streaming request and time it. Never raises: a failure is ``ok=False`` with ``error``."""
     result = RequestResult()
     result.input_tokens = len(prompt)
-    path, body = request_body(api, model, prompt, output_len)
     start = time.perf_counter()
     last_token_at = start
     chunk_tokens = 0
@@ -183,7 +257,8 @@ def stream_request(target: Target, api: str, model: str, prompt: list[int], outp
     finish_reason: Any = None
     conn = target.connect(timeout)
     try:
-        conn.request("POST", target.prefix + path, body=json.dumps(body).encode("utf-8"),
+        conn.request("POST", target.prefix + api.path,
+                     body=json.dumps(api.body(model, prompt, output_len)).encode("utf-8"),
                      headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
         resp = conn.getresponse()
         if resp.status != 200:
@@ -191,8 +266,8 @@ def stream_request(target: Target, api: str, model: str, prompt: list[int], outp
             result.error = f"HTTP {resp.status}: {detail}"[:300]
             return result
         for now, chunk in _chunks(resp, start + timeout, timeout):
-            finish_reason = _finish_reason(api, chunk) or finish_reason
-            new_tokens, exact, completion, prompt_tokens = _read_chunk(api, chunk, reported_tokens)
+            finish_reason = api.finish_reason(chunk) or finish_reason
+            new_tokens, exact, completion, prompt_tokens = api.read_chunk(chunk, reported_tokens)
             if prompt_tokens is not None:
                 result.input_tokens = prompt_tokens
             if completion is not None:
@@ -232,46 +307,6 @@ def _completed(result: RequestResult, finish_reason: Any) -> RequestResult:
         return result
     result.ok = True
     return result
-
-
-def _finish_reason(api: str, chunk: dict[str, Any]) -> Any:
-    """The finish reason a chunk reports, or None (still streaming)."""
-    if api == "sglang":
-        meta = chunk.get("meta_info")
-        reason = meta.get("finish_reason") if isinstance(meta, dict) else None
-    else:
-        choices = chunk.get("choices")
-        reason = choices[0].get("finish_reason") if isinstance(choices, list) and choices and \
-            isinstance(choices[0], dict) else None
-    return reason or None
-
-
-def _read_chunk(api: str, chunk: dict[str, Any],
-                reported: int | None) -> tuple[int, bool, int | None, int | None]:
-    """(tokens this chunk carries, whether that count is exact, cumulative completion tokens if reported,
-    prompt tokens if reported)."""
-    if api == "sglang":
-        meta = chunk.get("meta_info")
-        meta = meta if isinstance(meta, dict) else {}
-        completion = meta.get("completion_tokens")
-        prompt_tokens = meta.get("prompt_tokens")
-        prompt_tokens = prompt_tokens if isinstance(prompt_tokens, int) else None
-        if isinstance(completion, int) and not isinstance(completion, bool):
-            return completion - (reported or 0), True, completion, prompt_tokens
-        carries = bool(chunk.get("text")) or bool(chunk.get("output_ids"))
-        return (1 if carries else 0), False, None, prompt_tokens
-    usage = chunk.get("usage")
-    completion = prompt_tokens = None
-    if isinstance(usage, dict):
-        c, p = usage.get("completion_tokens"), usage.get("prompt_tokens")
-        completion = c if isinstance(c, int) else None
-        prompt_tokens = p if isinstance(p, int) else None
-    choices = chunk.get("choices")
-    # OpenAI chunks do not say how many tokens they carry (vLLM may coalesce); the usage chunk does. A chunk
-    # with a choice counts as an arrival even when its text is empty, as vLLM's bench counts it: tokens that
-    # decode to part of a character arrive with no text, and a reply made only of them is still a reply.
-    has_choice = isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict)
-    return (1 if has_choice else 0), False, completion, prompt_tokens
 
 
 # ---- statistics ------------------------------------------------------------------------------------
@@ -443,7 +478,7 @@ def arrival_offsets(rng: random.Random, count: int, rate: float | None, burstine
     return offsets
 
 
-def run_level(target: Target, api: str, model: str, requests: list[tuple[list[int], int]] | list[list[int]],
+def run_level(target: Target, api: BenchApi, model: str, requests: list[tuple[list[int], int]] | list[list[int]],
               level: int, output_len: int, timeout: float,
               offsets: list[float] | None = None) -> tuple[list[RequestResult], float]:
     """Send every request with at most ``level`` in flight; the results (in request order) and wall time.
@@ -554,6 +589,7 @@ class Sweep:
     def __init__(self, args: argparse.Namespace, out: Any = None) -> None:
         self.args = args
         self.target = Target(args.base_url)
+        self.api = APIS[args.api]
         self.out = out if out is not None else sys.stdout
         self.rng = random.Random(args.seed)
 
@@ -570,7 +606,7 @@ class Sweep:
         warm = Workload(a, random.Random(f"{a.seed}-warmup"))
         workload = Workload(a, self.rng)
         if a.warmup > 0:
-            results, _ = run_level(self.target, a.api, a.model, warm.requests(a.warmup), 1, a.output_len,
+            results, _ = run_level(self.target, self.api, a.model, warm.requests(a.warmup), 1, a.output_len,
                                    a.timeout)
             errors = sorted({r.error for r in results if not r.ok})[:MAX_ERRORS]
             sys.stderr.write(json.dumps({"warmup": len(results), "ok": sum(r.ok for r in results),
@@ -584,7 +620,7 @@ class Sweep:
                 # The schedule is in the server's time: a simulated host running ``scale`` times faster
                 # than real time gets its requests ``scale`` times closer together.
                 offsets = [t / scale for t in arrival_offsets(self.rng, count, a.request_rate, a.burstiness)]
-            results, duration = run_level(self.target, a.api, a.model, jobs, level, a.output_len, a.timeout,
+            results, duration = run_level(self.target, self.api, a.model, jobs, level, a.output_len, a.timeout,
                                           offsets)
             record = summarize(results, duration, level=level, api=a.api, input_len=a.input_len,
                                output_len=a.output_len, time_scale=scale, simulated=simulated,
@@ -652,7 +688,7 @@ _non_negative = _number(int, "an integer >= 0", lambda v: v >= 0)
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="loadgen.py", description="Concurrency sweep of streaming requests.")
     p.add_argument("--base-url", required=True, help="http://HOST:PORT of the server")
-    p.add_argument("--api", choices=("sglang", "openai"), default="sglang",
+    p.add_argument("--api", choices=tuple(APIS), default="sglang",
                    help="sglang: POST /generate; openai: POST /v1/completions")
     p.add_argument("--model", default="", help="model name for the OpenAI API")
     p.add_argument("--levels", type=_int_list, required=True, help="concurrency levels, e.g. 1,16,64")

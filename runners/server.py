@@ -9,7 +9,8 @@ load generator on the host beside the server, and stops the whole process group.
 moment the log shows a fatal line or the process group's leader exits, not on a slow poll.
 
 Everything it learns is a value: :class:`~runners.telemetry.Failure` for how it died, the parser's
-:class:`~runners.telemetry.Telemetry`, the per-level benchmark records, the nvidia-smi samples.
+:class:`~runners.telemetry.Telemetry`, the per-level benchmark records, the nvidia-smi samples; and what it
+tells the caller on the way is a typed event (:mod:`runners.events`).
 """
 
 from __future__ import annotations
@@ -28,14 +29,16 @@ from typing import Any
 
 from runners.engines.base import Engine, LaunchLike
 from runners.errors import HostUnreachable, RunnerError
+from runners.events import EventSink, FatalSeen, LevelDone, PhaseReached, ServerEvent, ServerReady
 from runners.host import Host, RunRef, StopResult
 from runners.smi import GpuStatus
 from runners.telemetry import Failure, FailureKind, Phase
 from runners.transport import LineStream
 
 EventHook = Callable[[str, Any], None]
-"""Called as ``hook(kind, value)`` with kinds ``phase`` (a Phase), ``level`` (a benchmark record),
-``fatal`` (a Failure) and ``ready`` (server info dict)."""
+"""The old, untyped form of :data:`~runners.events.EventSink`: ``hook(kind, value)`` with kinds ``phase`` (a
+Phase), ``level`` (a benchmark record), ``fatal`` (a Failure) and ``ready`` (server info dict). Kept until
+search/ takes ``on_event``; :func:`hook_sink` adapts it."""
 
 _FATAL_TO_EXIT = 15.0  # how long a server may keep running after a fatal log line before we call it dead
 _ADDRESS_IN_USE = "address already in use"
@@ -96,6 +99,8 @@ class ServerSession:
     """Context manager: ``with ServerSession(...) as s: s.wait_ready(...); s.benchmark(...)``.
 
     Leaving the block always stops the process group (TERM, TERM, KILL) and verifies nothing is left.
+    ``on_event`` is called with each :data:`~runners.events.ServerEvent` (a phase reached, a fatal line, the
+    server ready, a level benchmarked) as it happens; ``hook`` is its old untyped form (:func:`hook_sink`).
     """
 
     def __init__(
@@ -110,6 +115,7 @@ class ServerSession:
         python: str,
         stop_grace: float = 15.0,
         smi_interval: float = 1.0,
+        on_event: EventSink | None = None,
         hook: EventHook | None = None,
         memory_limit_bytes: int | None = None,
         files: Mapping[str, str] | None = None,
@@ -124,7 +130,9 @@ class ServerSession:
         self.python = python
         self.stop_grace = stop_grace
         self.smi_interval = smi_interval
-        self.hook = hook or (lambda kind, value: None)
+        if on_event is not None and hook is not None:
+            raise TypeError("give on_event or the old hook, not both")
+        self._on_event: EventSink = on_event or (hook_sink(hook) if hook is not None else _ignore)
         self.memory_limit_bytes = memory_limit_bytes
         self.evidence: dict[str, Any] = {}
         self.parser = engine.parser()
@@ -250,9 +258,9 @@ class ServerSession:
                 self._fatal_seen_at = time.monotonic()
             self._changed.notify_all()
         if phase != before_phase:
-            self.hook("phase", phase)
+            self._on_event(PhaseReached(phase))
         if fatal is not None and before_fatal is None:
-            self.hook("fatal", fatal)
+            self._on_event(FatalSeen(fatal))
 
     def _sample_smi(self) -> None:
         while not self._closing.wait(self.smi_interval):
@@ -354,12 +362,7 @@ class ServerSession:
 
     def http_get(self, path: str, *, timeout: float = 10.0) -> tuple[int, str]:
         """GET ``path`` from the server *on the host* (bash /dev/tcp), so it works behind SSH too."""
-        script = (
-            f"exec 3<>/dev/tcp/127.0.0.1/{int(self.launch.port)} || exit 7; "
-            f"printf 'GET {path} HTTP/1.0\\r\\nHost: 127.0.0.1\\r\\n\\r\\n' >&3; "
-            f"timeout {timeout:g} cat <&3"
-        )
-        res = self.host.run(script, timeout=timeout + 10)
+        res = self.host.run_script("http_get.sh", int(self.launch.port), path, f"{timeout:g}", timeout=timeout + 10)
         if res.rc == 7 or not res.stdout:
             return 0, ""
         head, _, body = res.stdout.partition("\r\n\r\n")
@@ -425,7 +428,7 @@ class ServerSession:
         self._read_server_info()
         if self.parser.phase in (Phase.STARTING, Phase.WARMUP, Phase.CUDA_GRAPH, Phase.KV_POOL):
             self.parser.phase = Phase.READY
-        self.hook("ready", self.server_info)
+        self._on_event(ServerReady(dict(self.server_info)))
         return True, None
 
     def _port_holder(self) -> str:
@@ -516,7 +519,7 @@ class ServerSession:
                 record = _json_record(line)
                 if record is not None:
                     result.levels.append(record)
-                    self.hook("level", record)
+                    self._on_event(LevelDone(record))
         finally:
             stream.close()
             pumper.join(timeout=5)
@@ -548,6 +551,23 @@ class ServerSession:
         return Failure(FailureKind.INFRA, self.parser.phase, f"load generator exited with {code}")
 
 
+def hook_sink(hook: EventHook) -> EventSink:
+    """``on_event`` for a caller of the old ``hook(kind, value)`` form."""
+
+    def sink(event: ServerEvent) -> None:
+        match event:
+            case PhaseReached(phase):
+                hook("phase", phase)
+            case LevelDone(record):
+                hook("level", record)
+            case FatalSeen(failure):
+                hook("fatal", failure)
+            case ServerReady(info):
+                hook("ready", info)
+
+    return sink
+
+
 def _json_record(line: str) -> dict[str, Any] | None:
     line = line.strip()
     if not line.startswith("{"):
@@ -557,6 +577,10 @@ def _json_record(line: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return data if isinstance(data, dict) and "max_concurrency" in data else None
+
+
+def _ignore(event: ServerEvent) -> None:
+    pass
 
 
 def _n(value: float | None) -> str:

@@ -31,242 +31,88 @@ path with the allowed range, in one line). Example (see ``spaces/demo-sim.yaml``
     budget: {n_trials: 30, timeout: 8h, startup_timeout: 20m, benchmark_timeout: 30m}
     memory_limit: null                  # e.g. 48GiB: each server runs in a memory cgroup of that size (root)
     deploy: {python: /opt/sglang/bin/python, host: 0.0.0.0, port: 30000}   # for export --engine
+
+Sections with a job of their own live beside it, and every name stays importable from here:
+:mod:`spaces.nccl` (which NCCL settings are legal), :mod:`spaces.objective` (what a trial is scored by),
+:mod:`spaces.units` (durations and sizes).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from runners.errors import ConfigError, did_you_mean
 from spaces.guards import fixed_args_problem
 from spaces.names import check_identifier, check_name
+from spaces.nccl import (
+    NCCL_VARIABLES,
+    SAFE_ALGO,
+    UNSET,
+    allows,
+    check_nccl,
+    check_nccl_combinations,
+    forced,
+    nccl_values,
+    nccl_warnings,
+)
+from spaces.objective import OBJECTIVE_UNITS, PARETO_METRICS, Objective, ParetoMetric, RateSearch, Slo
+from spaces.strict import Strict
+from spaces.units import Duration, parse_duration, parse_size
 
-UNSET = "unset"
+__all__ = [
+    "CONTROLLER_PYTHON",
+    "ENGINE_KINDS",
+    "ENGINE_KNOBS",
+    "MAX_DATASET_BYTES",
+    "NCCL_VARIABLES",
+    "OBJECTIVE_UNITS",
+    "PARETO_METRICS",
+    "SAFE_ALGO",
+    "SGLANG_KNOBS",
+    "UNSET",
+    "VLLM_KNOBS",
+    "BoolChoices",
+    "Budget",
+    "Deploy",
+    "Duration",
+    "EngineKind",
+    "EngineSpec",
+    "FloatRange",
+    "IntChoices",
+    "Knobs",
+    "Objective",
+    "ParetoMetric",
+    "RateSearch",
+    "SharedPrefix",
+    "SimOptions",
+    "Slo",
+    "Space",
+    "Workload",
+    "allows",
+    "check_nccl",
+    "check_nccl_combinations",
+    "forced",
+    "load_space",
+    "nccl_values",
+    "nccl_warnings",
+    "parse_duration",
+    "parse_size",
+]
+
 CONTROLLER_PYTHON = "servetune"
 """``engine.python: servetune`` (sim only): the interpreter servetune itself runs in."""
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|K|M|G|T)?\s*$")
-_SIZE_UNITS = {"B": 1, "K": 2**10, "KiB": 2**10, "M": 2**20, "MiB": 2**20, "G": 2**30, "GiB": 2**30,
-               "T": 2**40, "TiB": 2**40}
-
-
-def parse_duration(value: str | float | int) -> float:
-    """``"8h"``, ``"90s"``, ``"15m"``, ``300`` (seconds) to seconds."""
-    if isinstance(value, int | float):
-        if value <= 0:
-            raise ValueError("must be positive")
-        return float(value)
-    match = _DURATION.match(str(value))
-    if not match:
-        raise ValueError(f"{value!r} is not a duration (use e.g. 90s, 15m, 8h)")
-    number = float(match.group(1))
-    unit = match.group(2) or "s"
-    seconds = number * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
-    if seconds <= 0:
-        raise ValueError("must be positive")
-    return seconds
-
-
-def parse_size(value: str | int) -> int:
-    """``"4GiB"``, ``"512MiB"``, ``"4G"`` (binary units), ``4294967296`` (bytes) to bytes."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        number, unit = float(value), "B"
-    else:
-        match = _SIZE.match(str(value))
-        if not match:
-            raise ValueError(f"{value!r} is not a size (use e.g. 4GiB, 512MiB)")
-        number, unit = float(match.group(1)), match.group(2) or "B"
-    size = int(number * _SIZE_UNITS[unit])
-    if size < 2**20:
-        raise ValueError(f"{value!r} is below 1 MiB")
-    return size
-
-
-Duration = Annotated[float, Field(gt=0)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-# ---- NCCL legal values (NCCL >= 2.24: env.rst and src/graph/tuning.cc; engine-audit #2-#5) -------------
-
-_PROTOS = {"ll", "ll128", "simple"}
-_ALGOS = {"ring", "tree", "collnetchain", "collnetdirect", "nvls", "nvlstree", "pat"}
-_FUNCS = {"allreduce", "allgather", "reducescatter", "broadcast", "reduce"}
-_NVLS = {"nvls", "nvlstree"}
-_LEVELS = {"LOC", "NVL", "PIX", "PXB", "PHB", "SYS"}
-SAFE_ALGO = "allreduce:tree"
-"""The spelling that forces Tree where it exists (AllReduce) and leaves every other collective to NCCL; SGLang
-itself writes it (``srt/arg_groups/attention_hook.py:676@v0.5.23``)."""
-
-
-def _parts(value: str) -> list[tuple[str, str]]:
-    """``"ring;allreduce:tree"`` -> ``[("", "ring"), ("allreduce", "tree")]`` (NCCL 2.24 per-collective form:
-    a part without ``func:`` applies to every collective)."""
-    out = []
-    for part in value.split(";"):
-        func, _, body = part.rpartition(":")
-        out.append((func.strip().lower(), body.strip()))
-    return out
-
-
-def _items(body: str) -> tuple[bool, list[str]]:
-    """``"^tree,ring"`` -> ``(True, ["tree", "ring"])``: whether the list excludes, and its lowercased items."""
-    negated = body.startswith("^")
-    return negated, [p.strip().lower() for p in (body[1:] if negated else body).split(",")]
-
-
-def allows(value: str, name: str, *, func: str = "") -> bool:
-    """Whether the NCCL list ``value`` (of NCCL_ALGO or NCCL_PROTO) lets collective ``func`` ("" = the bare
-    default) use ``name``. A part naming ``func`` wins over the bare one; no part at all allows everything."""
-    chosen = None
-    for part_func, body in _parts(value):
-        if part_func == func or (part_func == "" and chosen is None):
-            chosen = body
-    if chosen is None:
-        return True
-    negated, items = _items(chosen)
-    return (name in items) != negated
-
-
-def forced(value: str, names: set[str]) -> bool:
-    """Whether any part of the list ``value`` names one of ``names`` without excluding it."""
-    return any(not neg and names & set(items) for neg, items in (_items(b) for _, b in _parts(value)))
-
-
-def _check_list(value: str, legal: set[str], what: str) -> None:
-    for func, body in _parts(value):
-        if func and func not in _FUNCS:
-            raise ValueError(f"{what} collective {func!r} is not one of {sorted(_FUNCS)}")
-        _negated, items = _items(body)
-        if not body.lstrip("^") or any(not p for p in items):
-            raise ValueError(f"{what} {value!r} is not a comma list")
-        bad = [p for p in items if p not in legal]
-        if bad == ["collnet"]:
-            raise ValueError(f"{what} 'collnet' is invalid since NCCL 2.14 (CollNetDirect, CollNetChain)")
-        if bad:
-            raise ValueError(f"{what} value {bad[0]!r} is not one of {sorted(legal)} (optionally ^-prefixed)")
-
-
-def _check_algo(value: str) -> None:
-    _check_list(value, _ALGOS, "NCCL_ALGO")
-    for func, _body in _parts(value):
-        if func != "allreduce" and not allows(value, "ring", func=func):
-            # Since NCCL 2.24 a list applies to every collective it covers, with no fallback to Ring.
-            raise ValueError(
-                f"NCCL_ALGO {value!r} leaves {func or 'every collective'} without Ring; since NCCL 2.24 that fails "
-                f"on SGLang's TP AllGather (no algorithm/protocol available for function AllGather): write "
-                f"{SAFE_ALGO} (or allreduce:<algo>)"
-            )
-    if forced(value, {"nvlstree"}):
-        raise ValueError("NCCL_ALGO NVLSTree needs more than one node (src/graph/tuning.cc); servetune launches one")
-
-
-def _int_in(lo: int, hi: int | None) -> Any:
-    def check(value: str) -> None:
-        if not value.isdigit() or int(value) < lo or (hi is not None and int(value) > hi):
-            raise ValueError(f"must be an integer in [{lo}, {hi if hi is not None else 'inf'}]")
-    return check
-
-
-def _one_of(*allowed: str) -> Any:
-    def check(value: str) -> None:
-        if value not in allowed:
-            raise ValueError(f"must be one of {list(allowed)}")
-    return check
-
-
-def _p2p_level(value: str) -> None:
-    if value.upper() in _LEVELS or value.isdigit():
-        return  # legacy integers: LOC=0 PIX=1 PXB=2 PHB=3 SYS=4, >4 means SYS
-    raise ValueError(f"must be one of {sorted(_LEVELS)} or a legacy integer")
-
-
-def _nthreads(value: str) -> None:
-    if value not in {"64", "128", "256", "512"}:
-        raise ValueError("must be one of [64, 128, 256, 512]")
-
-
-NCCL_VARIABLES: dict[str, Any] = {
-    "NCCL_PROTO": lambda v: _check_list(v, _PROTOS, "NCCL_PROTO"),
-    "NCCL_ALGO": _check_algo,
-    "NCCL_P2P_LEVEL": _p2p_level,
-    "NCCL_P2P_DISABLE": _one_of("0", "1"),
-    "NCCL_P2P_DIRECT_DISABLE": _one_of("0", "1"),
-    "NCCL_SHM_DISABLE": _one_of("0", "1"),
-    "NCCL_IB_DISABLE": _one_of("0", "1"),
-    "NCCL_CUMEM_ENABLE": _one_of("0", "1"),
-    "NCCL_CUMEM_HOST_ENABLE": _one_of("0", "1"),
-    "NCCL_NVLS_ENABLE": _one_of("0", "1", "2"),
-    "NCCL_MIN_NCHANNELS": _int_in(1, 32),
-    "NCCL_MAX_NCHANNELS": _int_in(1, None),
-    "NCCL_MIN_CTAS": _int_in(1, 32),
-    "NCCL_MAX_CTAS": _int_in(1, None),
-    "NCCL_BUFFSIZE": _int_in(1, None),
-    "NCCL_NTHREADS": _nthreads,
-    "NCCL_NET_GDR_LEVEL": _p2p_level,
-    "NCCL_LAUNCH_MODE": _one_of("PARALLEL", "GROUP"),
-}
-
-
-def check_nccl(name: str, value: str) -> None:
-    """Raise ValueError if ``name=value`` is not a legal NCCL setting."""
-    if name not in NCCL_VARIABLES:
-        raise ValueError(f"unknown NCCL variable {name!r}{did_you_mean(name, NCCL_VARIABLES)}; allowed: "
-                         f"{', '.join(sorted(NCCL_VARIABLES))}")
-    NCCL_VARIABLES[name](value)
-
-
-def nccl_values(name: str, env: dict[str, str], searched: dict[str, list[str]]) -> list[str | None]:
-    """The values variable ``name`` can take in a trial: each searched one ("unset" keeps ``env``'s), or
-    ``env``'s alone; None for absent."""
-    fixed = env.get(name)
-    if name not in searched:
-        return [fixed]
-    return [fixed if v == UNSET else v for v in searched[name]]
-
-
-def check_nccl_combinations(env: dict[str, str], searched: dict[str, list[str]], *, engine: str,
-                            fixed_args: list[str]) -> None:
-    """Raise ValueError (one line) for NCCL settings that are legal alone but fail together (NCCL >= 2.24)."""
-    algos = [v for v in nccl_values("NCCL_ALGO", env, searched) if v is not None and forced(v, _NVLS)]
-    if not algos:
-        return
-    for proto in nccl_values("NCCL_PROTO", env, searched):
-        if proto is not None and not allows(proto, "simple"):
-            raise ValueError(f"NCCL_ALGO={algos[0]} runs only with the Simple protocol (src/graph/tuning.cc), "
-                             f"but NCCL_PROTO can be {proto}")
-    if engine in ("sglang", "sim") and "--enable-nccl-nvls" not in fixed_args:
-        bad = [v for v in nccl_values("NCCL_NVLS_ENABLE", env, searched) if v != "1"]
-        if bad:
-            raise ValueError(f"NCCL_ALGO={algos[0]} needs NCCL_NVLS_ENABLE=1: SGLang sets it to 0 unless "
-                             "--enable-nccl-nvls (srt/entrypoints/engine.py:1909@v0.5.23); set it in env or "
-                             "add --enable-nccl-nvls to fixed_args")
-
-
-def nccl_warnings(env: dict[str, str], searched: dict[str, list[str]]) -> list[str]:
-    """Settings that run but are unsafe: one line each, saying why."""
-    protos = [v for v in nccl_values("NCCL_PROTO", env, searched) if v is not None and forced(v, {"ll128"})]
-    if not protos:
-        return []
-    return [f"NCCL_PROTO={protos[0]} forces LL128, which on hardware that does not support it can corrupt data "
-            "(NCCL env.rst); servetune measures only throughput, so a corrupted run would look like a win. "
-            "Search it only where NCCL enables LL128 by itself."]
-
 
 # ---- knobs ---------------------------------------------------------------------------------------
 
 
-class FloatRange(_Strict):
+class FloatRange(Strict):
     low: float
     high: float
     step: float | None = Field(default=None, gt=0)
@@ -278,7 +124,7 @@ class FloatRange(_Strict):
         return self
 
 
-class IntChoices(_Strict):
+class IntChoices(Strict):
     choices: list[int | None] = Field(min_length=1)
 
     @field_validator("choices")
@@ -292,11 +138,11 @@ class IntChoices(_Strict):
         return v
 
 
-class BoolChoices(_Strict):
+class BoolChoices(Strict):
     choices: list[bool] = Field(min_length=1)
 
 
-class Knobs(_Strict):
+class Knobs(Strict):
     """Searched settings. Each is optional; absent means the engine default (flag left out)."""
 
     # SGLang
@@ -366,36 +212,69 @@ SGLANG_KNOBS = ENGINE_KNOBS["sglang"]
 VLLM_KNOBS = ENGINE_KNOBS["vllm"]
 
 
-class SimOptions(_Strict):
+@dataclass(frozen=True)
+class EngineKind:
+    """What a space file needs to know of an engine kind; everything else (flags, logs, memory, TP size) is
+    the engine's own (``runners.engines``), which spaces/ does not import."""
+
+    simulated: bool
+    """Every figure it produces is simulated (the simulated SGLang host)."""
+    nvls_flag: str | None
+    """The flag without which the engine sets ``NCCL_NVLS_ENABLE=0`` (SGLang's ``--enable-nccl-nvls``)."""
+
+
+ENGINE_KINDS: dict[str, EngineKind] = {
+    "sglang": EngineKind(simulated=False, nvls_flag="--enable-nccl-nvls"),
+    "sim": EngineKind(simulated=True, nvls_flag="--enable-nccl-nvls"),  # SGLang's behaviour, emulated
+    "vllm": EngineKind(simulated=False, nvls_flag=None),
+}
+
+
+class SimOptions(Strict):
     profile: str
     speed: float = Field(default=1.0, gt=0)
     seed: int | None = None
 
 
-class EngineSpec(_Strict):
+class EngineSpec(Strict):
     kind: Literal["sglang", "vllm", "sim"]
     python: str = "python3"
     version: str | None = None
     device: Literal["gpu", "cpu"] = "gpu"
     sim: SimOptions | None = None
 
+    @property
+    def simulated(self) -> bool:
+        """The simulated host: its figures are simulated, it reads no model and knows its own version."""
+        return ENGINE_KINDS[self.kind].simulated
+
+    @property
+    def knobs(self) -> frozenset[str]:
+        """The knobs a space of this engine may search (:data:`ENGINE_KNOBS`)."""
+        return ENGINE_KNOBS[self.kind]
+
+    @property
+    def nvls_flag(self) -> str | None:
+        """The flag without which this engine turns NCCL's NVLS off (None: it leaves NCCL's default)."""
+        return ENGINE_KINDS[self.kind].nvls_flag
+
     @model_validator(mode="after")
     def _sim(self) -> EngineSpec:
-        if self.kind == "sim" and self.sim is None:
-            raise ValueError("engine.kind sim needs engine.sim.profile")
-        if self.kind != "sim" and self.sim is not None:
+        if self.simulated and self.sim is None:
+            raise ValueError(f"engine.kind {self.kind} needs engine.sim.profile")
+        if not self.simulated and self.sim is not None:
             raise ValueError("engine.sim is only for engine.kind sim")
         return self
 
 
-class SharedPrefix(_Strict):
+class SharedPrefix(Strict):
     """A prefix-shared mix: ``groups`` system prompts of ``len`` tokens, each request starting with one."""
 
     len: int = Field(ge=1)
     groups: int = Field(default=1, ge=1)
 
 
-class Workload(_Strict):
+class Workload(Strict):
     """The load each trial is measured under (the load generator's workload, bench_serving's semantics)."""
 
     input_len: int = Field(default=256, ge=1)
@@ -451,162 +330,7 @@ class Workload(_Strict):
         return "generated-shared-prefix" if self.prefix is not None else "random"
 
 
-class Slo(_Strict):
-    p99_ttft_ms: float | None = Field(default=None, gt=0)
-    p99_tpot_ms: float | None = Field(default=None, gt=0)
-    max_error_rate: float | None = Field(default=None, ge=0, lt=1)
-    """Largest share of failed requests a level may have and still hold the SLO."""
-
-    def limits(self) -> dict[str, float]:
-        """The set limits by metric name (``error_rate`` for ``max_error_rate``)."""
-        named = {"p99_ttft_ms": self.p99_ttft_ms, "p99_tpot_ms": self.p99_tpot_ms,
-                 "error_rate": self.max_error_rate}
-        return {k: v for k, v in named.items() if v is not None}
-
-
-class RateSearch(_Strict):
-    """How ``max_rate_under_slo`` looks for a configuration's highest rate: bracketing from ``start`` (doubling
-    up or halving down within ``[low, high]``), then bisection until the bracket is within ``tolerance``
-    (relative) or ``steps`` measurements are spent."""
-
-    start: float = Field(default=4.0, gt=0)
-    low: float = Field(default=0.25, gt=0)
-    high: float = Field(default=256.0, gt=0)
-    steps: int = Field(default=8, ge=2, le=30)
-    tolerance: float = Field(default=0.05, gt=0, lt=1)
-    requests: int = Field(default=200, ge=10)
-    """Requests sent at each rate (Poisson arrivals, at most ``objective.level`` in flight)."""
-    result: Literal["rate", "goodput"] = "rate"
-    """The trial's value: the rate found, or the output throughput measured at it."""
-
-    @model_validator(mode="after")
-    def _bounds(self) -> RateSearch:
-        if not self.low <= self.start <= self.high:
-            raise ValueError(f"need low <= start <= high, got {self.low:g}, {self.start:g}, {self.high:g}")
-        return self
-
-
-#: The load generator's figures (bench_serving's names) a ``pareto`` objective may trade off, each with the
-#: direction that makes it better: a throughput is maximised, a latency minimised.
-PARETO_METRICS: dict[str, Literal["maximize", "minimize"]] = {
-    **{name: "maximize" for name in ("output_throughput", "request_throughput", "input_throughput",
-                                     "total_throughput")},
-    **{f"{stat}_{what}_ms": "minimize" for what in ("ttft", "tpot", "itl", "e2e_latency")
-       for stat in ("mean", "median", "p99")},
-}
-
-
-class ParetoMetric(_Strict):
-    """One metric of a ``pareto`` objective: a load generator figure at the objective's level, and whether
-    more or less of it is better (default: the only direction that makes sense for it)."""
-
-    name: str
-    direction: Literal["maximize", "minimize"] | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        if v not in PARETO_METRICS:
-            raise ValueError(f"unknown metric {v!r}; allowed: {', '.join(PARETO_METRICS)}")
-        return v
-
-    @model_validator(mode="after")
-    def _sense(self) -> ParetoMetric:
-        natural = PARETO_METRICS[self.name]
-        if self.direction is not None and self.direction != natural:
-            what = "a latency" if natural == "minimize" else "a throughput"
-            raise ValueError(f"{self.name} is {what}: its direction is {natural}, not {self.direction}")
-        return self
-
-    @property
-    def sense(self) -> Literal["maximize", "minimize"]:
-        return self.direction or PARETO_METRICS[self.name]
-
-
-#: The unit of each figure a trial can be scored by (:attr:`Objective.scored_by`), for what prints it.
-OBJECTIVE_UNITS = {"output_throughput": "tok/s", "total_throughput": "tok/s", "input_throughput": "tok/s",
-                   "request_throughput": "req/s", "slo_request_rate": "req/s", "slo_goodput": "tok/s"}
-
-
-class Objective(_Strict):
-    """What a trial is scored by.
-
-    * ``throughput_at``: ``metric`` at concurrency ``level``; SLO limits are Optuna constraints;
-    * ``max_rate_under_slo``: the highest request rate at which every ``slo`` limit holds (``rate`` says how
-      it is searched), with at most ``level`` requests in flight;
-    * ``pareto``: two or more ``metrics`` at concurrency ``level``, each with its direction, as one Optuna
-      multi-objective study (the trials that no other beats on every metric form the front); SLO limits
-      (p99 TTFT, p99 TPOT) are Optuna constraints, as for ``throughput_at``.
-    """
-
-    kind: Literal["throughput_at", "max_rate_under_slo", "pareto"] = "throughput_at"
-    metric: Literal["output_throughput", "request_throughput", "total_throughput"] = "output_throughput"
-    metrics: list[ParetoMetric] | None = None
-    level: int | None = None
-    slo: Slo = Field(default_factory=Slo)
-    rate: RateSearch | None = None
-
-    @model_validator(mode="after")
-    def _kind(self) -> Objective:
-        if self.kind != "max_rate_under_slo" and self.rate is not None:
-            raise ValueError(f"rate is only for kind max_rate_under_slo (this objective is {self.kind})")
-        if self.kind != "pareto" and self.metrics is not None:
-            raise ValueError(f"metrics is only for kind pareto (this objective is {self.kind}: give metric)")
-        if self.kind == "pareto":
-            self._check_pareto()
-        if self.kind == "max_rate_under_slo":
-            if not self.slo.limits():
-                raise ValueError("max_rate_under_slo needs at least one slo limit "
-                                 "(p99_ttft_ms, p99_tpot_ms or max_error_rate)")
-            if "metric" in self.model_fields_set:
-                raise ValueError("max_rate_under_slo scores the rate (or rate.result: goodput); drop metric")
-        return self
-
-    def _check_pareto(self) -> None:
-        names = [m.name for m in self.metrics or []]
-        if len(names) < 2:
-            raise ValueError(f"pareto needs 2 or more metrics to trade off (got {len(names)}); for one metric "
-                             "use kind throughput_at")
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise ValueError(f"pareto metric {twice[0]} is named twice; each metric once")
-        if "metric" in self.model_fields_set:
-            raise ValueError("pareto scores its metrics list; drop metric")
-        if self.slo.max_error_rate is not None:
-            raise ValueError("slo.max_error_rate is only for max_rate_under_slo (a pareto trial's level must "
-                             "serve every request); allowed here: slo.p99_ttft_ms, slo.p99_tpot_ms")
-
-    @property
-    def rate_search(self) -> RateSearch:
-        return self.rate or RateSearch()
-
-    @property
-    def scored_by(self) -> str:
-        """The name of what a trial's value is: the metric, or for ``max_rate_under_slo`` the rate found
-        (``slo_request_rate``, req/s) or the output throughput at it (``slo_goodput``, tok/s); for ``pareto``
-        the first of its metrics (the others are in :attr:`metric_names`)."""
-        if self.kind == "max_rate_under_slo":
-            return "slo_request_rate" if self.rate_search.result == "rate" else "slo_goodput"
-        if self.kind == "pareto":
-            return self.metric_names[0]
-        return self.metric
-
-    @property
-    def metric_names(self) -> list[str]:
-        """The names of the study's objectives, in order (one but for ``pareto``)."""
-        if self.kind == "pareto":
-            return [m.name for m in self.metrics or []]
-        return [self.scored_by]
-
-    @property
-    def directions(self) -> list[Literal["maximize", "minimize"]]:
-        """The study's directions, one per :attr:`metric_names` (every single objective is maximised)."""
-        if self.kind == "pareto":
-            return [m.sense for m in self.metrics or []]
-        return ["maximize"]
-
-
-class Budget(_Strict):
+class Budget(Strict):
     n_trials: int | None = Field(default=20, ge=1)
     timeout: Duration | None = None
     startup_timeout: Duration = 1200.0
@@ -620,7 +344,7 @@ class Budget(_Strict):
         return None if v is None else parse_duration(v)
 
 
-class Deploy(_Strict):
+class Deploy(Strict):
     """How a tuned configuration is served for real (``servetune export --engine sglang``); nothing here is used
     while tuning. A study tuned on the simulated host names here the GPU box's engine python and model path."""
 
@@ -652,7 +376,7 @@ class Deploy(_Strict):
         return v
 
 
-class Space(_Strict):
+class Space(Strict):
     name: str
     engine: EngineSpec
     model_path: str
@@ -707,7 +431,7 @@ class Space(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Space:
-        allowed = ENGINE_KNOBS[self.engine.kind]
+        allowed = self.engine.knobs
         for name in self.knobs.model_fields_set:
             if getattr(self.knobs, name) not in (None, {}) and name not in allowed:
                 raise ValueError(
@@ -721,7 +445,8 @@ class Space(_Strict):
                 f"{self.workload.concurrency}"
             )
         self._check_env()
-        check_nccl_combinations(self.env, self.knobs.nccl, engine=self.engine.kind, fixed_args=self.fixed_args)
+        nvls = self.engine.nvls_flag
+        check_nccl_combinations(self.env, self.knobs.nccl, nvls_off=nvls is not None and nvls not in self.fixed_args)
         return self
 
     @model_validator(mode="after")
@@ -804,7 +529,7 @@ def load_space(path: str | Path) -> Space:
         err = exc.errors()[0]
         where = _loc(err["loc"]) or "(top level)"
         raise ConfigError(f"{p}: {where}: {_error_message(err)}") from None
-    if space.engine.kind == "sim" and space.engine.python == CONTROLLER_PYTHON:
+    if space.engine.simulated and space.engine.python == CONTROLLER_PYTHON:
         engine = space.engine.model_copy(update={"python": sys.executable})
         space = space.model_copy(update={"engine": engine})
     if space.workload.dataset is not None:

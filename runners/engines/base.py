@@ -7,17 +7,24 @@ An :class:`Engine` knows, for one serving engine:
 * how a server of that engine says it is ready (log line and/or ``/health``);
 * how to read its log into :class:`~runners.telemetry.Telemetry` and spot fatal lines (a :class:`LogParser`);
 * how to classify a death into a :class:`~runners.telemetry.Failure` (OOM, NCCL, rejected flag, crash);
-* which HTTP API the load generator should speak (``sglang`` ``/generate`` or ``openai`` ``/v1/completions``).
+* which HTTP API the load generator should speak (``sglang`` ``/generate`` or ``openai`` ``/v1/completions``);
+* what callers ask of it instead of comparing names: whether it is simulated, which memory model fits it,
+  and the tensor parallel size its flags ask for.
 
 Adding an engine is one module in this package plus its tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from runners.telemetry import Failure, Phase, Telemetry
+
+BenchApi = Literal["sglang", "openai"]
+"""The HTTP API the load generator speaks to a server (``runners/loadgen.py`` ``--api``)."""
+MemoryFamily = Literal["sglang", "vllm"]
+"""Whose memory arithmetic a server follows: SGLang's static fraction, or vLLM's utilisation budget."""
 
 
 @runtime_checkable
@@ -73,9 +80,16 @@ class LogParser(Protocol):
 @runtime_checkable
 class Engine(Protocol):
     name: str
-    """``sglang``, ``vllm`` or ``sim``."""
-    bench_api: str
+    """``sglang``, ``vllm`` or ``sim``: the registry's name for it (:func:`runners.engines.get_engine`), for
+    records and messages. Ask the traits below instead of comparing it."""
+    bench_api: BenchApi
     """``sglang`` (POST /generate) or ``openai`` (POST /v1/completions)."""
+    simulated: bool
+    """Every figure it produces is simulated (the simulated SGLang host): it reads no model and no real GPU."""
+    memory_family: MemoryFamily | None
+    """Which memory model predicts its start-up (None: none fits)."""
+    tp_flags: ClassVar[tuple[str, ...]]
+    """The flags that set the tensor parallel size, as the engine's parser accepts them."""
     health_path: str
     needs_ready_line: bool
     """True when ``/health`` 200 alone is not readiness (SGLang: wait for the fired-up line too)."""
@@ -88,6 +102,14 @@ class Engine(Protocol):
     """The engine's knob -> flag table (base spelling; :meth:`knob_flag` respells it per version)."""
     env_knobs: ClassVar[Mapping[str, str]]
     """Knobs the engine takes as environment variables -> the variable."""
+
+    def tp_flag(self, args: Sequence[str]) -> int | None:
+        """The tensor parallel size ``args`` ask for with one of :attr:`tp_flags`; None when they name none."""
+        ...
+
+    def tp_size(self, args: Sequence[str]) -> int:
+        """The tensor parallel size a server launched with ``args`` runs at (1 when they name none)."""
+        ...
 
     def knob_flag(self, knob: str, version: str) -> str:
         """The flag (or environment variable) that carries ``knob`` in ``version``. Raises ConfigError for a

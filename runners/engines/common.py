@@ -70,6 +70,18 @@ def flag_name(arg: str) -> str:
     return arg.split("=", 1)[0]
 
 
+def tp_from_args(args: Sequence[str], flags: Sequence[str]) -> int | None:
+    """The tensor parallel size ``args`` give with the first of ``flags`` that carries a number (``--flag N``
+    or ``--flag=N``); None when none does."""
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in flags:
+            text = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if text.isdigit():
+                return int(text)
+    return None
+
+
 def flag_value(args: Sequence[str], *names: str) -> str | None:
     """The value the first of ``names`` is given in ``args`` (``--flag value`` or ``--flag=value``)."""
     for i, arg in enumerate(args):

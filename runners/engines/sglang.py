@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from runners.engines.base import LaunchLike, LogParser
+from runners.engines.base import BenchApi, LaunchLike, LogParser, MemoryFamily
 from runners.engines.common import (
     ARGPARSE_ERROR,
     NCCL_ERROR,
@@ -33,6 +33,7 @@ from runners.engines.common import (
     oom_kills,
     parse_version,
     signal_of,
+    tp_from_args,
 )
 from runners.errors import ConfigError
 from runners.telemetry import Failure, FailureKind, Phase, parse_size_gib
@@ -485,7 +486,12 @@ class SGLangEngine:
     """The SGLang engine (:class:`~runners.engines.base.Engine`): ``python -m sglang.launch_server``."""
 
     name: str = "sglang"
-    bench_api: str = "sglang"
+    bench_api: BenchApi = "sglang"
+    simulated: bool = False
+    memory_family: MemoryFamily | None = "sglang"
+    tp_flags: ClassVar[tuple[str, ...]] = ("--tp-size", "--tensor-parallel-size", "--tp")
+    """``--tensor-parallel-size`` with its alias ``--tp-size`` (sglang-facts §1, 0.5.23 server_args.py), and
+    ``--tp``, which SGLang's parser takes as an abbreviation of ``--tp-size`` (its ``allow_abbrev`` is on)."""
     health_path: str = "/health"
     needs_ready_line: bool = True
     scratch_vars: tuple[str, ...] = ("TMPDIR",)
@@ -496,6 +502,12 @@ class SGLangEngine:
     knob_flags: ClassVar[Mapping[str, str]] = KNOB_FLAGS
     env_knobs: ClassVar[Mapping[str, str]] = ENV_KNOBS
     module: ClassVar[str] = "sglang.launch_server"
+
+    def tp_flag(self, args: Sequence[str]) -> int | None:
+        return tp_from_args(args, self.tp_flags)
+
+    def tp_size(self, args: Sequence[str]) -> int:
+        return self.tp_flag(args) or 1
 
     def knob_flag(self, knob: str, version: str) -> str:
         return knob_flag(knob, parse_version(version))

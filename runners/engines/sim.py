@@ -26,6 +26,7 @@ class SimEngine(SGLangEngine):
     """
 
     name: str = "sim"
+    simulated: bool = True
     module: ClassVar[str] = "runners.simhost.server"
 
     def __init__(self, profile: str, speed: float = 1.0, version: str = "0.5.10",

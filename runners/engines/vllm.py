@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from runners.engines.base import LaunchLike, LogParser
+from runners.engines.base import BenchApi, LaunchLike, LogParser, MemoryFamily
 from runners.engines.common import (
     ANSI,
     ARGPARSE_ERROR,
@@ -54,6 +54,7 @@ from runners.engines.common import (
     oom_kills,
     parse_version,
     rank,
+    tp_from_args,
 )
 from runners.errors import ConfigError
 from runners.telemetry import Failure, FailureKind, Phase, parse_size_gib
@@ -455,7 +456,11 @@ class VLLMEngine:
     ``python -m vllm.entrypoints.openai.api_server``, OpenAI API, ``/health`` as readiness."""
 
     name: str = "vllm"
-    bench_api: str = "openai"
+    bench_api: BenchApi = "openai"
+    simulated: bool = False
+    memory_family: MemoryFamily | None = "vllm"
+    tp_flags: ClassVar[tuple[str, ...]] = ("--tensor-parallel-size", "-tp")
+    """vLLM's spellings (sglang-facts §8.1: ``--tensor-parallel-size``/``-tp``)."""
     health_path: str = "/health"
     needs_ready_line: bool = False
     scratch_vars: tuple[str, ...] = ("TMPDIR", "VLLM_CACHE_ROOT")
@@ -463,6 +468,12 @@ class VLLMEngine:
     knob_flags: ClassVar[Mapping[str, str]] = KNOB_FLAGS
     env_knobs: ClassVar[Mapping[str, str]] = ENV_KNOBS
     module: ClassVar[str] = "vllm.entrypoints.openai.api_server"
+
+    def tp_flag(self, args: Sequence[str]) -> int | None:
+        return tp_from_args(args, self.tp_flags)
+
+    def tp_size(self, args: Sequence[str]) -> int:
+        return self.tp_flag(args) or 1
 
     def knob_flag(self, knob: str, version: str) -> str:
         if knob in ENV_KNOBS:

@@ -9,9 +9,9 @@ predict
 
 install-smi
     ``install-smi --sim-profile FILE --state-dir DIR --bin-dir DIR`` writes the simulated host into the
-    state directory and an executable ``DIR/nvidia-smi`` that runs ``runners.simhost.smi`` on it with this
-    Python, from anywhere. Put ``--bin-dir`` first on ``PATH`` to make the simulated host's nvidia-smi the
-    one a tool finds.
+    state directory and an executable ``DIR/nvidia-smi`` (with its ``nvidia-smi.conf``) that runs
+    ``runners.simhost.smi`` on it with this Python, from anywhere. Put ``--bin-dir`` first on ``PATH`` to
+    make the simulated host's nvidia-smi the one a tool finds.
 
 Exit codes: 0 when the command did its job (a predicted OOM is an answer, not an error), 1 for a bad
 profile or file, 2 for bad usage.
@@ -23,9 +23,9 @@ import argparse
 import json
 import os
 import re
-import shlex
 import sys
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 
 from runners.simhost.launch import DEFAULT_VERSION, emulated_version
@@ -40,24 +40,19 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def install_smi(profile_path: str | Path, state_dir: Path, bin_dir: Path) -> Path:
-    """Write ``host.json`` for the profile's host and an ``nvidia-smi`` shim; return the shim's path."""
+    """Write ``host.json`` for the profile's host, and the ``nvidia-smi`` shim (``scripts/nvidia-smi``, shipped
+    as a file) with its ``nvidia-smi.conf`` beside it; return the shim's path."""
     profile = load_profile(profile_path)
     state_dir = state_dir.expanduser().resolve()
+    settings = [str(state_dir), sys.executable, str(REPO_ROOT)]
+    if any("\n" in value for value in settings):
+        raise OSError(f"a path of the nvidia-smi shim holds a line break: {settings}")
     write_host(state_dir, HostState.from_spec(profile.host, profile.name))
     bin_dir = bin_dir.expanduser().resolve()
     bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "nvidia-smi.conf").write_text("".join(f"{v}\n" for v in settings), encoding="utf-8")
     shim = bin_dir / "nvidia-smi"
-    shim.write_text(
-        "#!/bin/sh\n"
-        f"# nvidia-smi of the servetune simulated host ({profile.name}).\n"
-        "# Figures are simulated, not measured.\n"
-        f"SERVETUNE_SIM_STATE={shlex.quote(str(state_dir))}\n"
-        "export SERVETUNE_SIM_STATE\n"
-        f"PYTHONPATH={shlex.quote(str(REPO_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}\n"
-        "export PYTHONPATH\n"
-        f'exec {shlex.quote(sys.executable)} -m runners.simhost.smi "$@"\n',
-        encoding="utf-8",
-    )
+    shim.write_bytes(resources.files("runners.simhost").joinpath("scripts", "nvidia-smi").read_bytes())
     shim.chmod(0o755)
     return shim
 

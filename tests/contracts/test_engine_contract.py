@@ -16,14 +16,16 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from runners import loadgen
 from runners.engines import engine_names, get_engine
 from runners.engines.base import Engine, LogParser
 from runners.engines.common import LogParserBase
 from runners.engines.script import render, render_script
 from runners.errors import ConfigError
+from runners.simhost.launch import build_parser
 from runners.telemetry import FailureKind, Phase
 from spaces.launch import LaunchConfig
-from spaces.schema import ENGINE_KNOBS, BoolChoices, FloatRange, Knobs
+from spaces.schema import ENGINE_KNOBS, BoolChoices, EngineSpec, FloatRange, Knobs
 
 OPTIONS: dict[str, dict[str, Any]] = {"sim": {"profile": "p.yaml", "version": "0.5.14"}}
 VERSIONS = {
@@ -59,6 +61,33 @@ def test_engine_satisfies_the_protocol(engine: Engine) -> None:
     assert engine.bench_api in ("sglang", "openai")
     assert engine.health_path.startswith("/") and all(p.startswith("/") for p in engine.info_paths)
     assert "/opt/py" in engine.version_command("/opt/py")
+
+
+def test_traits_agree_with_the_space_schema_and_the_load_generator(engine: Engine) -> None:
+    spec = EngineSpec.model_validate({"kind": engine.name, "sim": OPTIONS.get(engine.name) and {"profile": "p.yaml"}})
+    assert engine.simulated is spec.simulated
+    assert engine.bench_api in loadgen.APIS
+    # The memory model an engine names is the one whose knob its flag table has.
+    knob = {"sglang": "mem_fraction_static", "vllm": "gpu_memory_utilization", None: None}[engine.memory_family]
+    assert knob is None or knob in engine.knob_flags
+
+
+def test_tp_size_reads_every_spelling_of_the_engine(engine: Engine) -> None:
+    assert engine.tp_flags and engine.tp_size([]) == 1 and engine.tp_flag(["--port", "8"]) is None
+    for flag in engine.tp_flags:
+        assert engine.tp_flag(["--trust-remote-code", flag, "4"]) == engine.tp_size([flag, "4"]) == 4
+        assert engine.tp_size([f"{flag}=2"]) == 2
+        assert engine.tp_flag([flag, "auto"]) is None  # not a size
+    other = {"--tp", "--tp-size", "--tensor-parallel-size", "-tp"} - set(engine.tp_flags)
+    assert all(engine.tp_flag([flag, "4"]) is None for flag in other)
+
+
+def test_the_simulated_hosts_parser_reads_the_sglang_tp_spellings() -> None:
+    """SimEngine (SGLang's flags) and the simulated host's argparse parser agree on every TP spelling."""
+    sim = get_engine("sim", OPTIONS["sim"])
+    for flag in sim.tp_flags:
+        ns = build_parser("0.5.14").parse_args(["--model-path", "m", flag, "4"])
+        assert ns.tp_size == sim.tp_size([flag, "4"]) == 4
 
 
 def test_every_knob_a_space_can_name_has_a_flag_and_back(engine: Engine) -> None:

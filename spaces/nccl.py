@@ -1,0 +1,180 @@
+"""Which NCCL settings are legal (NCCL >= 2.24: env.rst and src/graph/tuning.cc; engine-audit #2-#5): each
+variable alone, the combinations that fail together, and the ones that run but are unsafe.
+
+A space searches NCCL variables as categoricals whose value :data:`UNSET` leaves the variable out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runners.errors import did_you_mean
+
+UNSET = "unset"
+"""The value of a searched NCCL variable that leaves it out of the environment (NCCL's own default)."""
+
+_PROTOS = {"ll", "ll128", "simple"}
+_ALGOS = {"ring", "tree", "collnetchain", "collnetdirect", "nvls", "nvlstree", "pat"}
+_FUNCS = {"allreduce", "allgather", "reducescatter", "broadcast", "reduce"}
+_NVLS = {"nvls", "nvlstree"}
+_LEVELS = {"LOC", "NVL", "PIX", "PXB", "PHB", "SYS"}
+SAFE_ALGO = "allreduce:tree"
+"""The spelling that forces Tree where it exists (AllReduce) and leaves every other collective to NCCL; SGLang
+itself writes it (``srt/arg_groups/attention_hook.py:676@v0.5.23``)."""
+
+
+def _parts(value: str) -> list[tuple[str, str]]:
+    """``"ring;allreduce:tree"`` -> ``[("", "ring"), ("allreduce", "tree")]`` (NCCL 2.24 per-collective form:
+    a part without ``func:`` applies to every collective)."""
+    out = []
+    for part in value.split(";"):
+        func, _, body = part.rpartition(":")
+        out.append((func.strip().lower(), body.strip()))
+    return out
+
+
+def _items(body: str) -> tuple[bool, list[str]]:
+    """``"^tree,ring"`` -> ``(True, ["tree", "ring"])``: whether the list excludes, and its lowercased items."""
+    negated = body.startswith("^")
+    return negated, [p.strip().lower() for p in (body[1:] if negated else body).split(",")]
+
+
+def allows(value: str, name: str, *, func: str = "") -> bool:
+    """Whether the NCCL list ``value`` (of NCCL_ALGO or NCCL_PROTO) lets collective ``func`` ("" = the bare
+    default) use ``name``. A part naming ``func`` wins over the bare one; no part at all allows everything."""
+    chosen = None
+    for part_func, body in _parts(value):
+        if part_func == func or (part_func == "" and chosen is None):
+            chosen = body
+    if chosen is None:
+        return True
+    negated, items = _items(chosen)
+    return (name in items) != negated
+
+
+def forced(value: str, names: set[str]) -> bool:
+    """Whether any part of the list ``value`` names one of ``names`` without excluding it."""
+    return any(not neg and names & set(items) for neg, items in (_items(b) for _, b in _parts(value)))
+
+
+def _check_list(value: str, legal: set[str], what: str) -> None:
+    for func, body in _parts(value):
+        if func and func not in _FUNCS:
+            raise ValueError(f"{what} collective {func!r} is not one of {sorted(_FUNCS)}")
+        _negated, items = _items(body)
+        if not body.lstrip("^") or any(not p for p in items):
+            raise ValueError(f"{what} {value!r} is not a comma list")
+        bad = [p for p in items if p not in legal]
+        if bad == ["collnet"]:
+            raise ValueError(f"{what} 'collnet' is invalid since NCCL 2.14 (CollNetDirect, CollNetChain)")
+        if bad:
+            raise ValueError(f"{what} value {bad[0]!r} is not one of {sorted(legal)} (optionally ^-prefixed)")
+
+
+def _check_algo(value: str) -> None:
+    _check_list(value, _ALGOS, "NCCL_ALGO")
+    for func, _body in _parts(value):
+        if func != "allreduce" and not allows(value, "ring", func=func):
+            # Since NCCL 2.24 a list applies to every collective it covers, with no fallback to Ring.
+            raise ValueError(
+                f"NCCL_ALGO {value!r} leaves {func or 'every collective'} without Ring; since NCCL 2.24 that fails "
+                f"on SGLang's TP AllGather (no algorithm/protocol available for function AllGather): write "
+                f"{SAFE_ALGO} (or allreduce:<algo>)"
+            )
+    if forced(value, {"nvlstree"}):
+        raise ValueError("NCCL_ALGO NVLSTree needs more than one node (src/graph/tuning.cc); servetune launches one")
+
+
+def _int_in(lo: int, hi: int | None) -> Any:
+    def check(value: str) -> None:
+        if not value.isdigit() or int(value) < lo or (hi is not None and int(value) > hi):
+            raise ValueError(f"must be an integer in [{lo}, {hi if hi is not None else 'inf'}]")
+    return check
+
+
+def _one_of(*allowed: str) -> Any:
+    def check(value: str) -> None:
+        if value not in allowed:
+            raise ValueError(f"must be one of {list(allowed)}")
+    return check
+
+
+def _p2p_level(value: str) -> None:
+    if value.upper() in _LEVELS or value.isdigit():
+        return  # legacy integers: LOC=0 PIX=1 PXB=2 PHB=3 SYS=4, >4 means SYS
+    raise ValueError(f"must be one of {sorted(_LEVELS)} or a legacy integer")
+
+
+def _nthreads(value: str) -> None:
+    if value not in {"64", "128", "256", "512"}:
+        raise ValueError("must be one of [64, 128, 256, 512]")
+
+
+NCCL_VARIABLES: dict[str, Any] = {
+    "NCCL_PROTO": lambda v: _check_list(v, _PROTOS, "NCCL_PROTO"),
+    "NCCL_ALGO": _check_algo,
+    "NCCL_P2P_LEVEL": _p2p_level,
+    "NCCL_P2P_DISABLE": _one_of("0", "1"),
+    "NCCL_P2P_DIRECT_DISABLE": _one_of("0", "1"),
+    "NCCL_SHM_DISABLE": _one_of("0", "1"),
+    "NCCL_IB_DISABLE": _one_of("0", "1"),
+    "NCCL_CUMEM_ENABLE": _one_of("0", "1"),
+    "NCCL_CUMEM_HOST_ENABLE": _one_of("0", "1"),
+    "NCCL_NVLS_ENABLE": _one_of("0", "1", "2"),
+    "NCCL_MIN_NCHANNELS": _int_in(1, 32),
+    "NCCL_MAX_NCHANNELS": _int_in(1, None),
+    "NCCL_MIN_CTAS": _int_in(1, 32),
+    "NCCL_MAX_CTAS": _int_in(1, None),
+    "NCCL_BUFFSIZE": _int_in(1, None),
+    "NCCL_NTHREADS": _nthreads,
+    "NCCL_NET_GDR_LEVEL": _p2p_level,
+    "NCCL_LAUNCH_MODE": _one_of("PARALLEL", "GROUP"),
+}
+
+
+def check_nccl(name: str, value: str) -> None:
+    """Raise ValueError if ``name=value`` is not a legal NCCL setting."""
+    if name not in NCCL_VARIABLES:
+        raise ValueError(f"unknown NCCL variable {name!r}{did_you_mean(name, NCCL_VARIABLES)}; allowed: "
+                         f"{', '.join(sorted(NCCL_VARIABLES))}")
+    NCCL_VARIABLES[name](value)
+
+
+def nccl_values(name: str, env: dict[str, str], searched: dict[str, list[str]]) -> list[str | None]:
+    """The values variable ``name`` can take in a trial: each searched one ("unset" keeps ``env``'s), or
+    ``env``'s alone; None for absent."""
+    fixed = env.get(name)
+    if name not in searched:
+        return [fixed]
+    return [fixed if v == UNSET else v for v in searched[name]]
+
+
+def check_nccl_combinations(env: dict[str, str], searched: dict[str, list[str]], *, nvls_off: bool) -> None:
+    """Raise ValueError (one line) for NCCL settings that are legal alone but fail together (NCCL >= 2.24).
+
+    ``nvls_off``: the engine sets ``NCCL_NVLS_ENABLE=0`` unless told otherwise, as SGLang does without
+    ``--enable-nccl-nvls`` (:attr:`spaces.schema.EngineSpec.nvls_flag`).
+    """
+    algos = [v for v in nccl_values("NCCL_ALGO", env, searched) if v is not None and forced(v, _NVLS)]
+    if not algos:
+        return
+    for proto in nccl_values("NCCL_PROTO", env, searched):
+        if proto is not None and not allows(proto, "simple"):
+            raise ValueError(f"NCCL_ALGO={algos[0]} runs only with the Simple protocol (src/graph/tuning.cc), "
+                             f"but NCCL_PROTO can be {proto}")
+    if nvls_off:
+        bad = [v for v in nccl_values("NCCL_NVLS_ENABLE", env, searched) if v != "1"]
+        if bad:
+            raise ValueError(f"NCCL_ALGO={algos[0]} needs NCCL_NVLS_ENABLE=1: SGLang sets it to 0 unless "
+                             "--enable-nccl-nvls (srt/entrypoints/engine.py:1909@v0.5.23); set it in env or "
+                             "add --enable-nccl-nvls to fixed_args")
+
+
+def nccl_warnings(env: dict[str, str], searched: dict[str, list[str]]) -> list[str]:
+    """Settings that run but are unsafe: one line each, saying why."""
+    protos = [v for v in nccl_values("NCCL_PROTO", env, searched) if v is not None and forced(v, {"ll128"})]
+    if not protos:
+        return []
+    return [f"NCCL_PROTO={protos[0]} forces LL128, which on hardware that does not support it can corrupt data "
+            "(NCCL env.rst); servetune measures only throughput, so a corrupted run would look like a win. "
+            "Search it only where NCCL enables LL128 by itself."]

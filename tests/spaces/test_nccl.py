@@ -1,0 +1,64 @@
+"""NCCL legality (spaces/nccl.py): each variable alone, the per-collective lists of NCCL >= 2.24, and the
+combinations that fail together, with and without an engine that turns NVLS off."""
+
+from __future__ import annotations
+
+import pytest
+
+from spaces.nccl import UNSET, allows, check_nccl, check_nccl_combinations, forced, nccl_values, nccl_warnings
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "ok"),
+    [
+        ("NCCL_PROTO", "LL,LL128", True), ("NCCL_PROTO", "^LL128", True), ("NCCL_PROTO", "simple", True),
+        ("NCCL_ALGO", "Ring", True), ("NCCL_ALGO", "allreduce:nvls", True),
+        ("NCCL_ALGO", "allreduce:tree;broadcast:ring", True), ("NCCL_ALGO", "ring,tree", True),
+        ("NCCL_ALGO", "^tree", True), ("NCCL_ALGO", "allreduce:^tree", True),
+        ("NCCL_ALGO", "ring,collnetdirect;allreduce:tree,collnetdirect;broadcast:ring", True),
+        # NCCL >= 2.24: a bare list applies to every collective, with no fallback to Ring.
+        ("NCCL_ALGO", "Tree", False), ("NCCL_ALGO", "NVLS", False), ("NCCL_ALGO", "^ring", False),
+        ("NCCL_ALGO", "allreduce:tree;allgather:tree", False), ("NCCL_ALGO", "tree;allreduce:ring", False),
+        ("NCCL_ALGO", "allreduce:nvlstree", False), ("NCCL_ALGO", "collnet", False),
+        ("NCCL_ALGO", "allscatter:ring", False), ("NCCL_PROTO", "allreduce:simple", True),
+        ("NCCL_ALGO", "Rings", False), ("NCCL_P2P_LEVEL", "PHB", True), ("NCCL_P2P_LEVEL", "5", True),
+        ("NCCL_P2P_LEVEL", "FAR", False), ("NCCL_NTHREADS", "256", True), ("NCCL_NTHREADS", "100", False),
+        ("NCCL_MIN_NCHANNELS", "33", False), ("NCCL_P2P_DISABLE", "1", True), ("NCCL_P2P_DISABLE", "yes", False),
+        ("NCCL_NVLS_ENABLE", "2", True),
+    ],
+)
+def test_nccl_legal_values(name: str, value: str, ok: bool) -> None:
+    if ok:
+        check_nccl(name, value)
+    else:
+        with pytest.raises(ValueError):
+            check_nccl(name, value)
+
+
+def test_a_part_naming_the_collective_wins_over_the_bare_list() -> None:
+    assert allows("ring;allreduce:tree", "tree", func="allreduce")
+    assert not allows("ring;allreduce:tree", "tree")
+    assert allows("^ll128", "simple") and not allows("^ll128", "ll128")
+    assert allows("allreduce:tree", "ring")  # no bare part: every other collective is NCCL's choice
+    assert forced("ring;allreduce:nvls", {"nvls"}) and not forced("^nvls", {"nvls"})
+
+
+def test_values_a_variable_can_take() -> None:
+    assert nccl_values("NCCL_ALGO", {"NCCL_ALGO": "Ring"}, {}) == ["Ring"]
+    assert nccl_values("NCCL_ALGO", {}, {"NCCL_ALGO": [UNSET, "allreduce:tree"]}) == [None, "allreduce:tree"]
+    assert nccl_values("NCCL_PROTO", {"NCCL_PROTO": "LL"}, {"NCCL_PROTO": [UNSET]}) == ["LL"]
+
+
+def test_nvls_needs_nvls_enable_only_where_the_engine_turns_it_off() -> None:
+    searched = {"NCCL_ALGO": ["allreduce:nvls"]}
+    with pytest.raises(ValueError, match="needs NCCL_NVLS_ENABLE=1"):
+        check_nccl_combinations({}, searched, nvls_off=True)
+    check_nccl_combinations({}, searched, nvls_off=False)
+    check_nccl_combinations({"NCCL_NVLS_ENABLE": "1"}, searched, nvls_off=True)
+    with pytest.raises(ValueError, match="runs only with the Simple protocol"):
+        check_nccl_combinations({}, {**searched, "NCCL_PROTO": [UNSET, "LL"]}, nvls_off=False)
+
+
+def test_ll128_forced_is_a_warning() -> None:
+    assert nccl_warnings({}, {"NCCL_PROTO": [UNSET, "LL128"]})
+    assert nccl_warnings({"NCCL_PROTO": "^LL128"}, {}) == []
