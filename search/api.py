@@ -27,6 +27,7 @@ from search.settings import study_name as check_study_name
 from search.storage import artifact_store
 from search.strategy.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS
 from search.strategy.view import StudyView
+from search.trial.objective import TrialEvent
 from spaces.schema import Space
 
 __all__ = ["Progress", "RunPlan", "run_study"]
@@ -37,7 +38,7 @@ class Progress(Protocol):
 
     n_trials: int | None
 
-    def hook(self, number: int, kind: str, value: Any) -> None: ...
+    def hook(self, number: int, event: TrialEvent) -> None: ...
 
     def callback(self, view: StudyView, trial: FrozenTrial) -> None: ...
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runners.engines import get_engine
+from runners.engines import Engine, get_engine
 from runners.errors import ConfigError
 from spaces.guards import fixed_args_problem
 from spaces.launch import engine_options
@@ -20,9 +20,14 @@ from spaces.schema import Space, load_space
 _SPELLING_VERSIONS = ("0.0.0", "999.0.0")
 
 
+def engine_of(space: Space) -> Engine:
+    """The engine a space's trials run on, with the space's options (ask its traits; never compare its name)."""
+    return get_engine(space.engine.kind, engine_options(space))
+
+
 def engine_problem(space: Space) -> str | None:
     """One line naming what the engine's flag table says every trial of ``space`` would lose, or None."""
-    engine = get_engine(space.engine.kind, engine_options(space))
+    engine = engine_of(space)
     searched = [k for k in space.knobs.searched() if not k.startswith("nccl")]
     flags = {k: {engine.knob_flag(k, v) for v in _SPELLING_VERSIONS} for k in searched if k in engine.knob_flags}
     problem = fixed_args_problem(space.fixed_args, flags)

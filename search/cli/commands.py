@@ -127,7 +127,7 @@ def run(
 
     def on_start(plan: Any) -> None:
         _print_held(space)
-        print_plan(console, plan, simulated=space.engine.kind == "sim")
+        print_plan(console, plan, simulated=space.engine.simulated)
 
     summary = run_study(
         space, settings, study_name=study, n_trials=n_trials,
@@ -135,7 +135,7 @@ def run(
         accept_new_host_key=accept_new_host_key, mlflow=not no_mlflow, seed=seed,
         cooldown=_duration("--host-cooldown", host_cooldown),
         progress=Progress(console, n_trials=None, metric=space.objective.scored_by, live=live,
-                          simulated=space.engine.kind == "sim"),
+                          simulated=space.engine.simulated),
         on_start=on_start, confirm_k=confirm_top, confirm_repeats=confirm_repeats, confirm_final=confirm_final,
     )
     print_run(console, err_console, summary, space)
@@ -166,7 +166,7 @@ def _dry_run(space: Any, settings: Any, *, study: str | None, n_trials: int | No
                    n_trials=n_trials if n_trials is not None else space.budget.n_trials,
                    timeout=_duration("--timeout", timeout) if timeout else space.budget.timeout,
                    existing_trials=_trial_count(settings.storage, name))
-    print_dry_run(console, plan, simulated=space.engine.kind == "sim")
+    print_dry_run(console, plan, simulated=space.engine.simulated)
 
 
 def _trial_count(storage: str, name: str) -> int:
@@ -411,7 +411,7 @@ def hosts_check(
         table.add_column(col, no_wrap=col in ("host", "reachable"))
     table.add_column("error", ratio=1)
     bad = 0
-    sim = " (simulated)" if space.engine.kind == "sim" else ""
+    sim = " (simulated)" if space.engine.simulated else ""
     for h in hosts:
         try:
             info = preflight(h, space)

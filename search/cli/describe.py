@@ -17,6 +17,8 @@ from typing import Any
 from runners.engines import engine_for
 from runners.engines.script import render
 from runners.errors import ConfigError
+from runners.simhost.profile import load_profile
+from search.spaces import engine_of
 from search.strategy.design import probe_params, startup_design
 from search.strategy.distributions import distributions, held_inert, inert_knobs
 from spaces.launch import LaunchConfig, engine_options
@@ -70,10 +72,8 @@ def grid_size(space: Space) -> int | None:
 def sim_card_mib(space: Space) -> float | None:
     """The card memory the simulated host's nvidia-smi reports (the probe's fraction follows it); None for
     a GPU engine, whose cards are read on the host when the run starts."""
-    if space.engine.kind != "sim" or space.engine.sim is None:
+    if space.engine.sim is None:
         return None
-    from runners.simhost.profile import load_profile
-
     try:
         return float(load_profile(Path(space.engine.sim.profile)).host.memory_total_mib)
     except (OSError, ValueError):
@@ -82,7 +82,8 @@ def sim_card_mib(space: Space) -> float | None:
 
 def _probe_follows_cards(space: Space) -> bool:
     """The probe's --mem-fraction-static is only known once the run reads a GPU host's cards."""
-    return space.engine.kind == "sglang" and "mem_fraction_static" in distributions(space)
+    engine = engine_of(space)
+    return engine.memory_family == "sglang" and not engine.simulated and "mem_fraction_static" in distributions(space)
 
 
 def example_command(space: Space, params: Mapping[str, Any] | None = None) -> tuple[str, dict[str, str]]:
@@ -147,7 +148,7 @@ def describe_space(space: Space) -> list[str]:
     """``servetune validate``'s account of a space, one line each: the engine, each knob and its values
     (and whether the engine version reads it), the grid size, the workload, objective and budget, and the
     launch command of the study's first configuration."""
-    sim = " (SIMULATED GPU host: every figure it produces is simulated)" if space.engine.kind == "sim" else ""
+    sim = " (SIMULATED GPU host: every figure it produces is simulated)" if space.engine.simulated else ""
     version = space.engine.version or "detected on the host"
     lines = [f"study {space.name}: engine {space.engine.kind} {version}{sim}, model {space.model_path}"]
     inert = inert_knobs(space.engine.kind, space.engine.version, engine_options(space))
@@ -170,7 +171,7 @@ def describe_space(space: Space) -> list[str]:
     lines.append(f"budget: {_budget_words(space)}")
     command, env = example_command(space)
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-    spelled = "" if space.engine.version or space.engine.kind == "sim" else \
+    spelled = "" if space.engine.version or space.engine.simulated else \
         "; flags as the newest release spells them, the host's version decides"
     if _probe_follows_cards(space):
         spelled += "; --mem-fraction-static follows the host's cards (SGLang's default with twice its reserve)"
@@ -209,4 +210,4 @@ def dry_run(space: Space, *, study: str, hosts: Sequence[str], n_trials: int | N
             launches.append((label, params, (f"{exports} " if exports else "") + command))
     return DryRun(study=study, hosts=list(hosts), n_trials=n_trials, timeout=timeout, launches=launches,
                   resumed=existing_trials,
-                  version_unknown=not space.engine.version and space.engine.kind != "sim")
+                  version_unknown=not space.engine.version and not space.engine.simulated)

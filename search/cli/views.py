@@ -17,10 +17,12 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from runners.events import LevelDone, PhaseReached
 from search.outputs.status import StudyStatus
 from search.outputs.text import format_duration
 from search.strategy.confirm import Confirmed, skip_summary
 from search.strategy.view import StudyView
+from search.trial.objective import Benchmarking, HostChosen, TrialEvent
 from search.trial.records import TrialFacts, value_text
 from spaces.schema import OBJECTIVE_UNITS
 
@@ -67,20 +69,23 @@ class Progress:
 
     # -- hooks ---------------------------------------------------------------------------------
 
-    def hook(self, number: int, kind: str, value: Any) -> None:
+    def hook(self, number: int, event: TrialEvent) -> None:
         with self._lock:
             row = self.running.setdefault(number, {"host": "", "phase": "waiting for a host"})
-            if kind == "host":
-                row["host"] = value
-                row["phase"] = "preflight"
-            elif kind == "phase":
-                row["phase"] = _PHASE_WORDS.get(str(value), str(value))
-            elif kind == "level":
-                sim = " (simulated)" if value.get("simulated") else ""
-                row["phase"] = (f"benchmarked C={value.get('max_concurrency')}: "
-                                f"{value.get('output_throughput', 0):.1f} tok/s{sim}")
-        if not self.live_enabled and kind in ("host",):
-            self.console.print(f"trial {number}: on {value}")
+            match event:
+                case HostChosen(host=host):
+                    row["host"] = host
+                    row["phase"] = "preflight"
+                case PhaseReached(phase=phase):
+                    row["phase"] = _PHASE_WORDS.get(phase.value, phase.value)
+                case Benchmarking():
+                    row["phase"] = _PHASE_WORDS["benchmarking"]
+                case LevelDone(record=level):
+                    sim = " (simulated)" if level.get("simulated") else ""
+                    row["phase"] = (f"benchmarked C={level.get('max_concurrency')}: "
+                                    f"{level.get('output_throughput', 0):.1f} tok/s{sim}")
+        if not self.live_enabled and isinstance(event, HostChosen):
+            self.console.print(f"trial {number}: on {event.host}")
         self._refresh()
 
     def callback(self, view: StudyView, trial: FrozenTrial) -> None:

@@ -41,7 +41,7 @@ def local_host(space: Space, *, runs_root: str, sim_dir: Path, name: str = "loca
                server_port: int | None = None, python: str | None = None) -> Host:
     """This machine as a host. The built-in simulated host binds a free loopback port for each launch unless
     ``server_port`` says otherwise: demos and test runs from other folders may be serving on the space's port."""
-    sim = space.engine.kind == "sim"
+    sim = space.engine.simulated
     env = sim_env(space, sim_dir) if sim else {}
     if server_port is None and sim:
         server_port = ANY_FREE_PORT
@@ -62,7 +62,7 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
         raise ConfigError(f"the same host is listed twice: {sorted(n for n in names if names.count(n) > 1)[0]}")
     hosts = []
     for spec in specs:
-        if spec.address == "local" and space.engine.kind == "sim" and not spec.env:
+        if spec.address == "local" and space.engine.simulated and not spec.env:
             hosts.append(local_host(space, runs_root=spec.runs_root, sim_dir=sim_dir, name=spec.name,
                                     server_port=spec.server_port, python=spec.python))
         else:

@@ -82,7 +82,7 @@ from search.storage import artifact_store, create_or_load, open_storage, redact
 from search.strategy.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS
 from search.strategy.strategy import Strategy, make_sampler
 from search.strategy.view import StudyView
-from search.trial.objective import Objective, ProgressHook, TrialEnv, TrialFailed
+from search.trial.objective import Ended, HostChosen, Objective, ProgressHook, TrialEnv, TrialFailed
 from search.trial.preflight import preflight
 from search.trial.records import DEPLOY_ATTR, TrialFacts, mark_interrupted, note_controller, write_facts
 from search.trial.server import ServerEvaluator
@@ -286,8 +286,8 @@ class _Run:
         write_facts(trial, TrialFacts(controller=slot.host.controller_id, host=slot.name,
                                       outcome=FailureKind.HOST_UNREACHABLE, reason=str(exc)))
         if self.options.hook is not None:
-            self.options.hook(trial.number, "host", slot.name)
-            self.options.hook(trial.number, "outcome", kind)
+            self.options.hook(trial.number, HostChosen(slot.name))
+            self.options.hook(trial.number, Ended(kind))
         log.warning("trial %d failed: %s", trial.number, exc)
         self.pool.release(slot, infra_failure=True, error=f"{kind}: {exc}")
         frozen = self.study.tell(trial, None, state=TrialState.FAIL, skip_if_finished=True)

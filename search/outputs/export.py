@@ -30,7 +30,6 @@ from search.strategy.choice import choose
 from search.strategy.confirm import origin
 from search.strategy.front import Goal, PickRule, front, parse_rule
 from search.strategy.view import StudyView
-from search.trial.preflight import tp_size
 from search.trial.records import DEPLOY_ATTR, LevelResult, TrialFacts
 from spaces.launch import LaunchConfig
 from spaces.schema import Deploy
@@ -124,11 +123,11 @@ def deployment(launch: LaunchConfig, version: str, *, engine: str, deploy: Deplo
     if tuned not in _DEPLOY_ENGINES[engine]:
         raise ConfigError(f"trial {trial} ran on engine {tuned}, whose knobs {engine} does not take; --engine "
                           f"{engine} renders trials of {' or '.join(_DEPLOY_ENGINES[engine])}")
-    python = deploy.python or (launch.python if tuned != "sim" else None)
+    python = deploy.python or (launch.python if not engine_for(launch).simulated else None)
     if python is None:
         raise ConfigError(f"trial {trial} ran on the simulated host, whose python is servetune's own: name the GPU "
                           "box's engine python in the space (deploy: {python: /path/to/python}) or with --python")
-    tp = tp_size(launch.fixed_args)
+    tp = engine_for(launch).tp_size(launch.fixed_args)
     if deploy.gpus is not None:
         if len(deploy.gpus) != tp:
             raise ConfigError(f"deploy.gpus names {len(deploy.gpus)} GPU(s) {deploy.gpus} for a TP size of {tp}: "
@@ -157,7 +156,7 @@ def _deploy_header(tuned_header: list[str], rec: TrialFacts, tuned: LaunchConfig
         tuned_header[0] + f", rendered to serve with {served.engine} {version} on a GPU box",
         tuned_header[1],
         f"engine: {served.engine} {version} (tuned on {tuned.engine} {rec.engine_version or '?'}{sim})",
-        f"GPU: {rec.gpu_name or 'unknown GPU'} x {count} (TP {tp_size(served.fixed_args)}; "
+        f"GPU: {rec.gpu_name or 'unknown GPU'} x {count} (TP {engine_for(served).tp_size(served.fixed_args)}; "
         f"CUDA_VISIBLE_DEVICES={gpus}); tuned on host {rec.host or 'unknown'}",
         f"serves on {served.host}:{served.port}, model {served.model_path}",
     ]

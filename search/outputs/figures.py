@@ -31,9 +31,9 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from runners.engines import engine_for
 from search.strategy.front import Goal, configurations, non_dominated
 from search.strategy.view import StudyView
-from search.trial.preflight import tp_flag
 from search.trial.records import LevelResult, TrialFacts
 
 if TYPE_CHECKING:
@@ -434,7 +434,7 @@ def gpus_used(rec: TrialFacts) -> int:
     """GPUs a trial's server held: its tensor-parallel size when the launch names one, else the host's GPU
     count, else 1."""
     launch = rec.launch_config
-    tp = tp_flag([str(a) for a in launch.fixed_args]) if launch is not None else None
+    tp = engine_for(launch).tp_flag(launch.fixed_args) if launch is not None else None
     if tp is not None:
         return tp
     for name in ("tp", "tp_size", "tensor_parallel_size"):

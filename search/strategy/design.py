@@ -14,9 +14,9 @@ import optuna
 
 from runners.engines.sglang_memory import default_memory
 from runners.errors import ConfigError
+from search.spaces import engine_of
 from search.strategy.distributions import distributions
 from search.strategy.memory import Candidate, MemoryModel, Z
-from search.trial.preflight import tp_size
 from search.trial.records import FLOAT_DIGITS, TrialFacts, normal_params
 from spaces.schema import UNSET, Space
 
@@ -62,11 +62,12 @@ def probe_params(space: Space, gpu_mem_mib: float | None = None, version: str | 
 def _probe_memory(space: Space, gpu_mem_mib: float | None, version: str | None, max_bs: Any) -> float | None:
     """The probe's ``--mem-fraction-static`` from SGLang's default arithmetic (None: the low end stays)."""
     dist = distributions(space).get(MEMORY_KNOB)
-    if (gpu_mem_mib is None or gpu_mem_mib <= 0 or version is None or space.engine.kind not in ("sglang", "sim")
+    engine = engine_of(space)
+    if (gpu_mem_mib is None or gpu_mem_mib <= 0 or version is None or engine.memory_family != "sglang"
             or not isinstance(dist, optuna.distributions.FloatDistribution)):
         return None
     try:
-        value = default_memory(version, gpu_mem_mib, tp_size(space.fixed_args), fixed_args=space.fixed_args,
+        value = default_memory(version, gpu_mem_mib, engine.tp_size(space.fixed_args), fixed_args=space.fixed_args,
                                cuda_graph_max_bs=max_bs if isinstance(max_bs, int) else None,
                                reserve_factor=PROBE_RESERVE_FACTOR).mem_fraction_static
     except ConfigError:  # a version the host reported that reads as no release

@@ -44,6 +44,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from runners.engines.common import flag_value
 from runners.telemetry import FailureKind
+from search.spaces import engine_of
 from search.trial.records import TrialFacts
 from spaces.schema import Space
 
@@ -729,8 +730,9 @@ def vllm_fixed(space: Space) -> dict[str, float]:
 def study_model(space: Space, trials: Iterable[TrialFacts]) -> MemoryModel | VllmMemoryModel | None:
     """The memory model of a study of ``space``, fitted to its finished launches: SGLang's arithmetic for
     SGLang and the simulated host, vLLM's start-up checks for vLLM, None for an engine without one."""
-    if space.engine.kind == "vllm":
+    family = engine_of(space).memory_family
+    if family == "vllm":
         return VllmMemoryModel.from_trials(trials, vllm_fixed(space))
-    if space.engine.kind not in ("sglang", "sim"):
+    if family != "sglang":
         return None
     return MemoryModel.from_trials(trials, target=space.target_level, batch_tokens=workload_batch_tokens(space))

@@ -20,6 +20,7 @@ import optuna
 from optuna.trial import TrialState
 
 from runners.errors import ServetuneError
+from runners.events import ServerEvent
 from runners.host import HostInfo
 from runners.telemetry import Failure, FailureKind
 from search._optuna_compat import ArtifactStore, known_params
@@ -29,10 +30,33 @@ from search.trial.records import TrialFacts, normal_params, note_waiting, write_
 from spaces.launch import LaunchConfig
 from spaces.schema import Space
 
-__all__ = ["Gate", "Objective", "ProgressHook", "TrialEnv", "TrialFailed", "emit"]
+__all__ = ["Benchmarking", "Ended", "Gate", "HostChosen", "Objective", "ProgressHook", "TrialEnv", "TrialEvent",
+           "TrialFailed", "emit"]
 
-ProgressHook = Callable[[int, str, Any], None]
-"""``hook(trial_number, kind, value)``: kinds ``host``, ``phase``, ``level``, ``outcome``."""
+@dataclass(frozen=True)
+class HostChosen:
+    """The trial runs on ``host`` (its preflight comes next)."""
+
+    host: str
+
+
+@dataclass(frozen=True)
+class Benchmarking:
+    """The server is ready: the load generator runs."""
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How the trial ended: ``ok`` or a :class:`~runners.telemetry.FailureKind` value."""
+
+    outcome: str
+
+
+TrialEvent = HostChosen | Benchmarking | Ended | ServerEvent
+"""What a trial tells a watcher while it runs (the server session's own events included)."""
+
+ProgressHook = Callable[[int, TrialEvent], None]
+"""``hook(trial_number, event)``."""
 
 
 class TrialFailed(ServetuneError):
@@ -59,10 +83,10 @@ class TrialEnv:
     """Set when a trial's files could not be written (a full disk): the run stops before the next trial."""
 
 
-def emit(env: TrialEnv, trial: optuna.Trial, kind: str, value: Any) -> None:
+def emit(env: TrialEnv, trial: optuna.Trial, event: TrialEvent) -> None:
     """Tell the run's progress hook (if any) what ``trial`` is doing."""
     if env.hook is not None:
-        env.hook(trial.number, kind, value)
+        env.hook(trial.number, event)
 
 
 class Gate(Protocol):
@@ -122,7 +146,7 @@ class Objective:
         try:
             gate.verdict(trial, params, facts)
         except optuna.TrialPruned:
-            emit(env, trial, "outcome", FailureKind.PREDICTED_OOM.value)
+            emit(env, trial, Ended(FailureKind.PREDICTED_OOM.value))
             raise
         try:
             value = self.evaluator.evaluate(trial, launch, slot, facts)

@@ -7,12 +7,11 @@ under its runs root, with the host's engine python (:func:`install_sim_smi`): no
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
 from pathlib import Path
 
-from runners.engines import Engine, get_engine
+from runners.engines import Engine
 from runners.host import Host, HostInfo
-from spaces.launch import engine_options
+from search.spaces import engine_of
 from spaces.schema import Space
 
 
@@ -39,34 +38,16 @@ def install_sim_smi(host: Host, space: Space, python: str) -> None:
     host.env["SERVETUNE_SIM_STATE"] = f"{where}/state"
 
 
-def tp_flag(args: Sequence[str]) -> int | None:
-    """The tensor parallel size ``args`` ask for (``--tp 4``, ``--tp-size=4``, ``--tensor-parallel-size 4``);
-    None when they name none."""
-    flags = ("--tp", "--tp-size", "--tensor-parallel-size", "-tp")
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name in flags:
-            text = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            if text.isdigit():
-                return int(text)
-    return None
-
-
-def tp_size(args: Sequence[str]) -> int:
-    """:func:`tp_flag`, 1 when none."""
-    return tp_flag(args) or 1
-
-
 def preflight(host: Host, space: Space, engine: Engine | None = None) -> HostInfo:
     """:meth:`Host.preflight` for ``space``'s engine (``engine`` when the caller has resolved it) and python, or
     the host's own python (nvidia-smi only for a GPU engine), its model path (not for the simulator, which
     reads none) and tensor parallel size; installs the simulated nvidia-smi on the host first for a ``sim``
     space."""
-    engine = engine or get_engine(space.engine.kind, engine_options(space))
+    engine = engine or engine_of(space)
     python = host.python or space.engine.python
-    if space.engine.kind == "sim":
+    if engine.simulated:
         install_sim_smi(host, space, python)
     return host.preflight(space.engine.kind, python, engine.version_command(python),
                           gpus=space.engine.device == "gpu",
-                          model_path=None if space.engine.kind == "sim" else space.model_path,  # sim reads none
-                          gpus_needed=tp_size(space.fixed_args) if space.engine.device == "gpu" else 0)
+                          model_path=None if engine.simulated else space.model_path,  # the simulator reads none
+                          gpus_needed=engine.tp_size(space.fixed_args) if space.engine.device == "gpu" else 0)

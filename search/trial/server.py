@@ -27,7 +27,7 @@ from runners.host import HostInfo
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
 from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
 from search.trial.evaluate import Slot, level_order
-from search.trial.objective import TrialEnv, TrialFailed, emit
+from search.trial.objective import Benchmarking, Ended, HostChosen, TrialEnv, TrialFailed, emit
 from search.trial.preflight import preflight
 from search.trial.records import LevelResult, MemoryFacts, RateStepFacts, TrialFacts
 from search.trial.slo import find_max_rate
@@ -80,7 +80,7 @@ class ServerEvaluator:
         host_overrides = {"port": slot.host.launch_port(), "python": slot.host.python}
         launch = launch.model_copy(update={k: v for k, v in host_overrides.items() if v is not None})
         facts.launch_config = launch
-        emit(self.env, trial, "host", slot.name)
+        emit(self.env, trial, HostChosen(slot.name))
         facts.host = slot.name
         engine = engine_for(launch)  # resolved once per trial and passed on
         try:
@@ -100,16 +100,11 @@ class ServerEvaluator:
         run_dir = slot.host.run_dir(env.study_name, str(trial.number))
         facts.run_id = run_id
 
-        def hook(kind: str, value: Any) -> None:
-            if kind == "phase":
-                emit(self.env, trial, "phase", value.value if isinstance(value, Phase) else value)
-            elif kind == "level":
-                emit(self.env, trial, "level", value)
-
         session = ServerSession(
             slot.host, engine, launch, script=script, run_dir=run_dir, run_id=run_id,
             python=launch.python, stop_grace=space.budget.stop_grace,
-            smi_interval=env.smi_interval if space.engine.device == "gpu" else 0.0, hook=hook,
+            smi_interval=env.smi_interval if space.engine.device == "gpu" else 0.0,
+            on_event=lambda event: emit(self.env, trial, event),
             memory_limit_bytes=space.memory_limit_bytes, files=run_files(space),
         )
         failure: Failure | None = None
@@ -123,7 +118,7 @@ class ServerEvaluator:
             failure = self._wait_ready(session)
             facts.startup_s = round(time.monotonic() - started, 3)
             if failure is None:
-                emit(self.env, trial, "phase", "benchmarking")
+                emit(self.env, trial, Benchmarking())
                 bench_started = time.monotonic()
                 if space.objective.kind == "max_rate_under_slo":
                     bench = self._rate_search(session, engine.bench_api, launch.model_path, facts)
@@ -283,7 +278,7 @@ class ServerEvaluator:
         if slo.p99_tpot_ms is not None:
             trial.set_constraint("p99_tpot_ms", float(row.p99_tpot_ms or 0) - slo.p99_tpot_ms)
         facts.outcome, facts.phase, facts.reason = "ok", None, ""
-        emit(self.env, trial, "outcome", "ok")
+        emit(self.env, trial, Ended("ok"))
         values = [float(row.figure(m)) for m in names]
         return values if space.objective.kind == "pareto" else values[0]
 
@@ -294,7 +289,7 @@ class ServerEvaluator:
         rate = facts.slo_rate
         trial.set_constraint("slo_rate", 0.0 if rate is not None else 1.0)
         facts.outcome, facts.phase, facts.reason = "ok", None, ""
-        emit(self.env, trial, "outcome", "ok")
+        emit(self.env, trial, Ended("ok"))
         if rate is None:
             facts.reason = f"no rate from {objective.rate_search.low:g} req/s up holds the SLO"
             return 0.0
@@ -309,7 +304,7 @@ class ServerEvaluator:
             facts.exit_code = failure.exit_code
         if failure.kind == FailureKind.OOM and failure.phase is not None:
             facts.memory = facts.memory.merged({"oom_phase": failure.phase.value})
-        emit(self.env, trial, "outcome", failure.kind.value)
+        emit(self.env, trial, Ended(failure.kind.value))
 
     def _prune(self, trial: optuna.Trial, facts: TrialFacts, failure: Failure) -> None:
         self._set_failure(trial, facts, failure)

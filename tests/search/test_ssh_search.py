@@ -28,11 +28,13 @@ import pytest
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
+from runners.events import LevelDone, PhaseReached
 from runners.host import Host
 from runners.inventory import HostSpec, open_host
 from search.driver.hosts import sim_env
 from search.driver.run import RunOptions, run_search
 from search.storage import create_or_load, open_storage
+from search.trial.objective import Ended, TrialEvent
 from search.trial.records import TrialFacts
 from spaces.schema import Space, load_space
 from tests.fixtures.hog import start_hog, stop_hog
@@ -48,7 +50,7 @@ ALSO_SURVIVES = {**BASE, "mem_fraction_static": 0.60, "cuda_graph_max_bs": 64}
 SSH_BUDGET = {"startup_timeout": "40s", "benchmark_timeout": "60s", "stop_grace": "5s"}
 SMALL = {"input_len": 128, "output_len": 96, "concurrency": [1, 8], "requests_per_level": [1, 8],
          "warmup_requests": 1}
-Hook = Callable[[int, str, Any], None]
+Hook = Callable[[int, TrialEvent], None]
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -189,15 +191,15 @@ def test_sshd_killed_mid_trial_is_fail_and_its_orphan_is_stopped_when_the_host_i
     boxes.append(box)
     seen: dict[str, Any] = {}
 
-    def hook(number: int, kind: str, value: Any) -> None:
-        if number == 0 and kind == "level" and "pgid" not in seen:
+    def hook(number: int, event: TrialEvent) -> None:
+        if number == 0 and isinstance(event, LevelDone) and "pgid" not in seen:
             server.stop()  # sshd and every connection gone while the load generator runs
             pgid = int((box.run_dir("ssh", 0) / "pgid").read_text())
             seen.update(pgid=pgid, members=group(pgid), gpu=box.gpu_pids())
-        elif number == 0 and kind == "outcome":
+        elif number == 0 and isinstance(event, Ended):
             seen["orphan_at_outcome"] = group(seen["pgid"])
             server.start()  # the host comes back before the next trial
-        elif number == 1 and kind == "phase" and "orphan_at_next_start" not in seen:
+        elif number == 1 and isinstance(event, PhaseReached) and "orphan_at_next_start" not in seen:
             seen["orphan_at_next_start"] = group(seen["pgid"])
             seen["gpu_at_next_start"] = box.gpu_pids()
 
@@ -251,8 +253,8 @@ def test_foreign_gpu_process_makes_the_host_busy_without_a_false_oom(
     boxes.append(box)
     hog = start_hog(box.state, 20000, "0,1,2,3")
 
-    def hook(number: int, kind: str, value: Any) -> None:
-        if number == 0 and kind == "outcome":
+    def hook(number: int, event: TrialEvent) -> None:
+        if number == 0 and isinstance(event, Ended):
             stop_hog(hog)  # the foreign process leaves; the next trial may run
 
     try:
