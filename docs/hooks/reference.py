@@ -6,7 +6,8 @@ A page asks for generated text with a marker on a line of its own; the hook repl
   default, description from the field's ``description`` or the docstring under it);
 * ``<!-- generated: cli MODULE:APP -->``: the Typer app's commands, by Typer's own Markdown renderer (what
   ``typer MODULE utils docs`` prints, so the page says what ``--help`` says);
-* ``<!-- generated: space FILE -->``: a shipped space file, verbatim, after checking that it loads.
+* ``<!-- generated: space FILE -->``: a shipped space file, verbatim, after checking that it loads;
+* ``<!-- generated: diagnose LOG@SHOWN -->``: what ``servetune diagnose SHOWN`` prints for the log file LOG.
 
 An unknown marker, or a model, app or file that is not there, fails the build.
 """
@@ -47,7 +48,7 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
 
 def _generate(kind: str, arg: str) -> str:
     generators: dict[str, Callable[[str], str]] = {"schema": schema_markdown, "cli": cli_markdown,
-                                                   "space": space_markdown}
+                                                   "space": space_markdown, "diagnose": diagnose_markdown}
     if kind not in generators:
         raise PluginError(f"reference hook: unknown marker kind {kind!r}; allowed: {', '.join(generators)}")
     return generators[kind](arg)
@@ -362,3 +363,20 @@ def space_markdown(relative: str) -> str:
     except ServetuneError as exc:
         raise PluginError(f"reference hook: {relative} does not load: {exc}") from None
     return f'```yaml title="{relative}"\n{path.read_text().rstrip()}\n```\n'
+
+
+# ---- servetune diagnose ---------------------------------------------------------------------------------
+
+
+def diagnose_markdown(arg: str) -> str:
+    """``LOG@SHOWN``: the console block of ``servetune diagnose SHOWN`` run on the repository's file LOG."""
+    from runners.diagnose import diagnose_file, render_text
+    from runners.errors import ServetuneError
+
+    relative, _, shown = arg.partition("@")
+    shown = shown or relative
+    try:
+        text = render_text(diagnose_file(ROOT / relative), source=shown)
+    except ServetuneError as exc:
+        raise PluginError(f"reference hook: diagnose {relative}: {exc}") from None
+    return f"```console\n$ servetune diagnose {shown}\n{text.rstrip()}\n```\n"
