@@ -85,7 +85,8 @@ def run(
     study: Annotated[str | None, typer.Option("--study", "-s", help="Study name [default: the space's name].")] = None,
     storage: StorageOpt = None,
     n_trials: Annotated[int | None, typer.Option("--n-trials", "-n", min=1,
-                                                 help="Trials (COMPLETE+PRUNED) the study should hold.")] = None,
+                                                 help="Search launches the study should hold (reuses count, skips and "
+                                                      "confirmations do not).")] = None,
     timeout: Annotated[str | None, typer.Option("--timeout", help="Wall-clock budget, e.g. 8h, 90m.")] = None,
     host: Annotated[list[str] | None, typer.Option("--host", help="user@name[:port]; repeatable.")] = None,
     inventory: Annotated[Path | None, typer.Option("--inventory", help="Hosts inventory YAML.")] = None,
@@ -376,7 +377,7 @@ def diagnose(
         "--version", help="Engine version, when the log does not say.")] = None,
     exit_code: Annotated[int | None, typer.Option(
         "--exit-code", help="How the server ended, when known (e.g. 137).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (keys documented in the README).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (its keys: docs, Reading the results).")] = False,
 ) -> None:
     """Read a server log and print the verdict a trial would record: outcome, phase, reason, memory, bound."""
     from runners.diagnose import diagnose_file, render_text

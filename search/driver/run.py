@@ -1,51 +1,12 @@
-"""Running a search: the study, the host pool, the trial loop, the budget, signals and recovery.
+"""Running a search: :func:`run_search`, behind ``servetune run`` and ``servetune worker``.
 
-:func:`run_search` is the library entry point behind ``servetune run`` and ``servetune worker``. Each
-controller runs one worker thread per host it owns; many controllers (on one machine or several) may
-share one study through PostgreSQL (or, on one machine, SQLite). A worker loops:
-
-1. take a free host from the :class:`~search.driver.pool.HostPool` (waiting while every host is busy or set
-   aside; a host failing ``max_consecutive_failures`` trials in a row is set aside for ``cooldown``);
-2. fail stale trials (Optuna's heartbeat check: a RUNNING trial whose controller died), which re-queues
-   their configurations (:mod:`search.storage`);
-3. **reserve** a trial against the budget, then run the objective on the host under a heartbeat, tell the
-   study the outcome (COMPLETE, PRUNED or FAIL) and call the study callbacks (MLflow, notes, progress).
-
-**The budget is exact across controllers.** ``n_trials`` counts COMPLETE+PRUNED trials of the whole study
-(a FAIL is infrastructure trouble and its slot is run again). A trial is created (``study.ask``, which
-also pops a re-queued WAITING trial first) only inside a study-wide lock, and only while
-``COMPLETE + PRUNED + RUNNING < n_trials``: a RUNNING trial holds a reservation. So the study can never
-hold more than ``n_trials`` COMPLETE+PRUNED trials, and no trial is ever created only to be thrown away.
-While ``COMPLETE + PRUNED < n_trials <= COMPLETE + PRUNED + RUNNING`` a worker waits (polling) rather
-than stopping: a reserved trial that ends FAIL — or whose controller dies and goes stale — frees its
-slot again, so nothing is lost either. The lock is a PostgreSQL session advisory lock keyed by the study
-id when the storage is PostgreSQL, an ``flock`` on a file next to the database for SQLite (one machine),
-and a thread lock always (other backends: exact within one controller only). A trial's first heartbeat is
-recorded inside the lock, so a controller that dies right after creating a trial leaves it stale, not
-RUNNING forever.
-
-**Signals**: the first SIGINT/SIGTERM lets the running trials finish, then stops; a second aborts them
-(their servers are stopped and the trials become FAIL with reason "interrupted").
-
-**Hosts are shared**: a controller holds a *lease* on each of its hosts (a file in the host's runs root
-naming the controller, its pid and machine, the study and the storage without password, and the host's
-time of the last heartbeat), renewed every ``lease_ttl / 3`` seconds while the run lasts and removed at its
-end. Each trial first *claims* the host (:meth:`runners.host.Host.claim`); a host another live controller
-holds is handed back to the pool for a moment (no trial is created, no failure counted, nothing of the
-other touched), so controllers pointed at one host take turns.
-
-**Preflight before the first trial**: every host is checked once. Trouble waiting will not fix (no
-``nvidia-smi``, no SFTP, engine python missing, model path missing, too few GPUs) drops that host with one
-line naming the host, the fault and the fix; when no host is left the run ends before any trial with
-:class:`~runners.errors.HostMisconfigured`. Transient trouble (unreachable, timeout) keeps the host: its
-trials fail and it is set aside and retried as before.
-
-**Recovery**: before its first trial a controller stops every orphaned server on its hosts (run
-directories whose process group is alive and whose controller is gone: its lease expired, or its process
-on this machine ended; a server of a live controller is never touched) and marks the RUNNING trials it
-finds on its hosts, whose controller is gone, as interrupted. Their heartbeats stop, so within
-``grace_period`` they become FAIL and their configurations are retried. After the last trial it checks its
-hosts for orphans once more: no server is left running.
+One worker thread per host takes a free host from the :class:`~search.driver.pool.HostPool`, claims it (other
+controllers' live claims are waited for), reserves a trial from the :class:`~search.driver.budget.Budget` (which
+applies the strategy's next step inside a lock every controller of the study shares, so ``n_trials`` search
+launches are exact across controllers), runs the objective under a heartbeat and tells the study how it ended.
+Before the first trial every host is preflighted (set-up faults drop it with one line) and orphaned servers of
+dead controllers are stopped; after the last, no server is left. The first SIGINT/SIGTERM lets running trials
+finish, a second aborts them. A lost heartbeat makes a trial FAIL and its configuration is retried.
 """
 
 from __future__ import annotations

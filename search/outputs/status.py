@@ -91,7 +91,7 @@ def study_status(view: StudyView, *, n_trials: int | None = None, workers: int |
                  now: datetime | None = None) -> StudyStatus:
     """Live figures for ``servetune status``.
 
-    ``n_trials`` is the study's whole budget in COMPLETE+PRUNED trials (as ``servetune run --n-trials``: a
+    ``n_trials`` is the study's search budget (as ``servetune run --n-trials``: a
     FAIL trial is infrastructure trouble and is run again). The time left is the mean duration of a finished
     (not reused) trial x the trials left / ``workers`` (default: the trials running now, at least 1).
     ``now`` is for tests; Optuna stores local naive times.
@@ -103,7 +103,7 @@ def study_status(view: StudyView, *, n_trials: int | None = None, workers: int |
     running = [r for r in recs if r.state == TrialState.RUNNING]
     spent = durations(recs)
     mean = sum(spent) / len(spent) if spent else None
-    remaining = max(0, n_trials - counts["COMPLETE"] - counts["PRUNED"]) if n_trials is not None else None
+    remaining = max(0, n_trials - view.counts.search_done) if n_trials is not None else None
     parallel = max(1, workers if workers is not None else len(running))
     eta = mean * remaining / parallel if mean is not None and remaining is not None else None
     best = view.choice.record if view.choice is not None else None

@@ -42,7 +42,6 @@ from runners.errors import validation_line
 from runners.telemetry import FailureKind, Phase, Telemetry
 from search._optuna_compat import known_params, set_trial_user_attr
 from spaces.launch import LaunchConfig
-from spaces.schema import UNSET
 
 __all__ = [
     "DEPLOY_ATTR",
@@ -442,15 +441,15 @@ class TrialFacts(BaseModel):
 
     def knob_value(self, name: str) -> Any:
         """The value knob ``name`` had in this trial: as the engine resolved it (its logged figure, e.g. SGLang's
-        own default for a knob left unset), else as launched, else as sampled; None when it was never set. The
-        one place that says it: the OOM map, the report's boundary and the memory model all read it here."""
+        own default for a knob left ``unset``), else as launched, else as sampled (``unset`` included); None when
+        the trial never had it. The OOM map, the report's boundary and the memory model all read it here."""
         launch = self.launch_config
         launched: Any = None
         if launch is not None:
             launched = launch.env.get(name.removeprefix("nccl.")) if name.startswith("nccl.") \
                 else launch.knobs.get(name)
         for value in (self.memory.figure(name), launched, self.params.get(name)):
-            if value is not None and value != UNSET:
+            if value is not None:
                 return value
         return None
 
