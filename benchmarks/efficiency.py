@@ -327,7 +327,7 @@ def main() -> None:
     print(json.dumps(report["metadata"]))
     for path in paths:
         land = Landscape(path)
-        if land.space.engine.kind != "sim":
+        if not land.space.engine.simulated:
             sys.exit(f"{path}: engine.kind is {land.space.engine.kind}, not sim")
         if land.space.objective.kind != "throughput_at":
             sys.exit(f"{path}: objective.kind is {land.space.objective.kind}; the benchmark scores throughput_at")

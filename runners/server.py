@@ -35,11 +35,6 @@ from runners.smi import GpuStatus
 from runners.telemetry import Failure, FailureKind, Phase
 from runners.transport import LineStream
 
-EventHook = Callable[[str, Any], None]
-"""The old, untyped form of :data:`~runners.events.EventSink`: ``hook(kind, value)`` with kinds ``phase`` (a
-Phase), ``level`` (a benchmark record), ``fatal`` (a Failure) and ``ready`` (server info dict). Kept until
-search/ takes ``on_event``; :func:`hook_sink` adapts it."""
-
 _FATAL_TO_EXIT = 15.0  # how long a server may keep running after a fatal log line before we call it dead
 _ADDRESS_IN_USE = "address already in use"
 #: Exit codes of a server stopped from outside by a signal (a shell reports signal N as 128+N). SIGKILL (137)
@@ -100,7 +95,7 @@ class ServerSession:
 
     Leaving the block always stops the process group (TERM, TERM, KILL) and verifies nothing is left.
     ``on_event`` is called with each :data:`~runners.events.ServerEvent` (a phase reached, a fatal line, the
-    server ready, a level benchmarked) as it happens; ``hook`` is its old untyped form (:func:`hook_sink`).
+    server ready, a level benchmarked) as it happens.
     """
 
     def __init__(
@@ -116,7 +111,6 @@ class ServerSession:
         stop_grace: float = 15.0,
         smi_interval: float = 1.0,
         on_event: EventSink | None = None,
-        hook: EventHook | None = None,
         memory_limit_bytes: int | None = None,
         files: Mapping[str, str] | None = None,
     ) -> None:
@@ -130,9 +124,7 @@ class ServerSession:
         self.python = python
         self.stop_grace = stop_grace
         self.smi_interval = smi_interval
-        if on_event is not None and hook is not None:
-            raise TypeError("give on_event or the old hook, not both")
-        self._on_event: EventSink = on_event or (hook_sink(hook) if hook is not None else _ignore)
+        self._on_event: EventSink = on_event or _ignore
         self.memory_limit_bytes = memory_limit_bytes
         self.evidence: dict[str, Any] = {}
         self.parser = engine.parser()
@@ -549,23 +541,6 @@ class ServerSession:
         if code is None:
             return Failure(FailureKind.HOST_UNREACHABLE, self.parser.phase, "load generator connection lost")
         return Failure(FailureKind.INFRA, self.parser.phase, f"load generator exited with {code}")
-
-
-def hook_sink(hook: EventHook) -> EventSink:
-    """``on_event`` for a caller of the old ``hook(kind, value)`` form."""
-
-    def sink(event: ServerEvent) -> None:
-        match event:
-            case PhaseReached(phase):
-                hook("phase", phase)
-            case LevelDone(record):
-                hook("level", record)
-            case FatalSeen(failure):
-                hook("fatal", failure)
-            case ServerReady(info):
-                hook("ready", info)
-
-    return sink
 
 
 def _json_record(line: str) -> dict[str, Any] | None:

@@ -6,7 +6,6 @@ under its runs root, with the host's engine python (:func:`install_sim_smi`): no
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 from runners.engines import Engine
@@ -24,13 +23,8 @@ def install_sim_smi(host: Host, space: Space, python: str) -> None:
     if "SERVETUNE_SIM_STATE" in host.env:
         return
     profile = Path(space.engine.sim.profile).stem
-    base = f"{host.runs_root}/.servetune/simhost/{profile}"
-    d = host.shell_path(base)
-    py = shlex.quote(python)
-    res = host.run(
-        f"mkdir -p {d} && cd {d} && {{ [ -x bin/nvidia-smi ] || {py} -m runners.simhost install-smi "
-        f"--sim-profile {shlex.quote(space.engine.sim.profile)} --state-dir state --bin-dir bin >&2; }} && pwd",
-        timeout=60)
+    res = host.run_script("install_sim_smi.sh", f"{host.runs_root}/.servetune/simhost/{profile}", python,
+                          space.engine.sim.profile, timeout=60)
     if not res.ok or not res.stdout.strip():
         return
     where = res.stdout.strip().splitlines()[-1]

@@ -1,7 +1,6 @@
 """What a server session tells the layer above, as typed values (runners/events.py): a real simulated SGLang
 server started, made ready and benchmarked through :class:`runners.server.ServerSession` on this machine
-emits its phases in order, its readiness with the server info, and one LevelDone per concurrency level; the
-old ``hook(kind, value)`` form still receives the same facts."""
+emits its phases in order, its readiness with the server info, and one LevelDone per concurrency level."""
 
 from __future__ import annotations
 
@@ -17,8 +16,8 @@ from runners.engines import engine_for
 from runners.engines.script import render_script
 from runners.events import FatalSeen, LevelDone, PhaseReached, ServerEvent, ServerReady
 from runners.host import Host
-from runners.server import BenchPlan, ServerSession, hook_sink
-from runners.telemetry import Failure, FailureKind, Phase
+from runners.server import BenchPlan, ServerSession
+from runners.telemetry import FailureKind, Phase
 from runners.transport import LocalTransport
 from spaces.launch import LaunchConfig
 from tests.fixtures.ports import free_port
@@ -74,21 +73,3 @@ def test_a_dying_server_emits_the_fatal_line_it_logged(host: Host, tmp_path: Pat
     # The first fatal line is evidence (the scheduler's exception); the classification at the death names the OOM.
     assert len(fatal) == 1 and fatal[0].phase is Phase.CUDA_GRAPH, fatal
     assert not [e for e in events if isinstance(e, ServerReady)]
-
-
-def test_the_old_hook_form_gets_the_same_facts() -> None:
-    seen: list[tuple[str, Any]] = []
-    sink = hook_sink(lambda kind, value: seen.append((kind, value)))
-    failure = Failure(FailureKind.OOM, Phase.KV_POOL, "out of memory")
-    for event in (PhaseReached(Phase.KV_POOL), FatalSeen(failure), ServerReady({"a": 1}),
-                  LevelDone({"max_concurrency": 4})):
-        sink(event)
-    assert seen == [("phase", Phase.KV_POOL), ("fatal", failure), ("ready", {"a": 1}),
-                    ("level", {"max_concurrency": 4})]
-
-
-def test_on_event_and_the_old_hook_are_not_both_taken(host: Host) -> None:
-    launch = LaunchConfig(engine="sglang", python=sys.executable, model_path="m", port=free_port())
-    with pytest.raises(TypeError, match="on_event or the old hook"):
-        ServerSession(host, engine_for(launch), launch, script="", run_dir="x", run_id="y", python="p",
-                      on_event=lambda e: None, hook=lambda k, v: None)
