@@ -2,7 +2,8 @@
 
 A study fixes the host, the model, the engine version and the fixed args, so the memory a server uses
 is a small set of figures that every launch reports in its log (the ``mem.*`` facts), dead or alive.
-SGLang's start-up arithmetic (sglang-facts §1.3, §2) per GPU, in GiB::
+SGLang's start-up arithmetic (``srt/model_executor/model_runner.py``, ``profile_max_num_token``) per GPU, in
+GiB::
 
     pre                                 free before the weights (``Load weight begin. avail mem``): the
                                         card less the driver, the CUDA context, NCCL, other processes
@@ -598,7 +599,8 @@ def vllm_facts_from_record(rec: TrialFacts, fixed: Mapping[str, float] | None = 
 
 @dataclass
 class VllmMemoryModel:
-    """vLLM's start-up memory checks fitted to a study's launches (sglang-facts §vLLM, the KV checks):
+    """vLLM's start-up memory checks fitted to a study's launches (``v1/worker/gpu_worker.py`` and
+    ``v1/core/kv_cache_utils.py`` at 0.11.0):
 
     * the allocation check: what a configuration asks for (``VLLM_CPU_KVCACHE_SPACE`` /
       ``--kv-cache-memory-bytes`` on the CPU backend, ``gpu_memory_utilization * total`` on a GPU) must
