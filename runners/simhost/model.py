@@ -39,7 +39,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runners.engines.sglang_memory import memory_tiers, reserved_055, reserved_before_055
+from runners.engines.sglang_memory import (
+    ESTIMATED_RESERVE_SINCE,
+    memory_tiers,
+    reserved_055,
+    reserved_before_055,
+)
 from runners.simhost import texts
 from runners.simhost.engine import BatchEngine, OomDetail, RuntimeSpec, SimRequest, oom_detail
 from runners.simhost.launch import DEFAULT_VERSION, V_NEW_CG_FLAGS, BadFlag, SimLaunch, Version
@@ -286,7 +291,8 @@ def _capture_candidates(
 
 
 def _defaults_before_055(profile: SimProfile, launch: SimLaunch) -> tuple[int, int | None, float]:
-    """(chunked_prefill_size, cuda_graph_max_bs, mem_fraction_static) as SGLang < 0.5.5 fills them in."""
+    """(chunked_prefill_size, cuda_graph_max_bs, mem_fraction_static) as SGLang 0.5.2 fills them in (the
+    estimated reserve starts at 0.5.3: ESTIMATED_RESERVE_SINCE)."""
     gpu_mem = profile.host.memory_total_mib
     chunked = launch.chunked_prefill_size
     max_bs = launch.cuda_graph_max_bs
@@ -317,18 +323,19 @@ def _max_bs_055(launch: SimLaunch, v: Version, bs_small: int, bs_large: int) -> 
 
 
 def _reserved_mib_055(profile: SimProfile, launch: SimLaunch, chunked: int, max_bs: int) -> float:
-    """Memory SGLang 0.5.5+ keeps out of ``mem_fraction_static`` (MiB)."""
+    """Memory SGLang 0.5.3+ keeps out of ``mem_fraction_static`` (MiB)."""
     prefill_graph_mib = 0.0
     if _prefill_graph_on(profile, launch):
         n_tokens = len(_prefill_graph_tokens(_prefill_graph_max_tokens(profile, launch, chunked)))
         prefill_graph_mib = 1.5 * 1024 if profile.model.attention == "mla" else n_tokens * 8
     return reserved_055(profile.host.memory_total_mib, chunked if chunked > 0 else launch.max_prefill_tokens,
-                        max_bs, launch.tp_size, dp_size=launch.dp_size if launch.enable_dp_attention else None,
+                        max_bs, launch.tp_size, version=launch.version_tuple,
+                        dp_size=launch.dp_size if launch.enable_dp_attention else None,
                         prefill_graph_mib=prefill_graph_mib, speculative=launch.speculative_algorithm)
 
 
 def _defaults_055(profile: SimProfile, launch: SimLaunch) -> tuple[int, int, float]:
-    """(chunked_prefill_size, cuda_graph_max_bs, mem_fraction_static) as SGLang 0.5.5+ fills them in."""
+    """(chunked_prefill_size, cuda_graph_max_bs, mem_fraction_static) as SGLang 0.5.3+ fills them in."""
     v = launch.version_tuple
     gpu_mem = profile.host.memory_total_mib
     tier_chunked, bs_small, bs_large = memory_tiers(v, gpu_mem)
@@ -382,7 +389,7 @@ def resolve_args(profile: SimProfile, launch: SimLaunch) -> ResolvedArgs:
     tp = launch.tp_size
     mdl = profile.model
     max_bs: int | None
-    if v < (0, 5, 5):
+    if v < ESTIMATED_RESERVE_SINCE:
         chunked, max_bs, mfs = _defaults_before_055(profile, launch)
     else:
         chunked, max_bs, mfs = _defaults_055(profile, launch)
@@ -802,6 +809,9 @@ class _StartupWalk:
             private_pool_gib=self.graph,
             decode_base_ms=tim.decode_base_ms,
             decode_per_request_ms=tim.decode_per_request_ms,
+            moe_experts=tim.moe_experts,
+            moe_top_k=tim.moe_top_k,
+            moe_expert_ms=tim.moe_expert_ms,
             eager_multiplier=tim.eager_multiplier,
             eager_extra_ms=tim.eager_extra_ms,
             kv_read_ms_per_ktoken=kv_read,

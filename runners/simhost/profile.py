@@ -233,6 +233,12 @@ class TimingSpec(_Frozen):
     warmup_s: float = Field(default=3.0, ge=0)
     decode_base_ms: float = Field(gt=0)
     decode_per_request_ms: float = Field(ge=0)
+    moe_experts: int = Field(default=0, ge=0)
+    """Routed experts per MoE layer (0: no MoE term). A decode step reads the weights of every expert its batch
+    activates, ``E x (1 - (1 - k/E)^bs)`` of them, each costing ``moe_expert_ms``: decode time grows fast at small
+    batches and saturates once every expert is active."""
+    moe_top_k: int = Field(default=0, ge=0)
+    moe_expert_ms: float = Field(default=0.0, ge=0)
     hbm_gb_s: float = Field(default=0.0, ge=0)
     attention_efficiency: float = Field(default=0.6, gt=0, le=1)
     eager_multiplier: float = Field(default=1.0, ge=1)

@@ -1,9 +1,10 @@
 """``runners.diagnose`` on the corpus under tests/data/logs/ and on pasted-log shapes built in the tests.
 
 Each corpus case is ``<name>.log`` + ``<name>.expected.json`` (engine, outcome, phase, attempts, key memory
-figures, notes the verdict must carry, and the source it was rebuilt from). A case with an ``xfail`` reason is a
-text the engines' parsers do not handle yet; it is marked strict, so it fails the suite once the parser is fixed
-and the mark must go.
+figures, notes the verdict must carry, the source; optionally the ``options`` a user would pass, the ``version``
+and words the ``reason`` must contain). The corpus is the top-level logs plus the real pastes of ``tuning/`` and
+``measuring/`` (SOURCES.md): every case keeps its label. A case with an ``xfail`` reason is a text the engines'
+parsers do not handle yet; it is marked strict, so it fails the suite once the parser is fixed and the mark must go.
 """
 
 from __future__ import annotations
@@ -35,21 +36,31 @@ CORPUS = REPO / "tests" / "data" / "logs"
 ESC = "\x1b"
 
 
+SETS = ("", "tuning", "measuring")
+
+
 def corpus_cases() -> list[Any]:
     cases = []
-    for path in sorted(CORPUS.glob("*.expected.json")):
-        name = path.name.removesuffix(".expected.json")
-        expected = json.loads(path.read_text())
-        marks = [pytest.mark.xfail(strict=True, reason=expected["xfail"])] if expected.get("xfail") else []
-        cases.append(pytest.param(name, expected, id=name, marks=marks))
+    for sub in SETS:
+        for path in sorted((CORPUS / sub).glob("*.expected.json")):
+            name = f"{sub}/{path.name.removesuffix('.expected.json')}".lstrip("/")
+            expected = json.loads(path.read_text())
+            marks = [pytest.mark.xfail(strict=True, reason=expected["xfail"])] if expected.get("xfail") else []
+            cases.append(pytest.param(name, expected, id=name, marks=marks))
     return cases
 
 
 def test_corpus_is_complete() -> None:
-    logs = {p.name.removesuffix(".log") for p in CORPUS.glob("*.log")}
-    expected = {p.name.removesuffix(".expected.json") for p in CORPUS.glob("*.expected.json")}
+    logs = {str(p.relative_to(CORPUS)).removesuffix(".log") for sub in SETS for p in (CORPUS / sub).glob("*.log")}
+    expected = {str(p.relative_to(CORPUS)).removesuffix(".expected.json")
+                for sub in SETS for p in (CORPUS / sub).glob("*.expected.json")}
     assert logs == expected
     assert len(logs) >= 20
+    real = [json.loads((CORPUS / f"{name}.expected.json").read_text()) for name in sorted(logs) if "/" in name]
+    assert len(real) >= 40 and all(d["source"].startswith("https://github.com/") for d in real)
+    tuning = {name.split("/", 1)[1] for name in logs if name.startswith("tuning/")}
+    measuring = {name.split("/", 1)[1] for name in logs if name.startswith("measuring/")}
+    assert tuning and measuring and not tuning & measuring
     data = [json.loads((CORPUS / f"{name}.expected.json").read_text()) for name in sorted(logs)]
     assert {d["engine"] for d in data} == {"sglang", "vllm"}
     assert all(d["source"] for d in data)
@@ -63,9 +74,14 @@ def test_corpus_is_complete() -> None:
 
 @pytest.mark.parametrize(("name", "expected"), corpus_cases())
 def test_corpus_case(name: str, expected: dict[str, Any]) -> None:
-    result = diagnose_file(CORPUS / f"{name}.log").to_dict()
+    result = diagnose_file(CORPUS / f"{name}.log", **expected.get("options", {})).to_dict()
     assert (result["engine"], result["outcome"], result["phase"], result["attempts"]) == (
         expected["engine"], expected["outcome"], expected["phase"], expected["attempts"]), result["reason"]
+    if "version" in expected:
+        assert result["version"] == expected["version"]
+    if "reason_contains" in expected:
+        assert expected["reason_contains"] in result["reason"], result["reason"]
+    assert "?" not in result["bound_detail"], result["bound_detail"]
     for key, value in expected["memory"].items():
         if value == "present":
             assert result["memory"][key] is not None, key
@@ -78,7 +94,7 @@ def test_corpus_case(name: str, expected: dict[str, Any]) -> None:
 
 
 def test_json_keys_are_stable_on_every_corpus_log() -> None:
-    for path in sorted(CORPUS.glob("*.log")):
+    for path in sorted(p for sub in SETS for p in (CORPUS / sub).glob("*.log")):
         data = json.loads(diagnose_file(path).to_json())
         assert tuple(data) == DIAGNOSIS_KEYS, path.name
         assert tuple(data["memory"]) == MEMORY_KEYS, path.name
@@ -307,3 +323,172 @@ def test_version_banner_and_lookalikes() -> None:
     assert (result.engine, result.version) == ("vllm", None)
     lines, _, _ = normalise("timeout [5m] reached [1;31mERROR[0m\n")
     assert lines == ["timeout [5m] reached ERROR"]
+
+
+# ---- the classes of miss issue 21 lists, one test each (texts in the engines' wording) ---------------------------
+
+
+@pytest.mark.parametrize(("text", "phase"), [
+    ("RuntimeError: Decode out of memory. Try to lower your batch size.\nTry to allocate 148 tokens.\n", "decode"),
+    ("RuntimeError: Prefill out of memory. Try to lower your batch size.\n", "prefill"),
+    ("RuntimeError: alloc_req_slots runs out of memory. Please set a smaller number for `--max-running-requests`.\n",
+     "prefill"),
+])
+def test_the_phase_a_tail_states_wins_over_the_parsers_state(text: str, phase: str) -> None:
+    result = diagnose(text)
+    assert (result.outcome, result.phase) == ("oom", phase)
+    assert "?" not in result.bound_detail
+
+
+@pytest.mark.parametrize(("frames", "phase"), [
+    (["initialize", "load_model", "weight_loader"], "load_weights"),
+    (["initialize", "init_memory_pool", "profile_max_num_token"], "kv_pool"),
+    (["initialize", "init_cuda_graphs", "capture_one_batch_size"], "cuda_graph"),
+])
+def test_traceback_frames_name_the_phase_of_a_torch_oom(frames: list[str], phase: str) -> None:
+    text = "Traceback (most recent call last):\n" + "".join(
+        f'  File "/sgl-workspace/sglang/python/sglang/srt/model_executor/x.py", line 1, in {f}\n    x()\n'
+        for f in frames) + ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+                            "total capacity of 79.19 GiB of which 1.50 GiB is free.\n")
+    result = diagnose(text, engine="sglang")
+    assert (result.outcome, result.phase) == ("oom", phase)
+    assert (result.memory["tried_to_allocate_gib"], result.memory["free_at_oom_gib"]) == (2.0, 1.5)
+
+
+def test_frames_printed_after_the_exception_pin_its_phase() -> None:
+    text = ("ERROR 10-11 12:27:29 engine.py:157] OutOfMemoryError('CUDA out of memory. Tried to allocate 138.00 MiB.')\n"
+            "ERROR 10-11 12:27:29 engine.py:157] Traceback (most recent call last):\n"
+            'ERROR 10-11 12:27:29 engine.py:157]   File "/x/vllm/engine/multiprocessing/engine.py", line 218, '
+            "in run_engine_loop\n")
+    result = diagnose(text, engine="vllm")
+    assert (result.outcome, result.phase) == ("oom", "serving")
+    assert result.memory["tried_to_allocate_gib"] == pytest.approx(138 / 1024, rel=1e-3)
+
+
+def test_oom_figures_from_any_piece_of_the_sentences() -> None:
+    split = ("Exception: Capture cuda graph failed: CUDA out of memory.\nTried to allocate 672.00 MiB.\n\n"
+             "GPU 0 has a total capacity of 140.06 GiB of which 200.75 MiB is free.\n")
+    result = diagnose(split, engine="sglang")
+    assert (result.phase, result.memory["tried_to_allocate_gib"]) == ("cuda_graph", pytest.approx(0.65625))
+    assert result.memory["free_at_oom_gib"] == pytest.approx(200.75 / 1024, rel=1e-3)
+    assert result.reason == "CUDA out of memory in cuda_graph: tried to allocate 0.66 GiB with 0.20 GiB free"
+    padded = ("[2026-04-16 01:02:09 TP1] Failed to initialize x: CUDA out of memory. Tried to allocate 24.00 MiB. "
+              "GPU 1 has a total capacity of 47.37 GiB of                              which 4.31 MiB is free.\n")
+    assert diagnose(padded).memory["free_at_oom_gib"] == pytest.approx(4.31 / 1024, rel=1e-3)
+    allocator = ("[rank0]:[W831 11:33:27.693864196 CUDACachingAllocator.cpp:3933] memory allocation failed with OOM "
+                 "on device 0 while trying to allocate 20971520 bytes (free: 9633792, total: 84974239744).\n"
+                 "torch.OutOfMemoryError: CUDA out of memory.\n")
+    result = diagnose(allocator, engine="vllm")
+    assert result.memory["tried_to_allocate_gib"] == pytest.approx(20971520 / 2**30, rel=1e-3)
+    assert result.memory["free_at_oom_gib"] == pytest.approx(9633792 / 2**30, rel=0.01)
+    cut = "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 448.00 MiB. GPU 7 has a total"
+    result = diagnose(cut, engine="sglang")
+    assert (result.memory["tried_to_allocate_gib"], result.memory["free_at_oom_gib"]) == (0.4375, None)
+    assert "free memory not in the log" in result.reason and "?" not in result.bound_detail
+
+
+@pytest.mark.parametrize("line", [
+    "misc/x.cc:1 NCCL WARN Error : no algorithm/protocol available for function AllGather with datatype ncclInt8.",
+    "No algorithm/protocol available for function AllGather with datatype ncclInt8. NCCL_ALGO was set to tree.",
+    "No algorithm/protocol nor symKernelId available for function Broadcast with datatype ncclInt8.",
+])
+def test_nccl_wording_of_every_release_is_an_nccl_error(line: str) -> None:
+    result = diagnose(f"[2026-01-02 03:04:05 TP0] {line}\n")
+    assert result.outcome == "nccl_error"
+
+
+def test_an_nccl_warn_line_turns_a_bare_death_into_an_nccl_error() -> None:
+    text = ("[2026-01-02 03:04:05 TP0] Init torch distributed begin.\n"
+            "node:1:2 [0] NCCL INFO Bootstrap : Using eth0\n"
+            "node:1:2 [0] transport/net_ib.cc:1 NCCL WARN NET/IB : Got completion with error 12, opcode 0\n"
+            "[2026-01-02 03:04:09] Rank 0 scheduler is dead. Please check if there are relevant logs.\n")
+    result = diagnose(text)
+    assert (result.outcome, result.phase) == ("nccl_error", "starting")
+    assert "NCCL WARN NET/IB : Got completion with error 12" in result.reason
+    healthy = diagnose(text.replace("[2026-01-02 03:04:09] Rank 0 scheduler is dead. Please check if there are "
+                                    "relevant logs.\n", ""))
+    assert healthy.outcome == "unknown"  # a warning alone is no death
+
+
+def test_vllm_usage_banner_and_program_error_are_a_bad_flag() -> None:
+    for text in ("usage: vllm serve [model_tag] [options]\nvllm serve: error: argument --foo: expected one argument\n",
+                 "usage: api_server.py [-h] [--host HOST]\napi_server.py: error: unrecognized arguments: /m\n",
+                 "usage: vllm serve [model_tag] [options]\n"):
+        result = diagnose(text)
+        assert (result.engine, result.outcome, result.phase) == ("vllm", "bad_flag", "starting"), text
+
+
+def test_vllm_route_table_is_readiness() -> None:
+    text = ("(APIServer pid=1) INFO 06-02 00:52:40 [api_server.py:584] Starting vLLM server on http://0.0.0.0:8000\n"
+            "(APIServer pid=1) INFO 06-02 00:52:40 [launcher.py:37] Available routes are:\n"
+            "(APIServer pid=1) INFO 06-02 00:52:40 [launcher.py:46] Route: /health, Methods: GET\n")
+    assert (diagnose(text).outcome, diagnose(text).phase) == ("ok", "ready")
+
+
+def test_a_negative_profiled_kv_size_is_a_kv_pool_oom() -> None:
+    sglang = ("[2025-07-02 07:41:58 TP0] Load weight end. type=X, dtype=torch.bfloat16, avail mem=21.73 GB, "
+              "mem usage=166.59 GB.\n[2025-07-02 07:41:59 TP0] max_total_tokens=131072 is larger than the profiled "
+              "value -561981. Use the profiled value instead.\n")
+    vllm = ("(EngineCore_DP0 pid=1) INFO 02-12 08:34:25 [gpu_worker.py:360] Available KV cache memory: -3.52 GiB\n")
+    for text in (sglang, vllm):
+        result = diagnose(text)
+        assert (result.outcome, result.phase) == ("oom", "kv_pool"), result.reason
+        assert "?" not in result.bound_detail
+
+
+def test_retraction_warnings_while_serving_are_a_serving_server() -> None:
+    for line in ("Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: 0.0980 -> 0.1919",
+                 "KV cache pool is full. Retract requests. #retracted_reqs: 1, #new_token_ratio: 0.9998 -> 1.0000"):
+        result = diagnose("".join(f"[2025-03-07 21:49:{s} TP{s % 8}] {line}\n" for s in range(10, 14)))
+        assert (result.outcome, result.phase) == ("ok", "decode")
+        assert any("starts mid-run" in n for n in result.notes)
+
+
+def test_the_reason_is_the_exception_not_the_raise_statement() -> None:
+    text = ('  File "/x/sglang/srt/distributed/device_communicators/pynccl_wrapper.py", line 350, in NCCL_CHECK\n'
+            '    raise RuntimeError(f"NCCL error: {error_str}")\n'
+            "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)\n")
+    result = diagnose(text, engine="sglang")
+    assert result.outcome == "nccl_error"
+    assert "unhandled system error" in result.reason and "error_str" not in result.reason
+
+
+@pytest.mark.parametrize(("version", "advice", "not_advice"), [
+    ("0.9.2", "--max-num-seqs", "--max-cudagraph-capture-size"),
+    ("0.11.0", "--cuda-graph-sizes", "--max-cudagraph-capture-size"),
+    ("0.11.1", "--max-cudagraph-capture-size", "--cuda-graph-sizes"),
+])
+def test_vllm_capture_advice_names_only_the_releases_own_flag(version: str, advice: str, not_advice: str) -> None:
+    text = (f"INFO 03-27 10:29:00 [api_server.py:1] vLLM API server version {version}\n"
+            "INFO 03-27 10:29:03 [gpu_model_runner.py:1] Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)\n"
+            "ERROR 03-27 10:29:13 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB."
+            " GPU 6 has a total capacity of 44.53 GiB of which 448.00 KiB is free.\n")
+    result = diagnose(text)
+    assert (result.version, result.bound) == (version, "graph_headroom")
+    assert advice in result.bound_detail and not_advice not in result.bound_detail
+
+
+@pytest.mark.parametrize(("version", "flag"), [("0.5.10", "--cuda-graph-max-bs or"),
+                                               ("0.5.20", "--cuda-graph-max-bs-decode")])
+def test_sglang_capture_advice_follows_the_release(version: str, flag: str) -> None:
+    text = (f"sglang=={version}\n[2026-01-02 03:04:05 TP0] Capture cuda graph begin. avail mem=10.00 GB\n"
+            "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+            "capacity of 79.19 GiB of which 1.50 GiB is free.\n")
+    result = diagnose(text)
+    assert result.bound == "graph_headroom" and flag.split()[0] in result.bound_detail
+    if version == "0.5.20":
+        assert "--cuda-graph-max-bs " not in result.bound_detail and "--cuda-graph-max-bs)" not in result.bound_detail
+
+
+def test_paste_shapes_html_colour_markdown_quote_indent_and_localised_journal() -> None:
+    base = ("(EngineCore_DP0 pid=7) INFO 02-12 08:34:25 [gpu_worker.py:360] Available KV cache memory: 12.57 GiB\n"
+            "(EngineCore_DP0 pid=7) INFO 02-12 08:34:25 [kv_cache_utils.py:1307] GPU KV cache size: 53,136 tokens\n")
+    shapes = {
+        "html": base.replace("(EngineCore_DP0 pid=7)", '<font color="#2AA1B3"><b>(EngineCore_DP0 pid=7)</b></font>'),
+        "quote": "".join(f"> {line}\n" for line in base.splitlines()),
+        "indent": "".join(f"        {line}\n" for line in base.splitlines()),
+        "journal": "".join(f"авг 18 14:15:04 llm python3[28059]: {line}\n" for line in base.splitlines()),
+    }
+    for shape, text in shapes.items():
+        result = diagnose(text)
+        assert (result.engine, result.memory["kv_gib"], result.memory["kv_tokens"]) == ("vllm", 12.57, 53136), shape
