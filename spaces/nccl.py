@@ -1,7 +1,11 @@
-"""Which NCCL settings are legal (NCCL >= 2.24: env.rst and src/graph/tuning.cc; engine-audit #2-#5): each
-variable alone, the combinations that fail together, and the ones that run but are unsafe.
+"""Which NCCL settings are legal, by NCCL version (env.rst, src/graph/tuning.cc, 2.31's src/tuning/cost_model.cc):
+each variable alone, the combinations that fail together, and the ones that run but are unsafe.
 
-A space searches NCCL variables as categoricals whose value :data:`UNSET` leaves the variable out.
+Rules that changed with NCCL are keyed by the version: since 2.24 a bare ``NCCL_ALGO`` list applies to every
+collective with no fallback to Ring; since 2.31 a list that names only some collectives (``allreduce:tree``)
+leaves the others without an algorithm when a bare ``NCCL_PROTO`` forces every collective. The newest rules are
+the strictest, so a space legal under them (:data:`NCCL_NEWEST`, assumed when the version is not known) is legal
+on every NCCL. A space searches NCCL variables as categoricals whose value :data:`UNSET` leaves the variable out.
 """
 
 from __future__ import annotations
@@ -18,9 +22,30 @@ _ALGOS = {"ring", "tree", "collnetchain", "collnetdirect", "nvls", "nvlstree", "
 _FUNCS = {"allreduce", "allgather", "reducescatter", "broadcast", "reduce"}
 _NVLS = {"nvls", "nvlstree"}
 _LEVELS = {"LOC", "NVL", "PIX", "PXB", "PHB", "SYS"}
-SAFE_ALGO = "allreduce:tree"
-"""The spelling that forces Tree where it exists (AllReduce) and leaves every other collective to NCCL; SGLang
-itself writes it (``srt/arg_groups/attention_hook.py:676@v0.5.23``)."""
+SAFE_ALGO = "ring;allreduce:tree"
+"""The spelling that forces Tree where it exists (AllReduce) and keeps Ring for every other collective: legal on
+every NCCL (vLLM writes it for NCCL 2.31, vllm-project/vllm#58179)."""
+
+NcclVersion = tuple[int, int, int]
+NCCL_NEWEST: NcclVersion = (2, 31, 2)
+"""The newest NCCL whose rules servetune knows (its rules are the strictest)."""
+#: Since 2.24 a bare NCCL_ALGO list applies to every collective and never falls back to Ring (env.rst).
+NO_RING_FALLBACK: NcclVersion = (2, 24, 0)
+#: Since 2.31 NCCL_ALGO re-enables only the collectives it names (cost_model.cc, ncclTuningCostModelInit).
+NAMED_ONLY: NcclVersion = (2, 31, 0)
+
+
+def parse_nccl_version(text: str) -> NcclVersion:
+    """``"2.27.3"`` (or ``"2.27"``) as a tuple; ValueError (one line) for anything else."""
+    parts = str(text).strip().split(".")
+    if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"NCCL version {text!r} is not MAJOR.MINOR[.PATCH], e.g. 2.27.3")
+    major, minor, *rest = (int(p) for p in parts)
+    return major, minor, rest[0] if rest else 0
+
+
+def version_text(version: NcclVersion) -> str:
+    return ".".join(str(p) for p in version)
 
 
 def _parts(value: str) -> list[tuple[str, str]]:
@@ -73,14 +98,6 @@ def _check_list(value: str, legal: set[str], what: str) -> None:
 
 def _check_algo(value: str) -> None:
     _check_list(value, _ALGOS, "NCCL_ALGO")
-    for func, _body in _parts(value):
-        if func != "allreduce" and not allows(value, "ring", func=func):
-            # Since NCCL 2.24 a list applies to every collective it covers, with no fallback to Ring.
-            raise ValueError(
-                f"NCCL_ALGO {value!r} leaves {func or 'every collective'} without Ring; since NCCL 2.24 that fails "
-                f"on SGLang's TP AllGather (no algorithm/protocol available for function AllGather): write "
-                f"{SAFE_ALGO} (or allreduce:<algo>)"
-            )
     if forced(value, {"nvlstree"}):
         raise ValueError("NCCL_ALGO NVLSTree needs more than one node (src/graph/tuning.cc); servetune launches one")
 
@@ -149,12 +166,49 @@ def nccl_values(name: str, env: dict[str, str], searched: dict[str, list[str]]) 
     return [fixed if v == UNSET else v for v in searched[name]]
 
 
-def check_nccl_combinations(env: dict[str, str], searched: dict[str, list[str]], *, nvls_off: bool) -> None:
-    """Raise ValueError (one line) for NCCL settings that are legal alone but fail together (NCCL >= 2.24).
+def _unnamed(value: str) -> list[str]:
+    """The collectives an NCCL_ALGO list leaves to NCCL 2.31's zeroed table: all but those it names, when it has
+    no bare part (a bare part re-enables every collective)."""
+    parts = _parts(value)
+    if any(func == "" for func, _ in parts):
+        return []
+    named = {func for func, _ in parts}
+    return [f for f in ("allgather", "broadcast", "reducescatter", "reduce", "allreduce") if f not in named]
+
+
+def _check_versioned(env: dict[str, str], searched: dict[str, list[str]], nccl: NcclVersion, where: str) -> None:
+    """The rules that changed with NCCL, for version ``nccl`` (``where`` says where the version came from)."""
+    algos = [v for v in nccl_values("NCCL_ALGO", env, searched) if v is not None]
+    if nccl >= NO_RING_FALLBACK:
+        for value in algos:
+            for func, _body in _parts(value):
+                if func != "allreduce" and not allows(value, "ring", func=func):
+                    raise ValueError(
+                        f"NCCL_ALGO={value} leaves {func or 'every collective'} without Ring, which fails on NCCL "
+                        f"{version_text(nccl)} ({where}; no fallback to Ring since 2.24: SGLang's TP AllGather "
+                        f"has no algorithm): write {SAFE_ALGO} (or ring;allreduce:<algo>)")
+    if nccl < NAMED_ONLY:
+        return
+    bare_protos = [v for v in nccl_values("NCCL_PROTO", env, searched)
+                   if v is not None and any(func == "" for func, _ in _parts(v))]
+    for value in algos:
+        left = _unnamed(value)
+        if left and bare_protos:
+            raise ValueError(
+                f"NCCL_ALGO={value} with NCCL_PROTO={bare_protos[0]} leaves {', '.join(left[:2])} and the other "
+                f"collectives it does not name without an algorithm on NCCL {version_text(nccl)} ({where}; since "
+                f"2.31 NCCL_ALGO re-enables only the collectives it names): write ring;{value}")
+
+
+def check_nccl_combinations(env: dict[str, str], searched: dict[str, list[str]], *, nvls_off: bool,
+                            nccl: NcclVersion = NCCL_NEWEST, where: str = "the newest servetune knows") -> None:
+    """Raise ValueError (one line) for NCCL settings that are legal alone but fail together on NCCL ``nccl``
+    (``where``: how that version was found, named in the line).
 
     ``nvls_off``: the engine sets ``NCCL_NVLS_ENABLE=0`` unless told otherwise, as SGLang does without
     ``--enable-nccl-nvls`` (:attr:`spaces.schema.EngineSpec.nvls_flag`).
     """
+    _check_versioned(env, searched, nccl, where)
     algos = [v for v in nccl_values("NCCL_ALGO", env, searched) if v is not None and forced(v, _NVLS)]
     if not algos:
         return

@@ -52,15 +52,18 @@ from runners.errors import ConfigError, did_you_mean
 from spaces.guards import fixed_args_problem
 from spaces.names import check_identifier, check_name
 from spaces.nccl import (
+    NCCL_NEWEST,
     NCCL_VARIABLES,
     SAFE_ALGO,
     UNSET,
+    NcclVersion,
     allows,
     check_nccl,
     check_nccl_combinations,
     forced,
     nccl_values,
     nccl_warnings,
+    parse_nccl_version,
 )
 from spaces.objective import OBJECTIVE_UNITS, PARETO_METRICS, Objective, ParetoMetric, RateSearch, Slo
 from spaces.strict import Strict
@@ -242,6 +245,23 @@ class EngineSpec(Strict):
     version: str | None = None
     device: Literal["gpu", "cpu"] = "gpu"
     sim: SimOptions | None = None
+    nccl: str | None = None
+    """The NCCL version the engine's torch loads on the hosts (e.g. ``2.27.3``), when known ahead: the NCCL rules
+    follow it. Unset: the newest NCCL servetune knows (its rules are the strictest); a run reads each host's own."""
+
+    @field_validator("nccl")
+    @classmethod
+    def _nccl_version(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_nccl_version(v)
+        return v
+
+    @property
+    def nccl_rules(self) -> tuple[NcclVersion, str]:
+        """The NCCL version the space's rules follow, and where it came from (for the line that names it)."""
+        if self.nccl is not None:
+            return parse_nccl_version(self.nccl), "engine.nccl"
+        return NCCL_NEWEST, "assumed: the newest servetune knows; set engine.nccl, or the run reads the host's"
 
     @property
     def simulated(self) -> bool:
@@ -445,9 +465,16 @@ class Space(Strict):
                 f"{self.workload.concurrency}"
             )
         self._check_env()
-        nvls = self.engine.nvls_flag
-        check_nccl_combinations(self.env, self.knobs.nccl, nvls_off=nvls is not None and nvls not in self.fixed_args)
+        version, where = self.engine.nccl_rules
+        self.check_nccl_for(version, where)
         return self
+
+    def check_nccl_for(self, version: NcclVersion, where: str) -> None:
+        """Raise ValueError (one line naming the version) when the space's NCCL settings fail on NCCL
+        ``version`` (``where``: how that version was found)."""
+        nvls = self.engine.nvls_flag
+        check_nccl_combinations(self.env, self.knobs.nccl, nvls_off=nvls is not None and nvls not in self.fixed_args,
+                                nccl=version, where=where)
 
     @model_validator(mode="after")
     def _fixed_args(self) -> Space:

@@ -125,6 +125,11 @@ class Engine(Protocol):
         """Shell command that prints the engine version as its last stdout line."""
         ...
 
+    def nccl_version_command(self, python: str) -> str:
+        """Shell command that prints, as its last stdout line, the NCCL version the engine's torch loads
+        (``2.27.3``); nothing when it loads none (a CPU build)."""
+        ...
+
     def argv(self, launch: LaunchLike, version: str) -> list[str]:
         """The full command (python, ``-m``, module, flags) for this engine version."""
         ...

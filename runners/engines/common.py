@@ -4,6 +4,7 @@ tables), phase order, fatal priorities, exit signals, flag values and host OOM e
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -428,3 +429,16 @@ class LogParserBase:
         if named is not None:
             return named, False
         return self.phase, False
+
+
+#: Prints torch's NCCL version as ``2.27.3`` (torch < 2.1 returns one integer: 2708 or 21903), or nothing.
+_TORCH_NCCL = ("import torch\n"
+               "try:\n    v = torch.cuda.nccl.version()\nexcept Exception:\n    raise SystemExit(0)\n"
+               "if isinstance(v, int):\n"
+               "    v = (v // 10000, v // 100 % 100, v % 100) if v >= 10000 else (v // 1000, v // 100 % 10, v % 100)\n"
+               "print('.'.join(str(x) for x in v))")
+
+
+def torch_nccl_command(python: str) -> str:
+    """The shell command that prints the NCCL version ``python``'s torch loads (empty without one)."""
+    return f"{shlex.quote(python)} -c {shlex.quote(_TORCH_NCCL)}"

@@ -33,6 +33,7 @@ from runners.engines.common import (
     oom_kills,
     parse_version,
     signal_of,
+    torch_nccl_command,
     tp_from_args,
 )
 from runners.errors import ConfigError
@@ -507,6 +508,9 @@ class SGLangEngine:
 
     def version_command(self, python: str) -> str:
         return f'{shlex.quote(python)} -c "import sglang; print(sglang.__version__)"'
+
+    def nccl_version_command(self, python: str) -> str:
+        return torch_nccl_command(python)
 
     def _leading_args(self, launch: LaunchLike, version: str) -> list[str]:
         """Arguments between the module and the standard flags (none for SGLang)."""

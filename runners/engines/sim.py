@@ -45,6 +45,12 @@ class SimEngine(SGLangEngine):
         code = f"import runners.simhost.server; print({self.version!r})"
         return f"{shlex.quote(python)} -c {shlex.quote(code)}"
 
+    def nccl_version_command(self, python: str) -> str:
+        """The NCCL its profile names (the simulated host loads no torch)."""
+        code = ("import sys; from runners.simhost.profile import load_profile; "
+                "print(load_profile(sys.argv[1]).host.nccl_version)")
+        return f"{shlex.quote(python)} -c {shlex.quote(code)} {shlex.quote(self.profile)}"
+
     def _leading_args(self, launch: LaunchLike, version: str) -> list[str]:
         args = ["--sim-profile", self.profile, "--sim-speed", repr(self.speed), "--sim-version", version]
         for key, value in self.extra.items():

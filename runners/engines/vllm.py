@@ -55,6 +55,7 @@ from runners.engines.common import (
     oom_kills,
     parse_version,
     rank,
+    torch_nccl_command,
     tp_from_args,
 )
 from runners.errors import ConfigError
@@ -540,6 +541,9 @@ class VLLMEngine:
 
     def version_command(self, python: str) -> str:
         return f'{shlex.quote(python)} -c "import vllm; print(vllm.__version__)"'
+
+    def nccl_version_command(self, python: str) -> str:
+        return torch_nccl_command(python)
 
     def argv(self, launch: LaunchLike, version: str) -> list[str]:
         parsed = parse_version(version)

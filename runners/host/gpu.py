@@ -26,6 +26,8 @@ class HostInfo:
     apps: list[ComputeApp] = field(default_factory=list)
     busy: bool = False
     reason: str = ""
+    nccl_version: str | None = None
+    """The NCCL the engine's torch loads (None: not known, e.g. a CPU build)."""
 
     @property
     def gpu_name(self) -> str:

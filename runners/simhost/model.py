@@ -476,6 +476,7 @@ def nccl_effect(profile: SimProfile, launch: SimLaunch) -> NcclEffect:
         tp_size=launch.tp_size,
         interconnect=profile.host.interconnect,
         version=launch.version_tuple,
+        nccl=profile.host.nccl,
         enable_nccl_nvls=bool(launch.args.get("enable_nccl_nvls")),
         disable_custom_all_reduce=launch.disable_custom_all_reduce,
         p2p_disable_factor=nt.p2p_disable_factor,
@@ -588,7 +589,7 @@ class _StartupWalk:
             return Failure(
                 kind="nccl_error",
                 phase="init",
-                message=texts.nccl_exception(nccl.error),
+                message=texts.nccl_exception(nccl.error, self.profile.host.nccl_version),
                 elapsed_s=self.durations["dist_init"],
             )
         pre = self.total - self.baseline - self.others - self.ctx
@@ -768,10 +769,11 @@ class _StartupWalk:
         return None
 
     def first_forward(self) -> Failure | None:
-        """Bare NCCL_ALGO without Ring: the first forward's logits AllGather has no algorithm (NCCL >= 2.24)."""
+        """The first forward's logits AllGather has no algorithm: a bare NCCL_ALGO without Ring (NCCL >= 2.24), or
+        one naming only other collectives beside a bare NCCL_PROTO (NCCL >= 2.31)."""
         tim, nf = self.tim, self.nf
         if self.nccl.allgather_error is not None:
-            text = texts.nccl_exception(self.nccl.allgather_error)
+            text = texts.nccl_exception(self.nccl.allgather_error, self.profile.host.nccl_version)
             if self.capture:
                 message = texts.capture_failed_exception(self.v, text.split(": ", 1)[1])
                 return Failure(

@@ -226,6 +226,15 @@ def _parse(value: str, known: Mapping[str, str], func: str) -> tuple[set[str] | 
     return (set(known.values()) - chosen if negate else chosen), None
 
 
+def _names_only_others(value: str, func: str) -> bool:
+    """An NCCL_ALGO value with no bare part that does not name ``func`` (NCCL 2.31 then leaves ``func`` with no
+    algorithm wherever a bare NCCL_PROTO forces it)."""
+    parts = [part for part in value.split(";") if part.strip()]
+    if any(":" not in part for part in parts):
+        return False
+    return all(part.split(":", 1)[0].strip().lower() != func.lower() for part in parts)
+
+
 def _bad_tokens(value: str, known: Mapping[str, str]) -> str | None:
     for part in value.split(";"):
         lst = part.split(":", 1)[1] if ":" in part else part
@@ -235,9 +244,23 @@ def _bad_tokens(value: str, known: Mapping[str, str]) -> str | None:
     return None
 
 
-def no_path_text(func: str, datatype: str, algo_env: str | None, proto_env: str | None) -> str:
-    """NCCL's WARN body when no algorithm/protocol pair is left for a collective (enqueue.cc)."""
-    text = f"Error : no algorithm/protocol available for function {func} with datatype {datatype}."
+NcclVersion = tuple[int, int, int]
+#: Since 2.24 a bare NCCL_ALGO list applies to every collective with no fallback to Ring (env.rst).
+_NO_RING_FALLBACK: NcclVersion = (2, 24, 0)
+#: Since 2.31 NCCL_ALGO re-enables only the collectives it names (src/tuning/cost_model.cc).
+_NAMED_ONLY: NcclVersion = (2, 31, 0)
+
+
+def no_path_text(func: str, datatype: str, algo_env: str | None, proto_env: str | None,
+                 nccl: NcclVersion = (2, 27, 3)) -> str:
+    """NCCL's WARN body when no algorithm/protocol pair is left for a collective, in release ``nccl``'s words
+    (enqueue.cc: "Error : no ..." up to 2.29, "No ..." in 2.30, "... nor symKernelId ..." from 2.31)."""
+    if nccl >= _NAMED_ONLY:
+        text = f"No algorithm/protocol nor symKernelId available for function {func} with datatype {datatype}."
+    elif nccl >= (2, 30, 0):
+        text = f"No algorithm/protocol available for function {func} with datatype {datatype}."
+    else:
+        text = f"Error : no algorithm/protocol available for function {func} with datatype {datatype}."
     if algo_env is not None:
         text += f" NCCL_ALGO was set to {algo_env}."
     if proto_env is not None:
@@ -251,12 +274,14 @@ def nccl_effect_for(
     tp_size: int,
     interconnect: Interconnect,
     version: tuple[int, int, int],
+    nccl: NcclVersion = (2, 27, 3),
     enable_nccl_nvls: bool,
     disable_custom_all_reduce: bool,
     p2p_disable_factor: float,
     shm_disable_factor: float,
 ) -> NcclEffect:
-    """Whether the NCCL variables are legal for SGLang's collectives on this interconnect, and what they force."""
+    """Whether the NCCL variables are legal for SGLang's collectives on this interconnect under NCCL ``nccl``
+    (``version`` is SGLang's), and what they force."""
     if tp_size <= 1:
         return NcclEffect()
     algo_env, proto_env = env.get("NCCL_ALGO"), env.get("NCCL_PROTO")
@@ -284,12 +309,16 @@ def nccl_effect_for(
     ar_usable = ar_algos & usable
     ar_pairs = _pairs(ar_usable, ar_protos)
     if not ar_pairs:
-        reason = no_path_text("AllReduce", "ncclBfloat16", algo_env, proto_env)
+        reason = no_path_text("AllReduce", "ncclBfloat16", algo_env, proto_env, nccl)
         return NcclEffect(error=reason, warn=reason)
     ag_usable = ag_algos & (_ALLGATHER_ALGOS[interconnect] - (set() if nvls_on else {"NVLS"}))
     allgather_error = None
-    if not _pairs(ag_usable, ag_protos):
-        allgather_error = no_path_text("AllGather", "ncclBfloat16", algo_env, proto_env)
+    if nccl < _NO_RING_FALLBACK and not _pairs(ag_usable, ag_protos):
+        ag_usable = {"Ring"}  # before 2.24 a collective the list left without an algorithm fell back to Ring
+    named_only = nccl >= _NAMED_ONLY and algo_env is not None and _names_only_others(algo_env, "AllGather")
+    bare_proto = proto_env is not None and any(":" not in part and part.strip() for part in proto_env.split(";"))
+    if not _pairs(ag_usable, ag_protos) or (named_only and bare_proto):
+        allgather_error = no_path_text("AllGather", "ncclBfloat16", algo_env, proto_env, nccl)
     p2p_level = env.get("NCCL_P2P_LEVEL", "").upper()
     p2p_off = (
         env.get("NCCL_P2P_DISABLE") == "1"

@@ -139,6 +139,13 @@ class HostSpec(_Frozen):
     interconnect: Literal["pcie", "nvlink"]
     smi_baseline_used_mib: int = Field(default=4, ge=0)
     driver_version: str = "580.95.05"
+    nccl_version: str = Field(default="2.27.3", pattern=r"^\d+\.\d+(\.\d+)?$")
+    """The NCCL the host's torch loads: the NCCL rules the simulated host follows (and its preflight reports)."""
+
+    @property
+    def nccl(self) -> tuple[int, int, int]:
+        major, minor, *rest = (int(p) for p in self.nccl_version.split("."))
+        return major, minor, rest[0] if rest else 0
 
     @property
     def memory_total_gib(self) -> float:

@@ -313,9 +313,8 @@ def decode_batch(
     )
 
 
-def nccl_exception(reason: str, version: str = "2.27.3") -> str:
-    # torch 2.8 ships NCCL 2.27 (engine-audit item 2), so the >= 2.24 rules apply.
-    """The torch.distributed error a rank raises when NCCL refuses the requested algorithm/protocol."""
+def nccl_exception(reason: str, version: str) -> str:
+    """The torch.distributed error a rank raises when NCCL ``version`` refuses the requested algorithm/protocol."""
     return (
         "torch.distributed.DistBackendError: NCCL error in: "
         "/pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, invalid usage (run with NCCL_DEBUG=WARN for "

@@ -22,6 +22,7 @@ from search.spaces import engine_of
 from search.strategy.design import probe_params, startup_design
 from search.strategy.distributions import distributions, held_inert, inert_knobs
 from spaces.launch import LaunchConfig, engine_options
+from spaces.nccl import version_text
 from spaces.schema import OBJECTIVE_UNITS, BoolChoices, FloatRange, IntChoices, Space
 
 __all__ = ["DryRun", "check_complete", "describe_space", "dry_run", "example_command", "grid_size", "knob_values"]
@@ -166,6 +167,8 @@ def describe_space(space: Space) -> list[str]:
     size = grid_size(space)
     lines.append("grid: " + (f"{size} configuration(s)" if size is not None
                              else "continuous (a float knob has no step), sampled"))
+    if space.knobs.nccl or any(k.startswith("NCCL_") for k in space.env):
+        lines.append(f"NCCL rules: {_nccl_words(space)}")
     lines.append(f"workload: {_workload_words(space)}")
     lines.append(f"objective: {_objective_words(space)}")
     lines.append(f"budget: {_budget_words(space)}")
@@ -177,6 +180,19 @@ def describe_space(space: Space) -> list[str]:
         spelled += "; --mem-fraction-static follows the host's cards (SGLang's default with twice its reserve)"
     lines.append(f"first launch (the probe{spelled}): " + (f"{exports} " if exports else "") + command)
     return lines
+
+
+def _nccl_words(space: Space) -> str:
+    """Which NCCL version the NCCL settings were checked against, and what the run checks again."""
+    version, where = space.engine.nccl_rules
+    said = f"NCCL {version_text(version)} ({where})"
+    if space.engine.sim is not None:
+        try:
+            host = load_profile(Path(space.engine.sim.profile)).host
+        except (OSError, ValueError):
+            return said
+        return f"{said}; the simulated host's profile loads NCCL {host.nccl_version}, which the run checks again"
+    return said + ("" if space.engine.nccl else "; the run checks again against the NCCL each host's torch loads")
 
 
 @dataclass(frozen=True)

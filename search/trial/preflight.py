@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from runners.engines import Engine
+from runners.errors import HostMisconfigured
 from runners.host import Host, HostInfo
 from search.spaces import engine_of
+from spaces.nccl import parse_nccl_version
 from spaces.schema import Space
 
 
@@ -41,7 +43,33 @@ def preflight(host: Host, space: Space, engine: Engine | None = None) -> HostInf
     python = host.python or space.engine.python
     if engine.simulated:
         install_sim_smi(host, space, python)
-    return host.preflight(space.engine.kind, python, engine.version_command(python),
+    info = host.preflight(space.engine.kind, python, engine.version_command(python),
                           gpus=space.engine.device == "gpu",
                           model_path=None if engine.simulated else space.model_path,  # the simulator reads none
                           gpus_needed=engine.tp_size(space.fixed_args) if space.engine.device == "gpu" else 0)
+    info.nccl_version = host_nccl(host, engine, python)
+    check_nccl_on(host, space, info.nccl_version)
+    return info
+
+
+def host_nccl(host: Host, engine: Engine, python: str) -> str | None:
+    """The NCCL version the engine's torch loads on ``host`` (None when it loads none or says nothing usable)."""
+    res = host.run(engine.nccl_version_command(python), timeout=60)
+    line = res.stdout.strip().splitlines()[-1].strip() if res.ok and res.stdout.strip() else ""
+    try:
+        parse_nccl_version(line)
+    except ValueError:
+        return None
+    return line
+
+
+def check_nccl_on(host: Host, space: Space, nccl: str | None) -> None:
+    """The space's NCCL settings checked against the NCCL ``host`` loads: HostMisconfigured (one line naming the
+    version) when they fail there. Without a version the space's own rules stood at load (the newest, or
+    ``engine.nccl``)."""
+    if nccl is None:
+        return
+    try:
+        space.check_nccl_for(parse_nccl_version(nccl), f"what {host.name}'s torch loads")
+    except ValueError as exc:
+        raise HostMisconfigured(f"{host.name}: {exc}", host=host.name, fault="nccl_rules") from None

@@ -163,7 +163,7 @@ def test_validate_names_an_inert_knob_in_one_line(tmp_path: Path) -> None:
     space.write_text(
         "name: t\nengine: {kind: sglang, python: /usr/bin/python3, version: 0.5.10}\nmodel_path: /m\n"
         "knobs:\n  num_continuous_decode_steps: {choices: [1, 4]}\n"
-        "  nccl: {NCCL_PROTO: [unset, LL128], NCCL_ALGO: [unset, 'allreduce:tree']}\n"
+        "  nccl: {NCCL_PROTO: [unset, LL128], NCCL_ALGO: [unset, 'ring;allreduce:tree']}\n"
         "objective: {metric: output_throughput}\n"
     )
     result = CliRunner().invoke(app, ["validate", str(space)], terminal_width=400)

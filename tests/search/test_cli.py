@@ -156,7 +156,7 @@ def test_dry_run_shows_the_first_launches_and_writes_nothing(tmp_path: Path) -> 
     assert labels == ["probe", "start-up 1", "start-up 2"]
     commands = [shlex.split(line) for line in out.splitlines() if line.startswith("  ")]
     assert len(commands) == 3 and all("runners.simhost.server" in c for c in commands)
-    assert "NCCL_ALGO=allreduce:ring" in commands[1][0]
+    assert "NCCL_ALGO=ring" in commands[1][0]
     assert not db.exists() and not (tmp_path / "artifacts").exists()
     assert "free loopback port" not in out
 

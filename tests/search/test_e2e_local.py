@@ -5,7 +5,7 @@ The trials are enqueued so the outcomes are the seed incidents, not luck:
 
 * 0.70 / --cuda-graph-max-bs 32: serves C=1 and C=16, dies in eager decode at C=64 (seed 003) -> PRUNED;
 * 0.62 / 64: serves C=64 -> COMPLETE;
-* NCCL_ALGO=allreduce:nvls on a PCIe host: NCCL error at start-up -> PRUNED nccl_error, not an OOM;
+* NCCL_ALGO=ring;allreduce:nvls on a PCIe host: NCCL error at start-up -> PRUNED nccl_error, not an OOM;
 * the 0.62 / 64 configuration again -> not run twice, its result reused.
 """
 
@@ -42,7 +42,7 @@ def make_space(wd: Path) -> Path:
     """``wd/space.yaml``: the demo space and budget on a fixed port, with NVLS among the NCCL algorithms."""
     return kit_make_space(wd / "space.yaml", speed=100, workload=SEED003, port=30211, safe=False,
                           knobs={"nccl": {"NCCL_PROTO": ["unset", "Simple"],
-                                          "NCCL_ALGO": ["unset", "allreduce:ring", "allreduce:nvls"],
+                                          "NCCL_ALGO": ["unset", "ring", "ring;allreduce:nvls"],
                                           "NCCL_NVLS_ENABLE": ["1"]}},
                           base_budget=None)
 
@@ -60,7 +60,7 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, optuna.Stu
     study = create_or_load(open_storage(url), "e2e")
     study.enqueue_trial(DIES)
     study.enqueue_trial(SURVIVES)
-    study.enqueue_trial({**SURVIVES, "nccl.NCCL_ALGO": "allreduce:nvls"})
+    study.enqueue_trial({**SURVIVES, "nccl.NCCL_ALGO": "ring;allreduce:nvls"})
     study.enqueue_trial(SURVIVES)
     tracker = MlflowTracker(f"sqlite:///{wd}/mlruns/mlflow.db", artifact_root=str(wd / "mlruns" / "artifacts"))
     host = local_host(space, runs_root=str(wd / "runs"), sim_dir=wd / "sim")
@@ -127,7 +127,7 @@ def test_illegal_nccl_combination_is_not_an_oom(searched: tuple[Path, optuna.Stu
     assert t.state == TrialState.PRUNED
     facts = TrialFacts.from_trial(t)
     assert facts.outcome == FailureKind.NCCL_ERROR
-    assert (facts.env or {})["NCCL_ALGO"] == "allreduce:nvls"
+    assert (facts.env or {})["NCCL_ALGO"] == "ring;allreduce:nvls"
 
 
 @pytest.mark.slow  # the module fixture runs a real search (about 10 s)

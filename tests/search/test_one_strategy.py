@@ -61,7 +61,7 @@ def first_params_of_the_benchmark() -> dict[str, Any]:
 def first_params_of_a_run(wd: Path) -> dict[str, Any]:
     space = load_space(kit_make_space(wd / "space.yaml", speed=1000, workload=SEED003, safe=False, base_budget=None,
                                       knobs={"nccl": {"NCCL_PROTO": ["unset", "LL", "Simple"],
-                                                      "NCCL_ALGO": ["unset", "allreduce:ring"]}}))
+                                                      "NCCL_ALGO": ["unset", "ring"]}}))
     host = local_host(space, runs_root=str(wd / "runs"), sim_dir=wd / "sim")
     try:
         summary = run_search(space, [host], RunOptions(

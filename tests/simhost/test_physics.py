@@ -16,7 +16,7 @@ import pytest
 from runners.simhost import texts
 from runners.simhost.engine import BatchEngine, SimRequest
 from runners.simhost.launch import SimLaunch
-from runners.simhost.model import Outcome, Workload, evaluate, plan_startup
+from runners.simhost.model import Outcome, Workload, evaluate, plan_startup, predict_from_argv
 from runners.simhost.nccl import allreduce_us
 from runners.simhost.profile import shipped_profile
 from tests.simhost.test_model import predict as model_predict
@@ -401,3 +401,31 @@ def test_predict_cli_same_result_for_continuous_decode_steps_1_and_4(capsys: pyt
     )
     tree = json.loads(capsys.readouterr().out)
     assert tree["outcome"] == "nccl_error" and "function AllGather" in tree["nccl"]["allgather_error"]
+
+
+@pytest.mark.parametrize(
+    ("nccl", "algo", "proto", "dies", "words"),
+    [
+        ((2, 23, 4), "Tree", None, False, ""),  # before 2.24 AllGather fell back to Ring
+        ((2, 27, 3), "Tree", None, True, "Error : no algorithm/protocol available for function AllGather"),
+        ((2, 30, 7), "Tree", None, True, "No algorithm/protocol available for function AllGather"),
+        ((2, 30, 7), "allreduce:tree", "Simple", False, ""),
+        ((2, 31, 2), "allreduce:tree", "Simple", True,
+         "No algorithm/protocol nor symKernelId available for function AllGather"),
+        ((2, 31, 2), "allreduce:tree", None, False, ""),  # no bare NCCL_PROTO forces the other collectives
+        ((2, 31, 2), "ring;allreduce:tree", "Simple", False, ""),
+    ],
+)
+def test_the_simulated_nccl_follows_its_profile_version(nccl: tuple[int, int, int], algo: str, proto: str | None,
+                                                         dies: bool, words: str) -> None:
+    """The simulated host's NCCL follows the rules (and the wording) of the NCCL its profile names."""
+    base = prof(DSV3)
+    profile = base.model_copy(update={"host": base.host.model_copy(update={"nccl_version": ".".join(map(str, nccl))})})
+    env = {"NCCL_ALGO": algo, **({"NCCL_PROTO": proto} if proto else {})}
+    argv = ["--model-path", "m", "--tp", "8", "--mem-fraction-static", "0.85"]
+    o = predict_from_argv(profile, argv, env, Workload(input_len=256, output_len=128, concurrency=(1,)),
+                          version="0.5.10")
+    assert (o.outcome == "nccl_error") is dies, o.error
+    if dies:
+        assert o.nccl is not None and words in (o.nccl["allgather_error"] or o.nccl["error"] or ""), o.nccl
+        assert f"NCCL version {'.'.join(map(str, nccl))}" in (o.error or "")

@@ -5,7 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from spaces.nccl import UNSET, allows, check_nccl, check_nccl_combinations, forced, nccl_values, nccl_warnings
+from spaces.nccl import (
+    NCCL_NEWEST,
+    UNSET,
+    allows,
+    check_nccl,
+    check_nccl_combinations,
+    forced,
+    nccl_values,
+    nccl_warnings,
+    parse_nccl_version,
+    version_text,
+)
 
 
 @pytest.mark.parametrize(
@@ -16,9 +27,6 @@ from spaces.nccl import UNSET, allows, check_nccl, check_nccl_combinations, forc
         ("NCCL_ALGO", "allreduce:tree;broadcast:ring", True), ("NCCL_ALGO", "ring,tree", True),
         ("NCCL_ALGO", "^tree", True), ("NCCL_ALGO", "allreduce:^tree", True),
         ("NCCL_ALGO", "ring,collnetdirect;allreduce:tree,collnetdirect;broadcast:ring", True),
-        # NCCL >= 2.24: a bare list applies to every collective, with no fallback to Ring.
-        ("NCCL_ALGO", "Tree", False), ("NCCL_ALGO", "NVLS", False), ("NCCL_ALGO", "^ring", False),
-        ("NCCL_ALGO", "allreduce:tree;allgather:tree", False), ("NCCL_ALGO", "tree;allreduce:ring", False),
         ("NCCL_ALGO", "allreduce:nvlstree", False), ("NCCL_ALGO", "collnet", False),
         ("NCCL_ALGO", "allscatter:ring", False), ("NCCL_PROTO", "allreduce:simple", True),
         ("NCCL_ALGO", "Rings", False), ("NCCL_P2P_LEVEL", "PHB", True), ("NCCL_P2P_LEVEL", "5", True),
@@ -50,7 +58,7 @@ def test_values_a_variable_can_take() -> None:
 
 
 def test_nvls_needs_nvls_enable_only_where_the_engine_turns_it_off() -> None:
-    searched = {"NCCL_ALGO": ["allreduce:nvls"]}
+    searched = {"NCCL_ALGO": ["ring;allreduce:nvls"]}
     with pytest.raises(ValueError, match="needs NCCL_NVLS_ENABLE=1"):
         check_nccl_combinations({}, searched, nvls_off=True)
     check_nccl_combinations({}, searched, nvls_off=False)
@@ -62,3 +70,36 @@ def test_nvls_needs_nvls_enable_only_where_the_engine_turns_it_off() -> None:
 def test_ll128_forced_is_a_warning() -> None:
     assert nccl_warnings({}, {"NCCL_PROTO": [UNSET, "LL128"]})
     assert nccl_warnings({"NCCL_PROTO": "^LL128"}, {}) == []
+
+
+@pytest.mark.parametrize(
+    ("algo", "proto", "version", "ok"),
+    [
+        # Before 2.24 a collective a bare list left without an algorithm fell back to Ring; since, it fails.
+        ("Tree", None, (2, 23, 4), True), ("Tree", None, (2, 24, 0), False), ("NVLS", None, (2, 27, 3), False),
+        ("^ring", None, (2, 24, 0), False), ("allreduce:tree;allgather:tree", None, (2, 24, 0), False),
+        ("tree;allreduce:ring", None, (2, 27, 3), False),
+        # Since 2.31 NCCL_ALGO re-enables only the collectives it names; a bare NCCL_PROTO forces the others.
+        ("allreduce:tree", "Simple", (2, 30, 7), True), ("allreduce:tree", "Simple", (2, 31, 2), False),
+        ("allreduce:tree", None, (2, 31, 2), True), ("allreduce:tree", "allreduce:simple", (2, 31, 2), True),
+        ("ring;allreduce:tree", "Simple", (2, 31, 2), True), ("ring", "LL", (2, 31, 2), True),
+    ],
+)
+def test_rules_that_changed_with_nccl_follow_the_version(algo: str, proto: str | None,
+                                                         version: tuple[int, int, int], ok: bool) -> None:
+    searched = {"NCCL_ALGO": [algo], **({"NCCL_PROTO": [proto]} if proto else {})}
+    if ok:
+        check_nccl_combinations({}, searched, nvls_off=False, nccl=version, where="test")
+        return
+    with pytest.raises(ValueError) as info:
+        check_nccl_combinations({}, searched, nvls_off=False, nccl=version, where="test")
+    assert f"NCCL {version_text(version)} (test" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_newest_rules_are_assumed_and_a_version_parses_or_is_one_line() -> None:
+    assert parse_nccl_version("2.27.3") == (2, 27, 3) and parse_nccl_version("2.31") == (2, 31, 0)
+    for bad in ("2", "v2.27", "2.x.1", ""):
+        with pytest.raises(ValueError, match=r"MAJOR\.MINOR"):
+            parse_nccl_version(bad)
+    with pytest.raises(ValueError, match=f"NCCL {version_text(NCCL_NEWEST)}"):
+        check_nccl_combinations({}, {"NCCL_ALGO": ["allreduce:tree"], "NCCL_PROTO": ["LL"]}, nvls_off=False)

@@ -94,9 +94,9 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("value", "needle"),
     [
-        ("Tree", "NCCL_ALGO=Tree: NCCL_ALGO 'Tree' leaves every collective without Ring; since NCCL 2.24 that fails "
-                 "on SGLang's TP AllGather (no algorithm/protocol available for function AllGather): write "
-                 "allreduce:tree"),
+        ("Tree", "NCCL_ALGO=Tree leaves every collective without Ring, which fails on NCCL 2.31.2 (assumed: the "
+                 "newest servetune knows; set engine.nccl, or the run reads the host's; no fallback to Ring since "
+                 "2.24: SGLang's TP AllGather has no algorithm): write ring;allreduce:tree"),
         ("allreduce:NVLSTree", "NVLSTree needs more than one node"),
         ("collnet", "'collnet' is invalid since NCCL 2.14"),
     ],
@@ -111,15 +111,15 @@ def test_illegal_nccl_algo_is_one_line_at_load(tmp_path: Path, value: str, needl
 @pytest.mark.parametrize(
     ("kind", "nccl", "env", "fixed", "needle"),
     [
-        ("sglang", {"NCCL_ALGO": ["allreduce:nvls"], "NCCL_PROTO": ["unset", "LL"]}, {"NCCL_NVLS_ENABLE": "1"}, [],
+        ("sglang", {"NCCL_ALGO": ["ring;allreduce:nvls"], "NCCL_PROTO": ["unset", "LL"]}, {"NCCL_NVLS_ENABLE": "1"}, [],
          "runs only with the Simple protocol"),
-        ("sglang", {"NCCL_ALGO": ["unset", "allreduce:nvls"]}, {}, [], "needs NCCL_NVLS_ENABLE=1: SGLang sets it to 0"),
-        ("sim", {"NCCL_ALGO": ["allreduce:nvls"], "NCCL_NVLS_ENABLE": ["unset", "1"]}, {}, [], "needs NCCL_NVLS_ENABLE=1"),
-        ("sglang", {"NCCL_PROTO": ["LL"]}, {"NCCL_ALGO": "allreduce:nvls", "NCCL_NVLS_ENABLE": "1"}, [], "Simple"),
-        ("sglang", {"NCCL_PROTO": ["LL"]}, {"NCCL_ALGO": "Tree"}, [], "env.NCCL_ALGO=Tree"),
-        ("sglang", {"NCCL_ALGO": ["allreduce:nvls"], "NCCL_PROTO": ["unset", "Simple"]}, {"NCCL_NVLS_ENABLE": "1"}, [], None),
-        ("sglang", {"NCCL_ALGO": ["allreduce:nvls"]}, {}, ["--enable-nccl-nvls"], None),
-        ("vllm", {"NCCL_ALGO": ["allreduce:nvls"]}, {}, [], None),
+        ("sglang", {"NCCL_ALGO": ["unset", "ring;allreduce:nvls"]}, {}, [], "needs NCCL_NVLS_ENABLE=1: SGLang sets it to 0"),
+        ("sim", {"NCCL_ALGO": ["ring;allreduce:nvls"], "NCCL_NVLS_ENABLE": ["unset", "1"]}, {}, [], "needs NCCL_NVLS_ENABLE=1"),
+        ("sglang", {"NCCL_PROTO": ["LL"]}, {"NCCL_ALGO": "ring;allreduce:nvls", "NCCL_NVLS_ENABLE": "1"}, [], "Simple"),
+        ("sglang", {"NCCL_PROTO": ["LL"]}, {"NCCL_ALGO": "Tree"}, [], "NCCL_ALGO=Tree leaves every collective without Ring"),
+        ("sglang", {"NCCL_ALGO": ["ring;allreduce:nvls"], "NCCL_PROTO": ["unset", "Simple"]}, {"NCCL_NVLS_ENABLE": "1"}, [], None),
+        ("sglang", {"NCCL_ALGO": ["ring;allreduce:nvls"]}, {}, ["--enable-nccl-nvls"], None),
+        ("vllm", {"NCCL_ALGO": ["ring;allreduce:nvls"]}, {}, [], None),
     ],
 )
 def test_nvls_needs_simple_and_nvls_enable(tmp_path: Path, kind: str, nccl: dict, env: dict, fixed: list,
