@@ -134,3 +134,23 @@ def test_diagnose_marker_prints_what_the_command_prints() -> None:
 def test_a_page_without_markers_is_left_alone() -> None:
     page = "# Page\n\nNo generated text here.\n"
     assert hook.on_page_markdown(page) == page
+
+
+# A citation in code names a document by its file name (``sglang-facts §3``, ``engine-audit item 9``) or by a path;
+# either must be a file of this repository.
+CITED_NOTES = {"sglang-facts": "sglang-facts.md", "engine-audit": "engine-audit.md", "vllm-cpu-notes": "vllm-cpu-notes.md"}
+
+
+def test_code_cites_only_documents_in_the_repository() -> None:
+    sources = ROOT / "docs" / "sources"
+    for name in CITED_NOTES.values():
+        assert (sources / name).is_file(), name
+    outside = re.compile(r"(?<![\w/])(\.\./)*shared/(reference|seeds)\b")
+    for top in ("search", "spaces", "runners", "benchmarks", "tests", "docs"):
+        for path in (ROOT / top).rglob("*"):
+            if path.suffix not in {".py", ".sh", ".yaml", ".md", ".json"} or "sources" in path.parts:
+                continue
+            text = path.read_text(encoding="utf-8", errors="replace")
+            assert not outside.search(text), f"{path.relative_to(ROOT)} cites a document outside the repository"
+    for seed in ("000", "001", "002", "003"):
+        assert list((sources / "seeds").glob(f"{seed}_*.txt")), seed

