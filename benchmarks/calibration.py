@@ -77,8 +77,10 @@ FIGURES: tuple[Published, ...] = (
 """Every public figure found for a shipped profile's model, GPU, TP and engine (cite each)."""
 
 NO_FIGURES: dict[str, str] = {
-    "dsv4-flash-tp4-rtxpro6000": "calibrated on seeds 000/002 (docs/sources/seeds/); no public figure for DeepSeek-V4-Flash "
-                                 "on 4x RTX PRO 6000 was found",
+    "dsv4-flash-tp4-rtxpro6000": (
+        "calibrated on seeds 000/002 (docs/sources/seeds/); no public figure for DeepSeek-V4-Flash "
+        "on 4x RTX PRO 6000 was found"
+    ),
     "dsv4-flash-nvfp4-tp4-rtxpro6000": "calibrated on seed 003 (docs/sources/seeds/); no public figure found",
     "dsv4-flash-nvfp4-tp4-rtxpro6000-noisy8": "seed 003's profile with 8% noise; no public figure found",
     "kimi-k25-tp8-rtxpro6000": "calibrated on seed 001 (docs/sources/seeds/); no public figure found",
