@@ -191,8 +191,8 @@ class Scheduler(threading.Thread):
 
     def _arrive(self, req: SimRequest, hint: LevelHint | None) -> None:
         """Stamp a request's simulated arrival and queue it (now, or in the future for a planned arrival)."""
-        now = self.sim_now()
         self._set_idle(False)
+        now = self.clock_s
         arrival = now
         if hint is not None:
             level = self._levels.get(hint.level)

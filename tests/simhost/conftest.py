@@ -154,9 +154,12 @@ class SimProc:
         finally:
             conn.close()
 
-    def load(self, concurrency: int, requests: int, input_len: int, output_len: int) -> list[StreamResult]:
+    def load(
+        self, concurrency: int, requests: int, input_len: int, output_len: int, pause_s: float = 0.0
+    ) -> list[StreamResult]:
         """Closed-loop streaming load: ``concurrency`` clients share ``requests`` requests, declared to the
-        server as one level (so its simulated clock runs the batches the pure model would)."""
+        server as one level (so its simulated clock runs the batches the pure model would). ``pause_s``: a
+        slow client's wall-clock pause before each request after its first."""
         results: list[StreamResult] = []
         lock = threading.Lock()
         left = [requests]
@@ -171,6 +174,8 @@ class SimProc:
                     if left[0] == 0:
                         return
                     left[0] -= 1
+                if after is not None and pause_s:
+                    time.sleep(pause_s)  # the slow client under test, not a wait for an event
                 r = self.stream(input_len, output_len, hint={**level, "sim_after_s": after})
                 after = r.sim_end_s
                 with lock:
