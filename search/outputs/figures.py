@@ -32,6 +32,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from runners.engines import engine_for
+from runners.telemetry import allocation_text
 from search.strategy.front import Goal, configurations, non_dominated
 from search.strategy.view import StudyView
 from search.trial.records import LevelResult, TrialFacts
@@ -262,6 +263,8 @@ LADDER = (
     ("graph_gib", "graph pool", "#d62728"),
     ("other_gib", "other (activations, runtime)", "#ff7f0e"),
     ("free_after_capture_gib", "free after capture", "#2ca02c"),
+    ("in_use_at_oom_gib", "in use when it died (working set)", "#ffbb78"),
+    ("free_at_oom_gib", "free when it died", "#98df8a"),
 )
 
 
@@ -278,15 +281,38 @@ def gpu_total_gib(rec: TrialFacts, recs: Sequence[TrialFacts] = ()) -> float | N
 def ladder_segments(rec: TrialFacts, total: float | None = None) -> dict[str, float]:
     """The ladder of one trial, GiB per GPU: the figures it has, and ``other_gib`` = what the GPU's
     ``total`` (default: :func:`gpu_total_gib`) leaves after them (activations, the runtime's own), when
-    every figure is known."""
-    out = {key: value for key, _, _ in LADDER if (value := rec.memory.number(key)) is not None}
+    every figure is known.
+
+    A trial that died of OOM with the free memory at its death known is drawn as it stood then: what was
+    free after capture splits into ``in_use_at_oom_gib`` (the working set allocated before the failing
+    allocation) and ``free_at_oom_gib``, so the failed allocation is drawn against what was free at the OOM."""
+    keys = ("weights_gib", "kv_gib", "graph_gib", "free_after_capture_gib")
+    out = {key: value for key in keys if (value := rec.memory.number(key)) is not None}
     total = total if total is not None else gpu_total_gib(rec)
-    known = ("weights_gib", "kv_gib", "graph_gib", "free_after_capture_gib")
-    if _is_number(total) and all(k in out for k in known):
-        other = float(total) - sum(out[k] for k in known)
+    free_at_oom = rec.memory.number("free_at_oom_gib") if rec.label == "oom" else None
+    static = ("weights_gib", "kv_gib", "graph_gib")
+    if free_at_oom is not None:
+        after_capture = out.pop("free_after_capture_gib", None)
+        if after_capture is not None and after_capture - free_at_oom > 0.005:
+            out["in_use_at_oom_gib"] = after_capture - free_at_oom
+        out["free_at_oom_gib"] = free_at_oom
+        if _is_number(total) and all(k in out for k in ("weights_gib", "kv_gib")):
+            other = float(total) - sum(out.values())
+            if other > 0.005:
+                out["other_gib"] = other
+        return out
+    if _is_number(total) and all(k in out for k in (*static, "free_after_capture_gib")):
+        other = float(total) - sum(out.values())
         if other > 0.005:
             out["other_gib"] = other
     return out
+
+
+def in_use_at_oom_gib(rec: TrialFacts, total: float | None) -> float | None:
+    """What a trial that died of OOM had in use when it died, per its OOM message (the GPU's total less what
+    was free), or None when the message did not say."""
+    free = rec.memory.number("free_at_oom_gib") if rec.label == "oom" else None
+    return float(total) - free if free is not None and _is_number(total) else None
 
 
 def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = None, *,
@@ -299,9 +325,12 @@ def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = No
     shown = _ladder_trials(recs, numbers, chosen)
     labels = [_ladder_label(rec, chosen) for rec in shown]
     fig = go.Figure()
+    segments = [ladder_segments(r, gpu_total_gib(r, recs)) for r in shown]
     for key, name, colour in LADDER:
+        if not any(key in seg for seg in segments) and key in ("in_use_at_oom_gib", "free_at_oom_gib"):
+            continue  # no trial shown died with its free memory known: no empty legend entries
         fig.add_trace(go.Bar(
-            y=labels, x=[ladder_segments(r, gpu_total_gib(r, recs)).get(key, 0.0) for r in shown], name=name,
+            y=labels, x=[seg.get(key, 0.0) for seg in segments], name=name,
             orientation="h",
             marker_color=colour, hovertemplate=f"{name}: %{{x:.2f}} GiB<extra></extra>",
         ))
@@ -327,28 +356,60 @@ def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = No
             marker={"symbol": "line-ns-open", "size": 30, "color": "black", "line": {"width": 3}},
             hovertemplate="GPU total: %{x:.2f} GiB<extra></extra>",
         ))
-    peaks = [(label, float(r.memory.smi_peak_used_mib) / 1024) for label, r in zip(labels, shown, strict=True)
-             if _is_number(r.memory.smi_peak_used_mib)]
+    peaks, deaths, missed = _peaks(recs, shown, labels)
     if peaks:
         fig.add_trace(go.Scatter(
-            y=[p[0] for p in peaks], x=[p[1] for p in peaks], mode="markers", name="peak used under load",
+            y=[p[0] for p in peaks], x=[p[1] for p in peaks], mode="markers",
+            name="peak used under load (nvidia-smi)",
             marker={"symbol": "diamond", "size": 12, "color": "black"},
-            hovertemplate="peak used under load: %{x:.2f} GiB<extra></extra>",
+            hovertemplate="peak used under load (nvidia-smi): %{x:.2f} GiB<extra></extra>",
+        ))
+    if deaths:
+        fig.add_trace(go.Scatter(
+            y=[d[0] for d in deaths], x=[d[1] for d in deaths], mode="markers",
+            name="in use when it died (OOM message)",
+            marker={"symbol": "diamond-open", "size": 12, "color": "#d62728", "line": {"width": 2}},
+            hovertemplate="in use when it died (OOM message): %{x:.2f} GiB<extra></extra>",
         ))
     ooms = [(label, r) for label, r in zip(labels, shown, strict=True) if r.label == "oom"]
     for label, rec in ooms:
-        asked = rec.memory.tried_to_allocate_gib
+        asked, free = rec.memory.tried_to_allocate_gib, rec.memory.free_at_oom_gib
         if _is_number(asked):
+            what = allocation_text(float(asked), float(free)) if _is_number(free) else \
+                f"tried to allocate {float(asked):.2f} GiB"
+            note = f"; {missed[label]}" if label in missed else ""
             fig.add_annotation(y=label, x=0, xanchor="left", showarrow=False, yshift=-22,
-                               text=f"died in {rec.oom_phase or 'an unknown phase'}: "
-                                    f"tried to allocate {float(asked):.2f} GiB with "
-                                    f"{rec.memory.free_at_oom_gib or 0.0:.2f} GiB free")
+                               text=f"died in {rec.oom_phase or 'an unknown phase'}: {what}{note}")
     fig.update_layout(
         barmode="stack", title=f"Memory ladder, GiB per GPU{_simulated(recs)}", xaxis_title="GiB per GPU",
         legend={"orientation": "h", "yanchor": "top", "y": -0.2},
     )
     fig.update_yaxes(autorange="reversed", type="category")
     return _styled(fig)
+
+
+def _peaks(recs: Sequence[TrialFacts], shown: Sequence[TrialFacts], labels: Sequence[str],
+           ) -> tuple[list[tuple[str, float]], list[tuple[str, float]], dict[str, str]]:
+    """(peak under load per bar, in use at the death per bar, why a bar has no peak).
+
+    The peak under load is nvidia-smi's over the load window. For a trial that died of OOM the OOM message
+    says what was in use at the death; a sampled peak below it is a sample from before (sampling missed the
+    death) and is not drawn as the peak."""
+    peaks: list[tuple[str, float]] = []
+    deaths: list[tuple[str, float]] = []
+    missed: dict[str, str] = {}
+    for label, r in zip(labels, shown, strict=True):
+        smi = float(r.memory.smi_peak_used_mib) / 1024 if _is_number(r.memory.smi_peak_used_mib) else None
+        at_death = in_use_at_oom_gib(r, gpu_total_gib(r, recs))
+        if at_death is not None:
+            deaths.append((label, at_death))
+            if smi is None or smi < at_death - 0.01:
+                missed[label] = ("no nvidia-smi sample under load" if smi is None else
+                                 f"nvidia-smi's last sample under load, {smi:.2f} GiB, missed the death")
+                continue
+        if smi is not None:
+            peaks.append((label, smi))
+    return peaks, deaths, missed
 
 
 def _ladder_trials(recs: Sequence[TrialFacts], numbers: Sequence[int] | None,

@@ -93,7 +93,7 @@ def test_memory_ladder_of_the_best_and_the_last_oom(study: optuna.Study) -> None
     assert bars["free after capture"] == [0.82, 1.2]
     total = next(t for t in fig.data if t.name == "GPU total")
     assert list(total.x) == [79.19, 79.19]
-    peak = next(t for t in fig.data if t.name == "peak used under load")
+    peak = next(t for t in fig.data if t.name == "peak used under load (nvidia-smi)")
     assert list(peak.y) == ["trial 3 (OOM in decode)"] and peak.x[0] == pytest.approx(80900 / 1024)
     # With every figure known, "other" is what the GPU's total leaves.
     segments = ladder_segments(recs[0])
@@ -103,6 +103,39 @@ def test_memory_ladder_of_the_best_and_the_last_oom(study: optuna.Study) -> None
     # the free memory did and ends past the GPU's total.
     failed = next(t for t in memory_ladder(recs, [2]).data if t.name == "allocation that failed (OOM)")
     assert failed.base[0] == pytest.approx(79.19 - 2.8) and failed.x[0] == 3.94
+
+
+def test_an_oom_trial_is_drawn_as_it_stood_when_it_died() -> None:
+    # Died in eager decode: 16.99 GiB free after capture, 2.80 GiB free at the OOM, 3.94 GiB asked. nvidia-smi's
+    # only sample was taken while the weights loaded (18 GiB): below the 76.39 GiB the OOM message implies.
+    trial = make_trial(state=TrialState.PRUNED, mfs=0.7, cgbs=64, outcome="oom", phase="decode",
+                       reason="CUDA out of memory in decode: tried to allocate 3.94 GiB with 2.80 GiB free",
+                       memory={"gpu_total_gib": 79.19, "weights_gib": 15.3, "kv_gib": 40.0, "graph_gib": 3.0,
+                               "free_after_capture_gib": 16.99, "tried_to_allocate_gib": 3.94,
+                               "free_at_oom_gib": 2.8, "smi_peak_used_mib": 18 * 1024.0})
+    rec = TrialFacts.from_trial(trial)
+    seg = ladder_segments(rec)
+    assert "free_after_capture_gib" not in seg
+    assert seg["in_use_at_oom_gib"] == pytest.approx(16.99 - 2.8) and seg["free_at_oom_gib"] == 2.8
+    assert sum(seg.values()) == pytest.approx(79.19)
+    fig = memory_ladder([rec], [rec.number])
+    bars = {t.name: list(t.x) for t in fig.data if t.type == "bar"}
+    # the failed allocation starts where the free memory at the OOM starts: the end of the stacked bars
+    # before the "free when it died" segment, and runs past the total by what did not fit
+    failed = next(t for t in fig.data if t.name == "allocation that failed (OOM)")
+    before_free = sum(v[0] for k, v in bars.items() if k not in ("free when it died", "allocation that failed (OOM)"))
+    assert failed.base[0] == pytest.approx(before_free) == pytest.approx(79.19 - 2.8)
+    assert not [t for t in fig.data if t.name == "peak used under load (nvidia-smi)"]
+    death = next(t for t in fig.data if t.name == "in use when it died (OOM message)")
+    assert death.x[0] == pytest.approx(79.19 - 2.8)
+    note = fig.layout.annotations[0].text
+    assert "tried to allocate 3.94 GiB with 2.80 GiB free" in note and "missed the death" in note
+    # a fragmented heap: less asked than was free in all
+    frag = make_trial(state=TrialState.PRUNED, mfs=0.72, cgbs=64, outcome="oom", phase="decode",
+                      memory={"gpu_total_gib": 79.19, "tried_to_allocate_gib": 0.87, "free_at_oom_gib": 1.78})
+    frag_rec = TrialFacts.from_trial(frag)
+    text = memory_ladder([frag_rec], [frag_rec.number]).layout.annotations[0].text
+    assert "largest free block is smaller (fragmentation)" in text and "no nvidia-smi sample under load" in text
 
 
 def test_concurrency_curves_of_the_top_configurations(study: optuna.Study) -> None:
