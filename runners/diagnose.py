@@ -36,7 +36,7 @@ from runners.engines.common import parse_version
 from runners.engines.sglang import knob_flag as sglang_knob_flag
 from runners.engines.vllm import knob_flag as vllm_knob_flag
 from runners.errors import ConfigError
-from runners.telemetry import Failure, FailureKind, Phase
+from runners.telemetry import Failure, FailureKind, Phase, allocation_text
 
 __all__ = [
     "DIAGNOSIS_KEYS",
@@ -376,8 +376,8 @@ def _bound(engine: Engine, failure: Failure | None, memory: dict[str, Any],
     phase = failure.phase
     reason = failure.reason
     tried, free = memory.get("tried_to_allocate_gib"), memory.get("free_at_oom_gib")
-    if tried is not None and free is not None:
-        asked = f"asked {_gib(tried)} with {_gib(free)} free"
+    if isinstance(tried, int | float) and isinstance(free, int | float):
+        asked = allocation_text(tried, free, verb="asked")
     elif tried is not None:
         asked = f"asked {_gib(tried)}"
     else:
@@ -426,7 +426,7 @@ def _bound_sglang(phase: Phase | None, reason: str, memory: dict[str, Any], aske
     if phase is Phase.LOAD_WEIGHTS:
         return "weights", "the weights do not fit: more GPUs (tensor parallel) or a smaller/quantised model"
     if phase is Phase.CUDA_GRAPH:
-        return "graph_headroom", (f"CUDA-graph capture {asked} after the KV pool: lower --mem-fraction-static "
+        return "graph_headroom", (f"CUDA-graph capture after the KV pool {asked}: lower --mem-fraction-static "
                                   f"or {graph_knob}")
     after = memory.get("free_after_capture_gib")
     where = f" ({_gib(after)} free after capture)" if after is not None else ""

@@ -35,6 +35,13 @@ loop open: requests arrive as a Poisson process at that rate (or gamma-distribut
 ``--request-rate`` with ``--max-concurrency``. The schedule depends only on the seed. A burst is a level whose
 request count equals its concurrency: every request leaves at once.
 
+Clock: on a simulated host that publishes its own clock (``sim_clock`` in ``/get_server_info``), every time
+is the server's simulated time read from the stream (``sim_time_s``, ``sim_arrival_s``), and each request
+declares its level (``sim_level``, its request count and concurrency, the simulated time its slot was freed,
+an open loop's planned offset) so the server runs exactly the batches the arrivals call for. The figures then
+do not depend on how busy this machine is; the record says ``clock: simulated``. Elsewhere times are this
+machine's wall clock (times ``time_scale`` for an older simulated host) and the record says ``clock: wall``.
+
 Exit codes: 0 done; 2 bad arguments; 3 every request of a level failed (the server is gone): that level's
 record is printed and the sweep stops.
 """
@@ -45,10 +52,12 @@ import argparse
 import http.client
 import json
 import math
+import queue
 import random
 import sys
 import threading
 import time
+import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -68,7 +77,7 @@ RECORD_KEYS = (
     "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
     "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
     "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
-    "concurrency", "errors", "simulated", "time_scale",
+    "concurrency", "errors", "simulated", "time_scale", "clock",
     "dataset_name", "random_range_ratio", "request_rate", "burstiness", "seed",
 )
 """Keys of one level's record, in order."""
@@ -175,9 +184,10 @@ APIS: dict[str, BenchApi] = {api.name: api for api in (SGLangApi(), OpenAIApi())
 
 
 class RequestResult:
-    """One streamed request. Times in seconds (wall clock of this machine)."""
+    """One streamed request. Times in seconds: the wall clock of this machine, or the server's simulated
+    clock when ``sim_arrival`` is set (then ``sim_end`` is the simulated time of its last chunk)."""
 
-    __slots__ = ("e2e", "error", "input_tokens", "itl", "ok", "output_tokens", "ttft")
+    __slots__ = ("e2e", "error", "input_tokens", "itl", "ok", "output_tokens", "sim_arrival", "sim_end", "ttft")
 
     def __init__(self) -> None:
         self.ok = False
@@ -187,6 +197,19 @@ class RequestResult:
         self.output_tokens = 0
         self.input_tokens = 0
         self.error = ""
+        self.sim_arrival: float | None = None
+        self.sim_end: float | None = None
+
+
+def _sim_times(chunk: dict[str, Any]) -> tuple[float, float] | None:
+    """(simulated time of the chunk, of the request's arrival) a simulated host put in a chunk, or None."""
+    meta = chunk.get("meta_info")
+    src = meta if isinstance(meta, dict) and "sim_time_s" in meta else chunk
+    t, arrival = src.get("sim_time_s"), src.get("sim_arrival_s")
+    if isinstance(t, (int, float)) and isinstance(arrival, (int, float)) and \
+            not isinstance(t, bool) and not isinstance(arrival, bool):
+        return float(t), float(arrival)
+    return None
 
 
 class Target:
@@ -246,8 +269,11 @@ def _chunks(resp: http.client.HTTPResponse, deadline: float, timeout: float) -> 
 
 
 def stream_request(target: Target, api: BenchApi, model: str, prompt: list[int], output_len: int,
-                   timeout: float) -> RequestResult:
-    """Send one streaming request and time it. Never raises: a failure is ``ok=False`` with ``error``."""
+                   timeout: float, hint: dict[str, Any] | None = None) -> RequestResult:
+    """Send one streaming request and time it. Never raises: a failure is ``ok=False`` with ``error``.
+
+    ``hint``: the simulated host's level fields to add to the body (see the module doc); when every chunk
+    carries the server's simulated times the result's times are those."""
     result = RequestResult()
     result.input_tokens = len(prompt)
     start = time.perf_counter()
@@ -255,10 +281,12 @@ def stream_request(target: Target, api: BenchApi, model: str, prompt: list[int],
     chunk_tokens = 0
     reported_tokens: int | None = None
     finish_reason: Any = None
+    sim: list[tuple[float, int, bool]] = []  # (simulated time, tokens, exact) per chunk with tokens
+    sim_ok = hint is not None
     conn = target.connect(timeout)
     try:
-        conn.request("POST", target.prefix + api.path,
-                     body=json.dumps(api.body(model, prompt, output_len)).encode("utf-8"),
+        body = dict(api.body(model, prompt, output_len), **(hint or {}))
+        conn.request("POST", target.prefix + api.path, body=json.dumps(body).encode("utf-8"),
                      headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
         resp = conn.getresponse()
         if resp.status != 200:
@@ -272,8 +300,15 @@ def stream_request(target: Target, api: BenchApi, model: str, prompt: list[int],
                 result.input_tokens = prompt_tokens
             if completion is not None:
                 reported_tokens = completion
+            times = _sim_times(chunk) if sim_ok else None
+            if times is not None:
+                result.sim_arrival, result.sim_end = times[1], times[0]
             if new_tokens <= 0:
                 continue
+            if times is None:
+                sim_ok = False
+            else:
+                sim.append((times[0], new_tokens, exact))
             if result.ttft is None:
                 result.ttft = now - start
             else:
@@ -292,7 +327,24 @@ def stream_request(target: Target, api: BenchApi, model: str, prompt: list[int],
         conn.close()
     result.e2e = time.perf_counter() - start
     result.output_tokens = reported_tokens if reported_tokens is not None else chunk_tokens
+    if sim_ok and sim and result.sim_arrival is not None:
+        _on_sim_clock(result, sim)
+    else:
+        result.sim_arrival = result.sim_end = None
     return _completed(result, finish_reason)
+
+
+def _on_sim_clock(result: RequestResult, sim: list[tuple[float, int, bool]]) -> None:
+    """Replace a result's wall-clock times by the server's simulated ones (chunks: time, tokens, exact)."""
+    arrival = result.sim_arrival or 0.0
+    result.ttft = sim[0][0] - arrival
+    result.itl = []
+    for i in range(1, len(sim)):  # Python 3.8: no itertools.pairwise
+        now, n, exact = sim[i]
+        gap = now - sim[i - 1][0]
+        result.itl.extend([gap / n] * n if exact else [gap])
+    result.sim_end = sim[-1][0]
+    result.e2e = result.sim_end - arrival
 
 
 def _completed(result: RequestResult, finish_reason: Any) -> RequestResult:
@@ -331,12 +383,26 @@ def _stats(record: dict[str, Any], name: str, seconds: list[float]) -> None:
         record["mean_" + name] = record["median_" + name] = record["p99_" + name] = None
 
 
+def sim_duration(results: list[RequestResult]) -> float | None:
+    """A level's duration on the server's simulated clock (first arrival to last chunk), or None when a
+    completed request was not timed on it."""
+    ok = [r for r in results if r.ok]
+    if not ok or any(r.sim_arrival is None or r.sim_end is None for r in ok):
+        return None
+    timed = [r for r in results if r.sim_arrival is not None and r.sim_end is not None]
+    return max(r.sim_end or 0.0 for r in timed) - min(r.sim_arrival or 0.0 for r in timed)
+
+
 def summarize(results: list[RequestResult], duration: float, *, level: int, api: str, input_len: int,
               output_len: int, time_scale: float = 1.0, simulated: bool = False,
               meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One level's record from its requests; every time multiplied by ``time_scale``."""
+    """One level's record from its requests: on the server's simulated clock when every completed request
+    was timed on it, else on the wall clock with every time multiplied by ``time_scale``."""
     ok = [r for r in results if r.ok]
-    duration = duration * time_scale
+    on_sim = sim_duration(results)
+    clock = "simulated" if on_sim is not None else "wall"
+    duration = on_sim if on_sim is not None else duration * time_scale
+    scale = 1.0 if on_sim is not None else time_scale
     total_in = sum(r.input_tokens for r in ok)
     total_out = sum(r.output_tokens for r in ok)
     errors: list[str] = []
@@ -360,15 +426,16 @@ def summarize(results: list[RequestResult], duration: float, *, level: int, api:
     record["input_throughput"] = round(total_in * per_s, 6)
     record["output_throughput"] = round(total_out * per_s, 6)
     record["total_throughput"] = round((total_in + total_out) * per_s, 6)
-    _stats(record, "e2e_latency_ms", [r.e2e * time_scale for r in ok])
-    _stats(record, "ttft_ms", [r.ttft * time_scale for r in ok if r.ttft is not None])
-    _stats(record, "tpot_ms", [(r.e2e - r.ttft) * time_scale / (r.output_tokens - 1)
+    _stats(record, "e2e_latency_ms", [r.e2e * scale for r in ok])
+    _stats(record, "ttft_ms", [r.ttft * scale for r in ok if r.ttft is not None])
+    _stats(record, "tpot_ms", [(r.e2e - r.ttft) * scale / (r.output_tokens - 1)
                                for r in ok if r.ttft is not None and r.output_tokens > 1])
-    _stats(record, "itl_ms", [gap * time_scale for r in ok for gap in r.itl])
-    record["concurrency"] = round(sum(r.e2e * time_scale for r in ok) * per_s, 4)
+    _stats(record, "itl_ms", [gap * scale for r in ok for gap in r.itl])
+    record["concurrency"] = round(sum(r.e2e * scale for r in ok) * per_s, 4)
     record["errors"] = errors
     record["simulated"] = simulated
     record["time_scale"] = time_scale
+    record["clock"] = clock
     record.update(dict(WORKLOAD_DEFAULTS, **(meta or {})))
     return {key: record[key] for key in RECORD_KEYS}
 
@@ -480,22 +547,38 @@ def arrival_offsets(rng: random.Random, count: int, rate: float | None, burstine
 
 def run_level(target: Target, api: BenchApi, model: str, requests: list[tuple[list[int], int]] | list[list[int]],
               level: int, output_len: int, timeout: float,
-              offsets: list[float] | None = None) -> tuple[list[RequestResult], float]:
+              offsets: list[float] | None = None, sim_clock: bool = False) -> tuple[list[RequestResult], float]:
     """Send every request with at most ``level`` in flight; the results (in request order) and wall time.
 
     ``requests`` are (prompt ids, output length) pairs, or bare prompts that all ask ``output_len``. Without
     ``offsets`` the loop is closed (a request leaves as soon as a slot is free); with them, request ``i``
-    leaves ``offsets[i]`` seconds after the start, or later if ``level`` requests are still in flight."""
+    leaves ``offsets[i]`` seconds after the start, or later if ``level`` requests are still in flight.
+
+    ``sim_clock``: the server is a simulated host with its own clock; each request declares the level, the
+    simulated time its slot was freed, and its planned offset (in the server's time), and leaves as soon as
+    a slot is free: the server places it on its clock (see the module doc)."""
     jobs = [r if isinstance(r, tuple) else (r, output_len) for r in requests]
     results: list[RequestResult | None] = [None] * len(jobs)
+    level_hint: dict[str, Any] | None = None
+    if sim_clock:
+        level_hint = {"sim_level": uuid.uuid4().hex, "sim_level_requests": len(jobs),
+                      "sim_level_concurrency": max(1, level)}
 
-    def one(index: int) -> None:
+    def one(index: int, after: float | None = None) -> RequestResult:
         prompt, n_out = jobs[index]
-        results[index] = stream_request(target, api, model, prompt, n_out, timeout)
+        hint = None
+        if level_hint is not None:
+            hint = dict(level_hint, sim_after_s=after,
+                        sim_offset_s=offsets[index] if offsets is not None else None)
+        result = stream_request(target, api, model, prompt, n_out, timeout, hint)
+        results[index] = result
+        return result
 
     start = time.perf_counter()
     if offsets is None:
         threads = _closed_loop(len(jobs), level, one)
+    elif sim_clock:
+        threads = _sim_open_loop(len(jobs), level, one)
     else:
         threads = _open_loop(offsets[:len(jobs)], level, one, start)
     for t in threads:
@@ -510,19 +593,21 @@ def run_level(target: Target, api: BenchApi, model: str, requests: list[tuple[li
     return done, duration
 
 
-def _closed_loop(count: int, level: int, one: Callable[[int], None]) -> list[threading.Thread]:
-    """Start ``level`` workers that each take the next request as soon as theirs is done."""
+def _closed_loop(count: int, level: int, one: Callable[[int, float | None], RequestResult]) -> list[threading.Thread]:
+    """Start ``level`` workers that each take the next request as soon as theirs is done (passing on the
+    simulated time it ended, when the server gave one)."""
     lock = threading.Lock()
     cursor = [0]
 
     def worker() -> None:
+        after: float | None = None
         while True:
             with lock:
                 index = cursor[0]
                 if index >= count:
                     return
                 cursor[0] += 1
-            one(index)
+            after = one(index, after).sim_end
 
     threads = [threading.Thread(target=worker, name=f"loadgen-{i}", daemon=True)
                for i in range(max(1, min(level, count)))]
@@ -531,13 +616,33 @@ def _closed_loop(count: int, level: int, one: Callable[[int], None]) -> list[thr
     return threads
 
 
-def _open_loop(offsets: list[float], level: int, one: Callable[[int], None], start: float) -> list[threading.Thread]:
+def _sim_open_loop(count: int, level: int, one: Callable[[int, float | None], RequestResult]) -> list[threading.Thread]:
+    """An open loop on a simulated host's clock: request ``i`` leaves as soon as a slot is free, saying when
+    (in simulated time) that slot was freed; the server holds it until its planned arrival."""
+    freed: queue.SimpleQueue[float | None] = queue.SimpleQueue()
+    for _ in range(max(1, level)):
+        freed.put(None)
+
+    def send(index: int, after: float | None) -> None:
+        freed.put(one(index, after).sim_end)
+
+    threads = []
+    for index in range(count):
+        after = freed.get()
+        t = threading.Thread(target=send, args=(index, after), name=f"loadgen-{index}", daemon=True)
+        t.start()
+        threads.append(t)
+    return threads
+
+
+def _open_loop(offsets: list[float], level: int, one: Callable[[int, float | None], RequestResult],
+               start: float) -> list[threading.Thread]:
     """Send request ``i`` at ``start + offsets[i]`` (or later, while ``level`` requests are in flight)."""
     slots = threading.BoundedSemaphore(max(1, level))
 
     def send(index: int) -> None:
         try:
-            one(index)
+            one(index, None)
         finally:
             slots.release()
 
@@ -573,6 +678,11 @@ def server_info(target: Target, timeout: float = 10.0) -> dict[str, Any] | None:
     return None
 
 
+def has_sim_clock(info: dict[str, Any] | None) -> bool:
+    """Whether the server is a simulated host that streams its own clock's times (``sim_clock``)."""
+    return info is not None and info.get("simulated") is True and info.get("sim_clock") is True
+
+
 def detect_time_scale(info: dict[str, Any] | None) -> tuple[float, bool]:
     """(factor, simulated): a simulated host running ``sim_speed`` times faster than real time."""
     if not info or info.get("simulated") is not True:
@@ -593,21 +703,23 @@ class Sweep:
         self.out = out if out is not None else sys.stdout
         self.rng = random.Random(args.seed)
 
-    def time_scale(self) -> tuple[float, bool]:
+    def time_scale(self) -> tuple[float, bool, bool]:
+        """(time scale, simulated, the server's own simulated clock)."""
         if self.args.time_scale == "auto":
-            return detect_time_scale(server_info(self.target, min(10.0, self.args.timeout)))
+            info = server_info(self.target, min(10.0, self.args.timeout))
+            return (*detect_time_scale(info), has_sim_clock(info))
         factor = float(self.args.time_scale)
-        return factor, factor != 1.0
+        return factor, factor != 1.0, False
 
     def run(self) -> int:
         a = self.args
-        scale, simulated = self.time_scale()
+        scale, simulated, sim_clock = self.time_scale()
         # The warm-up draws from its own stream, so the measured requests are the same with or without it.
         warm = Workload(a, random.Random(f"{a.seed}-warmup"))
         workload = Workload(a, self.rng)
         if a.warmup > 0:
             results, _ = run_level(self.target, self.api, a.model, warm.requests(a.warmup), 1, a.output_len,
-                                   a.timeout)
+                                   a.timeout, sim_clock=sim_clock)
             errors = sorted({r.error for r in results if not r.ok})[:MAX_ERRORS]
             sys.stderr.write(json.dumps({"warmup": len(results), "ok": sum(r.ok for r in results),
                                          "errors": errors}) + "\n")
@@ -617,11 +729,14 @@ class Sweep:
             jobs = workload.requests(count)
             offsets = None
             if a.request_rate is not None:
-                # The schedule is in the server's time: a simulated host running ``scale`` times faster
-                # than real time gets its requests ``scale`` times closer together.
-                offsets = [t / scale for t in arrival_offsets(self.rng, count, a.request_rate, a.burstiness)]
+                # The schedule is in the server's time: a simulated host with its own clock takes it as is;
+                # an older one, running ``scale`` times faster than real time, gets its requests ``scale``
+                # times closer together.
+                offsets = arrival_offsets(self.rng, count, a.request_rate, a.burstiness)
+                if not sim_clock:
+                    offsets = [t / scale for t in offsets]
             results, duration = run_level(self.target, self.api, a.model, jobs, level, a.output_len, a.timeout,
-                                          offsets)
+                                          offsets, sim_clock=sim_clock)
             record = summarize(results, duration, level=level, api=a.api, input_len=a.input_len,
                                output_len=a.output_len, time_scale=scale, simulated=simulated,
                                meta=workload.meta())

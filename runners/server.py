@@ -133,6 +133,7 @@ class ServerSession:
         self.exit_code: int | None = None
         self.server_info: dict[str, Any] = {}
         self.smi_samples: list[tuple[float, list[GpuStatus]]] = []
+        self._load_started_at: float | None = None  # when the benchmark began (time.time(), as the samples)
         self.stop_result: StopResult | None = None
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -336,9 +337,13 @@ class ServerSession:
             return "\n".join(self.lines[-n:])
 
     def smi_peak_mib(self) -> float | None:
-        """Highest memory.used of any GPU over all samples."""
+        """Highest memory.used of any GPU over the load window (the samples taken since the benchmark
+        started), None when no sample fell in it: a peak taken while the weights loaded is not a peak under
+        load, and a server that died between two samples left none of its last memory."""
         with self._lock:
-            per_gpu = [max((g.used_mib or 0) for g in gpus) for _, gpus in self.smi_samples if gpus]
+            start = self._load_started_at
+            per_gpu = [max((g.used_mib or 0) for g in gpus) for ts, gpus in self.smi_samples
+                       if gpus and start is not None and ts >= start]
         return max(per_gpu) if per_gpu else None
 
     def smi_csv(self) -> str:
@@ -459,6 +464,9 @@ class ServerSession:
     def benchmark(self, plan: BenchPlan, *, timeout: float) -> BenchResult:
         """Run the load generator on the host; stop at once if the server dies or the host is lost."""
         assert self.ref is not None
+        with self._lock:
+            if self._load_started_at is None:
+                self._load_started_at = time.time()  # the smi samples' clock (Host.smi_sample)
         args = [
             self.python, "loadgen.py",
             "--base-url", f"http://127.0.0.1:{int(self.launch.port)}",

@@ -145,6 +145,15 @@ class Telemetry:
                 self.extra[key] = value
 
 
+def allocation_text(tried_gib: float, free_gib: float, verb: str = "tried to allocate") -> str:
+    """``tried to allocate X GiB with Y GiB free``; when ``Y >= X`` the allocator failed for want of one free
+    block that large, and the text says so (PyTorch's "of which Y is free" counts every free byte, in pieces)."""
+    text = f"{verb} {tried_gib:.2f} GiB with {free_gib:.2f} GiB free"
+    if free_gib >= tried_gib:
+        text += ", but the largest free block is smaller (fragmentation)"
+    return text
+
+
 def parse_size_gib(text: str) -> float:
     """``'3.94 GiB'`` / ``'158.62 MiB'`` / ``'512 bytes'`` (torch ``format_size``) to GiB."""
     number, _, unit = text.strip().partition(" ")

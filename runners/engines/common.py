@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from runners.engines.base import LaunchLike
 from runners.errors import ConfigError
-from runners.telemetry import Failure, FailureKind, Phase, Telemetry, parse_size_gib
+from runners.telemetry import Failure, FailureKind, Phase, Telemetry, allocation_text, parse_size_gib
 
 Version = tuple[int, int, int]
 _VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
@@ -390,7 +390,7 @@ class LogParserBase:
         tele = self.telemetry
         tried, free = tele.tried_to_allocate_gib, tele.free_at_oom_gib
         if tried is not None and free is not None:
-            return f"CUDA out of memory in {phase.value}: tried to allocate {tried:.2f} GiB with {free:.2f} GiB free"
+            return f"CUDA out of memory in {phase.value}: {allocation_text(tried, free)}"
         if tried is not None:
             return (f"CUDA out of memory in {phase.value}: tried to allocate {tried:.2f} GiB "
                     "(free memory not in the log)")

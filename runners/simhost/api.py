@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Protocol
 from runners.simhost.engine import RuntimeSpec, SimRequest
 from runners.simhost.launch import SimLaunch
 from runners.simhost.model import approx_tokens
-from runners.simhost.scheduler import Scheduler, TokenChannel
+from runners.simhost.scheduler import LevelHint, Scheduler, TokenChannel
 from runners.simhost.simlog import SimLog
 
 _WORDS = ("the", "of", "and", "a", "to", "in", "is", "that", "it", "was", "for", "on", "are", "as", "with")
@@ -284,7 +284,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         req = SimRequest(
             input_len=input_len,
             max_new_tokens=max_new,
-            arrival_s=scheduler.sim_now(),
             is_warmup=body.get("sim_warmup") is True,
             sink=chan,
         )
@@ -292,7 +291,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         t0 = time.monotonic()
         created = int(time.time())
         reply = _Reply(kind=kind, rid=rid, input_len=input_len, t0=t0, created=created, model=sim.served_name)
-        scheduler.submit(req)
+        scheduler.submit(req, LevelHint.from_body(body))
         if not stream:
             self._reply_whole(reply, chan)
             return
@@ -325,7 +324,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         generated = 0
         finished = False
         while not finished:
-            n, finished = chan.get()
+            n, finished, _ = chan.get()
             generated += n
         text = _token_text(0, generated)
         if kind == "generate":
@@ -368,10 +367,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         finished = False
         try:
             while not finished:
-                n, finished = chan.get()
+                n, finished, sim_t = chan.get()
                 start = generated
                 generated += n
-                self._sse(self._stream_chunk(reply, start, n, generated, finished))
+                chunk = self._stream_chunk(reply, start, n, generated, finished)
+                # The simulated clock's time of these tokens and of the request's arrival (see
+                # runners/simhost/scheduler.py): a client reading them measures the model, not this machine.
+                sim_times = {"sim_time_s": sim_t, "sim_arrival_s": req.arrival_s}
+                if kind == "generate":
+                    chunk["meta_info"].update(sim_times)
+                else:
+                    chunk.update(sim_times)
+                self._sse(chunk)
             if kind != "generate" and include_usage:
                 obj = "text_completion" if kind == "completions" else "chat.completion.chunk"
                 self._sse(

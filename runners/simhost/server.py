@@ -473,6 +473,7 @@ class SimServer:
             "version": self.launch.version,
             "simulated": True,
             "sim_speed": self.speed,
+            "sim_clock": True,  # streamed chunks carry sim_time_s; requests may declare their level
             "sim": {
                 "profile": self.profile.name,
                 "seed": self.seed,

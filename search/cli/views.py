@@ -19,9 +19,9 @@ from rich.text import Text
 
 from runners.events import LevelDone, PhaseReached
 from search.outputs.status import StudyStatus
-from search.outputs.text import format_duration
+from search.outputs.text import figure_text, format_duration
 from search.strategy.confirm import Confirmed, skip_summary
-from search.strategy.view import StudyView
+from search.strategy.view import Counts, StudyView
 from search.trial.objective import Benchmarking, HostChosen, TrialEvent
 from search.trial.records import TrialFacts, value_text
 from spaces.schema import OBJECTIVE_UNITS
@@ -61,6 +61,9 @@ class Progress:
         """A ``pareto`` study's front size so far (None for one objective)."""
         self.ooms = 0
         self.failed = 0
+        self.counts: Counts | None = None
+        """The study's trials counted apart (search, confirmations, skips), after the first finished trial."""
+        self.level: int | None = None
         self.simulated = simulated
         self._lock = threading.Lock()
         self._live: Live | None = None
@@ -98,10 +101,12 @@ class Progress:
                 self.ooms += 1
             if rec.state == TrialState.FAIL:
                 self.failed += 1
+            self.counts = view.counts
             if view.goal.pareto:
                 self.front = len(view.front)
             elif view.choice is not None and view.choice.value is not None:
                 self.best = (view.choice.value, view.choice.number)
+                self.level = view.choice.record.objective_level
         if not self.live_enabled:
             self.console.print(_line(rec, self.metric), markup=False, highlight=False, soft_wrap=True)
         self._refresh()
@@ -110,13 +115,19 @@ class Progress:
 
     def _render(self) -> Group:
         total = f" of {self.n_trials}" if self.n_trials else ""
-        best = (f"{self.best[0]:.1f} (trial {self.best[1]})" if self.best else "-")
+        best = (f"{figure_text(self.best[0], self.metric, self.level)} (trial {self.best[1]})" if self.best
+                else "-")
+        counts = self.counts
+        # The search budget counts the search's own trials; confirmations and skips are counted apart.
+        search = counts.search_done if counts is not None else self.done
+        apart = (f"  confirmations {counts.confirmations}  skipped {counts.skips} (predicted OOM)"
+                 if counts is not None and (counts.confirmations or counts.skips) else "")
         head = Text.assemble(
-            ("servetune ", "bold"), f"trials done {self.done}{total}",
+            ("servetune ", "bold"), f"search {search}{total}", apart,
             ("  front " if self.front is not None else "  best "),
             (f"{self.front} configuration(s)" if self.front is not None else best, "green"),
             " (simulated)" if self.simulated and self.best else "",
-            "  OOMs ", (str(self.ooms), "red" if self.ooms else ""),
+            "  died of OOM ", (str(self.ooms), "red" if self.ooms else ""),
             f"  failed {self.failed}",
             f"  elapsed {time.monotonic() - self._started:.0f}s",
         )
@@ -407,29 +418,42 @@ def status_view(status: StudyStatus) -> Group:
     )
     best_line = Text("best: -") if best is None else Text.assemble(
         "best: ", (f"trial {best.number}", "green"),
-        (f"  values {' / '.join(f'{v:.1f}' for v in best.values)} (knee of the front){sim}" if best.values
-         else f"  value {best.value:.1f}{sim}" if best.value is not None else ""),
+        (f"  {' / '.join(_figure(v, m, best.level) for v, m in zip(best.values, best.metrics or [], strict=False))}"
+         f" (knee of the front){sim}" if best.values
+         else f"  {figure_text(best.value, best.metric, best.level)}{sim}" if best.value is not None else ""),
         f"  free after capture {best.free_after_capture_gib:.2f} GiB"
         if best.free_after_capture_gib is not None else "",
         "  [" + ", ".join(f"{_short(k)}={_value(v)}" for k, v in best.params.items()) + "]",
     )
-    counts = Table(title="trials", box=None, padding=(0, 2))
-    keys = ("complete", "pruned", "failed", "running", "waiting", "oom", "total")
-    for key in keys:
-        counts.add_column(key, justify="right")
-    counts.add_column("budget", justify="right")
-    counts.add_row(*(str(getattr(trials, k)) for k in keys), str(status.n_trials or "-"))
+    # Counted apart, as a person reads a search: the search's own launches against its budget, the
+    # confirmations outside it, deaths, configurations skipped unlaunched (PRUNED too), infrastructure failures.
+    search = f"{trials.search} of {status.n_trials}" if status.n_trials else str(trials.search)
+    counts = Text.assemble(
+        "trials: ", (f"search {search}", "bold"), f", confirmations {trials.confirmations}",
+        ", died of OOM ", (str(trials.oom), "red" if trials.oom else ""),
+        f", other deaths {max(trials.died - trials.oom, 0)}",
+        f", skipped as predicted OOM {trials.skipped}",
+        f", reused {trials.reused}" if trials.reused else "",
+        f", failed (infrastructure) {trials.failed}",
+        f", running {trials.running}" if trials.running else "",
+        f", waiting {trials.waiting}" if trials.waiting else "",
+        f"; {trials.total} trials in all",
+    )
     hosts = Table(title="hosts", box=None, padding=(0, 2))
     for col in ("host", "state", "trial", "done", "last outcome"):
         hosts.add_column(col)
     for name, host in status.hosts.items():
-        done = f"{host.complete} ok / {host.pruned} pruned / {host.failed} failed"
+        done = f"{host.complete} ok / {host.pruned} died / {host.failed} failed"
         hosts.add_row(name, host.state, str(host.trial) if host.trial is not None else "-", done,
                       host.last_outcome or "-")
     parts: list[Any] = [head, best_line, counts]
     if status.hosts:
         parts.append(hosts)
     return Group(*parts)
+
+
+def _figure(value: float, metric: str, level: int | None) -> str:
+    return figure_text(value, metric, level) if metric else f"{value:.1f}"
 
 
 def _reported_from(confirmed: Confirmed) -> str:

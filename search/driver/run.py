@@ -131,11 +131,13 @@ class RunSummary:
     """Why a trial's files could not be written, when the run stopped for it (``StopReason.ARTIFACTS``)."""
     hosts_dropped: list[str] = field(default_factory=list)
     """One line per host dropped by the preflight (host, fault, fix)."""
+    space: Space | None = None
+    """The run's space: its view has the study's memory model (the OOM map's predicted boundary)."""
 
     @cached_property
     def view(self) -> StudyView:
         """The study as the run left it, read once for the report, MLflow and the run's last lines."""
-        return StudyView.of(self.study)
+        return StudyView.of(self.study, space=self.space)
 
 
 # ---- the loop ------------------------------------------------------------------------------------
@@ -382,7 +384,8 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():
         lock.close()
-        return RunSummary(study, 0, StopReason.BUDGET_REACHED, pool.states(), orphans, hosts_dropped=dropped)
+        return RunSummary(study, 0, StopReason.BUDGET_REACHED, pool.states(), orphans, hosts_dropped=dropped,
+                          space=space)
 
     run = _Run(study, storage, pool, Objective(env, ServerEvaluator(env)), budget, options, stop, abort)
     run.leases = leases
@@ -412,7 +415,7 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
     else:
         stopped_by = run.reasons[0] if run.reasons else StopReason.BUDGET
     return RunSummary(study, run.ran, stopped_by, pool.states(), orphans,
-                      hosts_dropped=dropped, artifacts_error=env.artifacts_error or None)
+                      hosts_dropped=dropped, artifacts_error=env.artifacts_error or None, space=space)
 
 
 def _usable_hosts(space: Space, hosts: Sequence[Host], env: TrialEnv,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +33,10 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from runners.engines import engine_for
+from runners.telemetry import allocation_text
+from search.strategy.confirm import is_launch, origin
 from search.strategy.front import Goal, configurations, non_dominated
+from search.strategy.memory import SKIP_Z
 from search.strategy.view import StudyView
 from search.trial.records import LevelResult, TrialFacts
 
@@ -262,6 +266,8 @@ LADDER = (
     ("graph_gib", "graph pool", "#d62728"),
     ("other_gib", "other (activations, runtime)", "#ff7f0e"),
     ("free_after_capture_gib", "free after capture", "#2ca02c"),
+    ("in_use_at_oom_gib", "in use when it died (working set)", "#ffbb78"),
+    ("free_at_oom_gib", "free when it died", "#98df8a"),
 )
 
 
@@ -278,15 +284,38 @@ def gpu_total_gib(rec: TrialFacts, recs: Sequence[TrialFacts] = ()) -> float | N
 def ladder_segments(rec: TrialFacts, total: float | None = None) -> dict[str, float]:
     """The ladder of one trial, GiB per GPU: the figures it has, and ``other_gib`` = what the GPU's
     ``total`` (default: :func:`gpu_total_gib`) leaves after them (activations, the runtime's own), when
-    every figure is known."""
-    out = {key: value for key, _, _ in LADDER if (value := rec.memory.number(key)) is not None}
+    every figure is known.
+
+    A trial that died of OOM with the free memory at its death known is drawn as it stood then: what was
+    free after capture splits into ``in_use_at_oom_gib`` (the working set allocated before the failing
+    allocation) and ``free_at_oom_gib``, so the failed allocation is drawn against what was free at the OOM."""
+    keys = ("weights_gib", "kv_gib", "graph_gib", "free_after_capture_gib")
+    out = {key: value for key in keys if (value := rec.memory.number(key)) is not None}
     total = total if total is not None else gpu_total_gib(rec)
-    known = ("weights_gib", "kv_gib", "graph_gib", "free_after_capture_gib")
-    if _is_number(total) and all(k in out for k in known):
-        other = float(total) - sum(out[k] for k in known)
+    free_at_oom = rec.memory.number("free_at_oom_gib") if rec.label == "oom" else None
+    static = ("weights_gib", "kv_gib", "graph_gib")
+    if free_at_oom is not None:
+        after_capture = out.pop("free_after_capture_gib", None)
+        if after_capture is not None and after_capture - free_at_oom > 0.005:
+            out["in_use_at_oom_gib"] = after_capture - free_at_oom
+        out["free_at_oom_gib"] = free_at_oom
+        if _is_number(total) and all(k in out for k in ("weights_gib", "kv_gib")):
+            other = float(total) - sum(out.values())
+            if other > 0.005:
+                out["other_gib"] = other
+        return out
+    if _is_number(total) and all(k in out for k in (*static, "free_after_capture_gib")):
+        other = float(total) - sum(out.values())
         if other > 0.005:
             out["other_gib"] = other
     return out
+
+
+def in_use_at_oom_gib(rec: TrialFacts, total: float | None) -> float | None:
+    """What a trial that died of OOM had in use when it died, per its OOM message (the GPU's total less what
+    was free), or None when the message did not say."""
+    free = rec.memory.number("free_at_oom_gib") if rec.label == "oom" else None
+    return float(total) - free if free is not None and _is_number(total) else None
 
 
 def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = None, *,
@@ -299,9 +328,12 @@ def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = No
     shown = _ladder_trials(recs, numbers, chosen)
     labels = [_ladder_label(rec, chosen) for rec in shown]
     fig = go.Figure()
+    segments = [ladder_segments(r, gpu_total_gib(r, recs)) for r in shown]
     for key, name, colour in LADDER:
+        if not any(key in seg for seg in segments) and key in ("in_use_at_oom_gib", "free_at_oom_gib"):
+            continue  # no trial shown died with its free memory known: no empty legend entries
         fig.add_trace(go.Bar(
-            y=labels, x=[ladder_segments(r, gpu_total_gib(r, recs)).get(key, 0.0) for r in shown], name=name,
+            y=labels, x=[seg.get(key, 0.0) for seg in segments], name=name,
             orientation="h",
             marker_color=colour, hovertemplate=f"{name}: %{{x:.2f}} GiB<extra></extra>",
         ))
@@ -327,28 +359,60 @@ def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = No
             marker={"symbol": "line-ns-open", "size": 30, "color": "black", "line": {"width": 3}},
             hovertemplate="GPU total: %{x:.2f} GiB<extra></extra>",
         ))
-    peaks = [(label, float(r.memory.smi_peak_used_mib) / 1024) for label, r in zip(labels, shown, strict=True)
-             if _is_number(r.memory.smi_peak_used_mib)]
+    peaks, deaths, missed = _peaks(recs, shown, labels)
     if peaks:
         fig.add_trace(go.Scatter(
-            y=[p[0] for p in peaks], x=[p[1] for p in peaks], mode="markers", name="peak used under load",
+            y=[p[0] for p in peaks], x=[p[1] for p in peaks], mode="markers",
+            name="peak used under load (nvidia-smi)",
             marker={"symbol": "diamond", "size": 12, "color": "black"},
-            hovertemplate="peak used under load: %{x:.2f} GiB<extra></extra>",
+            hovertemplate="peak used under load (nvidia-smi): %{x:.2f} GiB<extra></extra>",
+        ))
+    if deaths:
+        fig.add_trace(go.Scatter(
+            y=[d[0] for d in deaths], x=[d[1] for d in deaths], mode="markers",
+            name="in use when it died (OOM message)",
+            marker={"symbol": "diamond-open", "size": 12, "color": "#d62728", "line": {"width": 2}},
+            hovertemplate="in use when it died (OOM message): %{x:.2f} GiB<extra></extra>",
         ))
     ooms = [(label, r) for label, r in zip(labels, shown, strict=True) if r.label == "oom"]
     for label, rec in ooms:
-        asked = rec.memory.tried_to_allocate_gib
+        asked, free = rec.memory.tried_to_allocate_gib, rec.memory.free_at_oom_gib
         if _is_number(asked):
+            what = allocation_text(float(asked), float(free)) if _is_number(free) else \
+                f"tried to allocate {float(asked):.2f} GiB"
+            note = f"; {missed[label]}" if label in missed else ""
             fig.add_annotation(y=label, x=0, xanchor="left", showarrow=False, yshift=-22,
-                               text=f"died in {rec.oom_phase or 'an unknown phase'}: "
-                                    f"tried to allocate {float(asked):.2f} GiB with "
-                                    f"{rec.memory.free_at_oom_gib or 0.0:.2f} GiB free")
+                               text=f"died in {rec.oom_phase or 'an unknown phase'}: {what}{note}")
     fig.update_layout(
         barmode="stack", title=f"Memory ladder, GiB per GPU{_simulated(recs)}", xaxis_title="GiB per GPU",
         legend={"orientation": "h", "yanchor": "top", "y": -0.2},
     )
     fig.update_yaxes(autorange="reversed", type="category")
     return _styled(fig)
+
+
+def _peaks(recs: Sequence[TrialFacts], shown: Sequence[TrialFacts], labels: Sequence[str],
+           ) -> tuple[list[tuple[str, float]], list[tuple[str, float]], dict[str, str]]:
+    """(peak under load per bar, in use at the death per bar, why a bar has no peak).
+
+    The peak under load is nvidia-smi's over the load window. For a trial that died of OOM the OOM message
+    says what was in use at the death; a sampled peak below it is a sample from before (sampling missed the
+    death) and is not drawn as the peak."""
+    peaks: list[tuple[str, float]] = []
+    deaths: list[tuple[str, float]] = []
+    missed: dict[str, str] = {}
+    for label, r in zip(labels, shown, strict=True):
+        smi = float(r.memory.smi_peak_used_mib) / 1024 if _is_number(r.memory.smi_peak_used_mib) else None
+        at_death = in_use_at_oom_gib(r, gpu_total_gib(r, recs))
+        if at_death is not None:
+            deaths.append((label, at_death))
+            if smi is None or smi < at_death - 0.01:
+                missed[label] = ("no nvidia-smi sample under load" if smi is None else
+                                 f"nvidia-smi's last sample under load, {smi:.2f} GiB, missed the death")
+                continue
+        if smi is not None:
+            peaks.append((label, smi))
+    return peaks, deaths, missed
 
 
 def _ladder_trials(recs: Sequence[TrialFacts], numbers: Sequence[int] | None,
@@ -371,35 +435,71 @@ def _ladder_label(rec: TrialFacts, chosen: int | None) -> str:
 
 
 def top_records(recs: Sequence[TrialFacts], direction: StudyDirection, k: int) -> list[TrialFacts]:
-    """The ``k`` best COMPLETE, feasible, measured (not reused) trials."""
-    ok = [r for r in recs if r.state == TrialState.COMPLETE and r.value is not None and r.feasible
-          and r.launched]
-    return sorted(ok, key=lambda r: r.value or 0.0, reverse=direction == StudyDirection.MAXIMIZE)[:k]
+    """The first launches of the ``k`` best configurations (COMPLETE, feasible, measured, never died), ranked
+    by the median of their launches' values: each configuration once, never a single lucky launch."""
+    groups = _configuration_launches(recs)
+    ranked = sorted(groups, key=lambda n: statistics.median(r.value or 0.0 for r in groups[n]),
+                    reverse=direction == StudyDirection.MAXIMIZE)
+    by_number = {r.number: r for r in recs}
+    return [by_number[n] for n in ranked[:k] if n in by_number]
+
+
+def _configuration_launches(recs: Sequence[TrialFacts]) -> dict[int, list[TrialFacts]]:
+    """The launches of every configuration that never died, keyed by its first launch's number."""
+    groups: dict[int, list[TrialFacts]] = {}
+    died: set[int] = set()
+    for r in recs:
+        if not is_launch(r) or r.state not in (TrialState.COMPLETE, TrialState.PRUNED):
+            continue
+        if r.state != TrialState.COMPLETE or r.value is None or not r.feasible:
+            died.add(origin(r))
+            continue
+        groups.setdefault(origin(r), []).append(r)
+    return {n: launches for n, launches in groups.items() if n not in died}
+
+
+def _median_levels(launches: Sequence[TrialFacts], metric: str) -> list[tuple[int, float]]:
+    """(concurrency, the median of ``metric`` over the launches that measured it), by concurrency."""
+    per_level: dict[int, list[float]] = {}
+    for r in launches:
+        for lv in r.levels:
+            value = lv.figure(metric)
+            if _is_number(value):
+                per_level.setdefault(lv.max_concurrency, []).append(float(value))
+    return [(c, statistics.median(vs)) for c, vs in sorted(per_level.items())]
 
 
 def concurrency_curves(recs: Sequence[TrialFacts], *, k: int = 5,
                        direction: StudyDirection = StudyDirection.MAXIMIZE,
                        chosen: Sequence[TrialFacts] | None = None) -> go.Figure:
     """Output throughput (tok/s) and p99 TPOT (ms) against concurrency, one line per top configuration (or
-    per ``chosen`` trial: a pareto study's front)."""
+    per ``chosen`` trial: a pareto study's front), each point the median over the configuration's launches;
+    the concurrency axis ticks at the measured levels only."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("output throughput (tok/s)", "p99 TPOT (ms)"))
     palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
     shown = list(chosen)[:k] if chosen is not None else top_records(recs, direction, k)
+    groups = _configuration_launches(recs)
+    measured: set[int] = set()
     for i, rec in enumerate(shown):
-        levels = sorted(rec.levels, key=lambda lv: lv.max_concurrency)
-        name = f"trial {rec.number}: " + ", ".join(f"{_short(p)}={_fmt(v)}" for p, v in sorted(rec.params.items()))
+        launches = groups.get(origin(rec)) or [rec]
+        runs = f" (median of {len(launches)} launches)" if len(launches) > 1 else " (1 launch)"
+        name = (f"trial {origin(rec)}{runs}: "
+                + ", ".join(f"{_short(p)}={_fmt(v)}" for p, v in sorted(rec.params.items())))
         colour = palette[i % len(palette)]
         for col, metric in ((1, "output_throughput"), (2, "p99_tpot_ms")):
-            pts = [(lv.max_concurrency, lv.figure(metric)) for lv in levels if _is_number(lv.figure(metric))]
+            pts = _median_levels(launches, metric)
+            measured.update(c for c, _ in pts)
             fig.add_trace(go.Scatter(
                 x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name,
-                legendgroup=str(rec.number), showlegend=col == 1, line={"color": colour},
-                hovertemplate=f"trial {rec.number}, C=%{{x}}: %{{y:.1f}} {_unit(metric)}<extra></extra>",
+                legendgroup=str(origin(rec)), showlegend=col == 1, line={"color": colour},
+                hovertemplate=f"trial {origin(rec)}, C=%{{x}}: %{{y:.1f}} {_unit(metric)}<extra></extra>",
             ), row=1, col=col)
-    fig.update_xaxes(title_text="concurrency (requests in flight)", type="log")
+    ticks = sorted(measured)
+    fig.update_xaxes(title_text="concurrency (requests in flight)", type="log", tickvals=ticks,
+                     ticktext=[str(c) for c in ticks], minor={"showgrid": False, "ticks": ""})
     fig.update_yaxes(title_text="tok/s", row=1, col=1)
     fig.update_yaxes(title_text="ms", row=1, col=2)
     fig.update_layout(title=f"Top configurations against concurrency{_simulated(recs)}",
@@ -421,13 +521,27 @@ def progress_points(recs: Sequence[TrialFacts], direction: StudyDirection) -> li
                 if r.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) and r.launched
                 and r.label != "predicted_oom"]
     for n, rec in enumerate(launched, start=1):
-        gpu_minutes += (rec.duration_s or 0.0) * gpus_used(rec) / 60
+        gpu_minutes += trial_seconds(rec) * gpus_used(rec) / 60
         if rec.value is not None and rec.feasible and rec.state == TrialState.COMPLETE and (
                 best is None or (rec.value > best if maximize else rec.value < best)):
             best = rec.value
         out.append({"launch": n, "gpu_minutes": gpu_minutes, "best": best, "number": rec.number,
                     "died": rec.state != TrialState.COMPLETE, "outcome": outcome_class(rec)})
     return out
+
+
+def trial_seconds(rec: TrialFacts) -> float:
+    """How long a trial held its GPUs: its wall time on a real host; on a simulated host the simulated time
+    (start-up at the host's speed plus the benchmark levels' durations, which the load generator times on
+    the host's own clock), never the wall time the simulator took."""
+    wall = rec.duration_s or 0.0
+    speed = rec.memory.number("sim_speed") if rec.simulated else None
+    if speed is None or speed <= 0:
+        return wall
+    bench = sum(lv.duration or 0.0 for lv in rec.levels)
+    if rec.startup_s is None and not bench:
+        return wall * speed
+    return (rec.startup_s or 0.0) * speed + bench
 
 
 def gpus_used(rec: TrialFacts) -> int:
@@ -452,7 +566,9 @@ def progress_figure(recs: Sequence[TrialFacts], *,
 
     metric, level = _objective(recs)
     points = progress_points(recs, direction)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("against server launches", "against GPU-minutes"))
+    simulated = any(r.simulated for r in recs)
+    minutes = "simulated GPU-minutes" if simulated else "GPU-minutes"
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("against server launches", f"against {minutes}"))
     for col, key in ((1, "launch"), (2, "gpu_minutes")):
         fig.add_trace(go.Scatter(
             x=[p[key] for p in points], y=[p["best"] for p in points], mode="lines+markers",
@@ -470,7 +586,8 @@ def progress_figure(recs: Sequence[TrialFacts], *,
     unit = _unit(metric)
     at = f" at C={level}" if level is not None else ""
     fig.update_xaxes(title_text="server launches", row=1, col=1)
-    fig.update_xaxes(title_text="GPU-minutes (trial wall time x GPUs it held)", row=1, col=2)
+    fig.update_xaxes(title_text="simulated GPU-minutes (simulated time x GPUs held)" if simulated
+                     else "GPU-minutes (trial wall time x GPUs it held)", row=1, col=2)
     fig.update_yaxes(title_text=f"best {metric}{at}" + (f" ({unit})" if unit else ""), row=1, col=1)
     fig.update_layout(title=f"Search progress{_simulated(recs)}",
                       legend={"orientation": "h", "yanchor": "top", "y": -0.25})
@@ -480,11 +597,46 @@ def progress_figure(recs: Sequence[TrialFacts], *,
 # ---- all of them, and where they go -----------------------------------------------------------------
 
 
+def model_boundary(view: StudyView) -> Boundary | None:
+    """The OOM map's predicted boundary from the study's memory model (:attr:`StudyView.memory_model`), over
+    the map's two knobs, the other knobs as servetune's choice (else the first launch) has them: where the
+    model's verdict changes, a margin of ``margin + SKIP_Z x sd`` (the search skips below zero). None while the
+    model has no figures, or without a space to fit it."""
+    model = view.memory_model
+    recs = view.records
+    x, y = _first_knob(recs, FRACTION_KNOBS), _first_knob(recs, GRAPH_KNOBS)
+    if model is None or x is None or y is None:
+        return None
+    base = view.choice.record if view.choice is not None else next((r for r in recs if r.launched), None)
+    if base is None:
+        return None
+    xs_seen = sorted({float(v) for r in recs if _is_number(v := r.knob_value(x))})
+    ys = sorted({float(v) for r in recs if _is_number(v := r.knob_value(y))})
+    if not xs_seen or not ys:
+        return None
+    xs = _span(xs_seen[0], xs_seen[-1], 34)
+    margins: list[list[float]] = []
+    for yv in ys:
+        row = []
+        for xv in xs:
+            params = {**base.params, x: round(xv, 4), y: int(yv) if float(yv).is_integer() else yv}
+            p = model.predict_params(params)
+            if p is None:
+                return None
+            verdict = p.margin_gib + SKIP_Z * p.sd_gib
+            row.append(min(verdict, -1e-3) if p.certain_death else verdict)
+        margins.append(row)
+    return Boundary.from_grid(xs, ys, margins, label="memory model: predicted OOM boundary")
+
+
 def study_figures(view: StudyView, *, boundary: Boundary | None = None) -> dict[str, go.Figure]:
     """The study's figures keyed by :data:`FIGURE_IDS`, and for a ``pareto`` study :data:`PARETO_FIGURE_ID`
     first. The memory ladder shows servetune's choice (a pareto study: the knee of the front); in a pareto study
-    the concurrency curves show the front's configurations, and the progress the best first metric so far."""
+    the concurrency curves show the front's configurations, and the progress the best first metric so far. The
+    OOM map draws ``boundary``, else the study's memory model's (:func:`model_boundary`)."""
     recs = view.records
+    if boundary is None:
+        boundary = model_boundary(view)
     goal = view.goal
     direction = view.direction
     chosen = view.choice.number if view.choice is not None else None

@@ -22,7 +22,11 @@ _INFRA_TROUBLE = frozenset({"host_unreachable", "host_busy", "host_config", "por
 
 
 class TrialCounts(BaseModel):
-    """Trials of a study by state (``done``: COMPLETE+PRUNED+FAIL; ``oom``: trials that ran out of memory)."""
+    """Trials of a study by state (``done``: COMPLETE+PRUNED+FAIL; ``oom``: trials that ran out of memory), and
+    as a person reads a search (:class:`~search.strategy.view.Counts`): ``search`` (the finished trials that hold
+    a slot of the search budget: launches and reuses), ``confirmations`` (repeats of a configuration, outside
+    the budget), ``skipped`` (not launched: predicted to die of OOM; PRUNED like a death), ``reused``
+    (answered from an earlier launch), ``died`` (launches PRUNED: OOM, NCCL, a refused flag, a crash)."""
 
     total: int
     done: int
@@ -32,6 +36,11 @@ class TrialCounts(BaseModel):
     running: int
     waiting: int
     oom: int
+    search: int = 0
+    confirmations: int = 0
+    skipped: int = 0
+    reused: int = 0
+    died: int = 0
 
 
 class RunningTrial(BaseModel):
@@ -57,11 +66,15 @@ class HostActivity(BaseModel):
 
 
 class BestTrial(BaseModel):
-    """servetune's choice (a ``pareto`` study: the knee of its front, with ``values`` one per metric)."""
+    """servetune's choice (a ``pareto`` study: the knee of its front, with ``values`` one per metric, named by
+    ``metrics``); ``metric`` and ``level`` say what ``value`` measures."""
 
     number: int
     value: float | None
     values: list[float] | None = None
+    metric: str | None = None
+    metrics: list[str] | None = None
+    level: int | None = None
     params: dict[str, Any]
     host: str | None
     free_after_capture_gib: float | None
@@ -121,6 +134,11 @@ def study_status(view: StudyView, *, n_trials: int | None = None, workers: int |
             "running": counts["RUNNING"],
             "waiting": counts["WAITING"],
             "oom": sum(1 for r in recs if r.label == "oom"),
+            "search": view.counts.search_done,
+            "confirmations": view.counts.confirmations,
+            "skipped": view.counts.skips,
+            "reused": view.counts.reused,
+            "died": sum(1 for r in recs if r.state == TrialState.PRUNED and r.launched and not r.predicted_oom),
         },
         "running": [
             {"number": r.number, "host": r.host, "params": r.params,
@@ -130,8 +148,11 @@ def study_status(view: StudyView, *, n_trials: int | None = None, workers: int |
         "hosts": _hosts(recs, now),
         "best": None if best is None else {
             "number": best.number,
-            "value": best.value,
+            "value": view.choice.value if view.choice is not None else best.value,
             "values": best.values,
+            "metric": best.objective_metric,
+            "metrics": best.objective_metrics,
+            "level": best.objective_level,
             "params": best.params,
             "host": best.host,
             "free_after_capture_gib": best.free_after_capture_gib,
@@ -175,7 +196,7 @@ def _elapsed(rec: TrialFacts, now: datetime) -> float | None:
 def _hosts(recs: Sequence[TrialFacts], now: datetime) -> dict[str, dict[str, Any]]:
     hosts: dict[str, dict[str, Any]] = {}
     for rec in sorted(recs, key=lambda r: r.number):
-        if not rec.host:
+        if not rec.host or rec.predicted_oom:  # a skip never ran on the host
             continue
         entry = hosts.setdefault(rec.host, {
             "state": "idle", "trial": None, "elapsed_s": None, "trials": 0, "complete": 0, "pruned": 0,

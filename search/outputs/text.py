@@ -7,8 +7,8 @@ from typing import Any, TypeGuard
 
 from search.trial.records import LevelResult
 
-__all__ = ["MEMORY_LABELS", "THIN_HEADROOM_GIB", "cell", "escape", "fmt", "format_duration", "is_number",
-           "levels_table", "memory_table", "short", "sort_key", "unit"]
+__all__ = ["MEMORY_LABELS", "THIN_HEADROOM_GIB", "cell", "escape", "figure_text", "fmt", "format_duration",
+           "is_number", "levels_table", "memory_table", "short", "sort_key", "unit"]
 
 #: Free GPU memory after CUDA graph capture below which a configuration is called thin (seed 001: 0.82 GB
 #: of headroom was a crash waiting for a prefill burst).
@@ -104,6 +104,14 @@ def sort_key(value: Any) -> tuple[int, float, str]:
     if is_number(value):
         return (0, float(value), "")
     return (1, 0.0, str(value))
+
+
+def figure_text(value: float, metric: str | None, level: Any = None) -> str:
+    """A value with its unit and what it measures: ``28.7 tok/s (output_throughput at C=64)``."""
+    name = metric or "objective"
+    u = unit(name) or {"slo_request_rate": "req/s", "slo_goodput": "tok/s"}.get(name, "")
+    at = f" at C={level}" if level is not None else ""
+    return f"{value:.1f}{' ' + u if u else ''} ({name}{at})"
 
 
 def unit(metric: str) -> str:

@@ -120,6 +120,9 @@ class LevelResult(BaseModel):
     errors: list[str] | None = None
     simulated: bool | None = None
     time_scale: float | None = None
+    clock: str | None = None
+    """Whose clock timed the level: ``simulated`` (a simulated host's own clock, independent of the machine's
+    load) or ``wall`` (this machine's, times ``time_scale``)."""
     dataset_name: str | None = None
     """The workload's shape: ``random``, ``sharegpt`` or ``generated-shared-prefix``."""
     random_range_ratio: float | None = None

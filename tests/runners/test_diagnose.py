@@ -29,7 +29,7 @@ from runners.diagnose import (
     render_text,
 )
 from runners.errors import ConfigError
-from runners.telemetry import FailureKind
+from runners.telemetry import FailureKind, allocation_text
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "data" / "logs"
@@ -492,3 +492,13 @@ def test_paste_shapes_html_colour_markdown_quote_indent_and_localised_journal() 
     for shape, text in shapes.items():
         result = diagnose(text)
         assert (result.engine, result.memory["kv_gib"], result.memory["kv_tokens"]) == ("vllm", 12.57, 53136), shape
+
+
+def test_an_allocation_that_fits_the_free_total_is_said_to_fail_for_want_of_one_block() -> None:
+    # seed 000: 10.00 GiB asked with 10.96 GiB free: PyTorch's "free" counts every free byte, in pieces
+    result = diagnose_file(CORPUS / "sim-capture-oom.log")
+    assert result.reason == ("CUDA out of memory in cuda_graph: tried to allocate 10.00 GiB with 10.96 GiB free, "
+                             "but the largest free block is smaller (fragmentation)")
+    assert "largest free block is smaller" in result.bound_detail
+    # more asked than free in all: no word of fragmentation
+    assert allocation_text(3.94, 2.80) == "tried to allocate 3.94 GiB with 2.80 GiB free"

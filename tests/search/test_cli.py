@@ -198,7 +198,7 @@ def sim_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, optuna.Stu
 
 @pytest.mark.parametrize(("command", "says"), [
     (["trials"], "servetune trials (simulated host: every figure is simulated)"),
-    (["status"], "value 1500.0 (simulated)"),
+    (["status"], "1500.0 tok/s (output_throughput at C=16) (simulated)"),
     (["report"], "= 1500.0 tok/s at concurrency 16 (simulated)"),
     (["export"], "# NOTE: every figure below is SIMULATED"),
     (["export", "--engine", "sglang"], "# NOTE: every figure below is SIMULATED"),
@@ -215,7 +215,33 @@ def test_status_head_says_simulated(sim_study: tuple[str, optuna.Study]) -> None
     code, out = invoke("status", "--study", "demo-sim-dsv4", "--storage", url)
     assert code == 0, out
     best = next(line for line in out.splitlines() if line.startswith("best:"))
-    assert "1500.0 (simulated)" in best
+    assert "1500.0 tok/s (output_throughput at C=16) (simulated)" in best  # the metric and unit with the value
+
+
+def test_status_counts_search_confirmations_skips_and_deaths_apart(tmp_path: Path) -> None:
+    from search.trial.records import FACTS_ATTR
+
+    def tagged(trial: optuna.trial.FrozenTrial, **tags: object) -> optuna.trial.FrozenTrial:
+        trial.user_attrs = {**trial.user_attrs, FACTS_ATTR: {**trial.user_attrs[FACTS_ATTR], **tags}}
+        return trial
+
+    ok = [make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=128, value=2000.0 + i, levels=[level(16, 2000.0)],
+                     start_min=i) for i in range(3)]
+    confirm = [tagged(make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=128, value=2010.0 + i,
+                                 levels=[level(16, 2000.0)], start_min=5 + i), confirmation_of=0) for i in range(2)]
+    oom = [make_trial(state=TrialState.PRUNED, mfs=0.93, cgbs=256, outcome="oom", phase="cuda_graph", start_min=9)]
+    skips = [make_trial(state=TrialState.PRUNED, mfs=0.94, cgbs=256, outcome="predicted_oom", recorded=False,
+                        start_min=10 + i) for i in range(5)]
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    build_study(url, "counts", ok + confirm + oom + skips)
+    code, out = invoke("status", "--study", "counts", "--storage", url, "--n-trials", "14")
+    assert code == 0, out
+    text = " ".join(out.split())
+    assert "total" not in text and "budget" not in text  # no "total 11, budget 14" beside each other
+    # 3 launches + 1 death hold a slot of the 14 (a skip does not); 2 confirmations outside it; 5 skips said so
+    assert ("trials: search 4 of 14, confirmations 2, died of OOM 1, other deaths 0, skipped as predicted OOM 5, "
+            "failed (infrastructure) 0; 11 trials in all") in text
+    assert "5 ok / 1 died / 0 failed" in text  # the skips never ran on the host
 
 
 def test_the_final_table_fits_100_columns_without_breaking_words() -> None:
@@ -411,3 +437,27 @@ def test_export_engine_keeps_the_gpus_the_trial_was_given(tmp_path: Path) -> Non
     argv = exec_argv(script)
     assert argv[0] == "/opt/sglang-venv/bin/python"  # a real engine's trial keeps its python
     assert argv[argv.index("--host") + 1] == "0.0.0.0"
+
+
+def test_the_live_head_counts_the_search_against_its_budget_and_the_rest_apart(tmp_path: Path) -> None:
+    from search.cli.views import Progress
+    from search.trial.records import FACTS_ATTR
+
+    def tagged(trial: optuna.trial.FrozenTrial, **tags: object) -> optuna.trial.FrozenTrial:
+        trial.user_attrs = {**trial.user_attrs, FACTS_ATTR: {**trial.user_attrs[FACTS_ATTR], **tags}}
+        return trial
+
+    trials = [make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=128, value=2000.0 + i, levels=[level(16, 2000.0)],
+                         start_min=i) for i in range(8)]
+    trials += [tagged(make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=128, value=2010.0, start_min=9 + i,
+                                 levels=[level(16, 2000.0)]), confirmation_of=7) for i in range(3)]
+    study = build_study(f"sqlite:///{tmp_path / 'p.db'}", "live", trials)
+    view = StudyView.of(study)
+    screen = io.StringIO()
+    progress = Progress(Console(file=screen, width=200), n_trials=8, metric="output_throughput", live=False)
+    for trial in study.trials:
+        progress.callback(view, trial)
+    head = progress._render().renderables[0].plain
+    assert "search 8 of 8" in head and "confirmations 3" in head  # never "done 11 of 8"
+    assert "11 of 8" not in head
+    assert "tok/s (output_throughput at C=16) (trial " in head  # the best with its metric and unit

@@ -17,16 +17,21 @@ from search.outputs.figures import (
     concurrency_curves,
     ladder_segments,
     memory_ladder,
+    model_boundary,
     oom_map,
     outcome_class,
     progress_figure,
     progress_points,
     save_to_dashboard,
     study_figures,
+    trial_seconds,
 )
+from search.spaces import load_checked_space
 from search.strategy.view import StudyView
-from search.trial.records import TrialFacts, records
+from search.trial.records import FACTS_ATTR, TrialFacts, records
 from tests.fixtures.trials import build_study, level, make_trial, standard_trials
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def marks(figure) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
@@ -81,6 +86,29 @@ def test_oom_map_draws_the_predicted_boundary(study: optuna.Study) -> None:
     assert not [t for t in oom_map(recs).data if t.type == "contour"]
 
 
+def test_the_oom_map_draws_the_study_memory_models_boundary(tmp_path: Path) -> None:
+    def ok(mfs: float, cgbs: int, cap: float, graph: float, value: float, start: float) -> optuna.trial.FrozenTrial:
+        return make_trial(state=TrialState.COMPLETE, mfs=mfs, cgbs=cgbs, value=value, start_min=start,
+                          levels=[level(1, 10.0), level(16, value)],
+                          memory={"gpu_total_gib": 79.19, "avail_before_weights_gib": 75.0, "weights_gib": 15.3,
+                                  "kv_gib": mfs * 75.0 - 15.8, "graph_gib": graph, "free_after_capture_gib": cap})
+
+    trials = [ok(0.70, 64, 20.4, 2.1, 2000.0, 0), ok(0.80, 128, 12.4, 2.6, 2100.0, 5),
+              make_trial(state=TrialState.PRUNED, mfs=0.93, cgbs=256, outcome="oom", phase="cuda_graph", start_min=10,
+                         memory={"gpu_total_gib": 79.19, "avail_before_weights_gib": 75.0, "weights_gib": 15.3,
+                                 "tried_to_allocate_gib": 3.94, "free_at_oom_gib": 2.8})]
+    study = build_study(f"sqlite:///{tmp_path / 'm.db'}", "m", trials)
+    view = StudyView.of(study, space=load_checked_space(ROOT / "spaces" / "demo-sim.yaml"))
+    boundary = model_boundary(view)
+    assert boundary is not None
+    assert boundary.margin(0.70, 64) > 0 > boundary.margin(0.93, 256)  # lives where it lived, dies where it died
+    contour = next(t for t in study_figures(view)["servetune-oom-map"].data if t.type == "contour")
+    assert contour.name == "memory model: predicted OOM boundary"
+    # without the space (no model) or before the model has figures: no boundary, nothing drawn
+    assert model_boundary(StudyView.of(study)) is None
+    assert not [t for t in study_figures(StudyView.of(study))["servetune-oom-map"].data if t.type == "contour"]
+
+
 def test_memory_ladder_of_the_best_and_the_last_oom(study: optuna.Study) -> None:
     view = StudyView.of(study)
     recs = view.records
@@ -93,7 +121,7 @@ def test_memory_ladder_of_the_best_and_the_last_oom(study: optuna.Study) -> None
     assert bars["free after capture"] == [0.82, 1.2]
     total = next(t for t in fig.data if t.name == "GPU total")
     assert list(total.x) == [79.19, 79.19]
-    peak = next(t for t in fig.data if t.name == "peak used under load")
+    peak = next(t for t in fig.data if t.name == "peak used under load (nvidia-smi)")
     assert list(peak.y) == ["trial 3 (OOM in decode)"] and peak.x[0] == pytest.approx(80900 / 1024)
     # With every figure known, "other" is what the GPU's total leaves.
     segments = ladder_segments(recs[0])
@@ -105,13 +133,68 @@ def test_memory_ladder_of_the_best_and_the_last_oom(study: optuna.Study) -> None
     assert failed.base[0] == pytest.approx(79.19 - 2.8) and failed.x[0] == 3.94
 
 
+def test_an_oom_trial_is_drawn_as_it_stood_when_it_died() -> None:
+    # Died in eager decode: 16.99 GiB free after capture, 2.80 GiB free at the OOM, 3.94 GiB asked. nvidia-smi's
+    # only sample was taken while the weights loaded (18 GiB): below the 76.39 GiB the OOM message implies.
+    trial = make_trial(state=TrialState.PRUNED, mfs=0.7, cgbs=64, outcome="oom", phase="decode",
+                       reason="CUDA out of memory in decode: tried to allocate 3.94 GiB with 2.80 GiB free",
+                       memory={"gpu_total_gib": 79.19, "weights_gib": 15.3, "kv_gib": 40.0, "graph_gib": 3.0,
+                               "free_after_capture_gib": 16.99, "tried_to_allocate_gib": 3.94,
+                               "free_at_oom_gib": 2.8, "smi_peak_used_mib": 18 * 1024.0})
+    rec = TrialFacts.from_trial(trial)
+    seg = ladder_segments(rec)
+    assert "free_after_capture_gib" not in seg
+    assert seg["in_use_at_oom_gib"] == pytest.approx(16.99 - 2.8) and seg["free_at_oom_gib"] == 2.8
+    assert sum(seg.values()) == pytest.approx(79.19)
+    fig = memory_ladder([rec], [rec.number])
+    bars = {t.name: list(t.x) for t in fig.data if t.type == "bar"}
+    # the failed allocation starts where the free memory at the OOM starts: the end of the stacked bars
+    # before the "free when it died" segment, and runs past the total by what did not fit
+    failed = next(t for t in fig.data if t.name == "allocation that failed (OOM)")
+    before_free = sum(v[0] for k, v in bars.items() if k not in ("free when it died", "allocation that failed (OOM)"))
+    assert failed.base[0] == pytest.approx(before_free) == pytest.approx(79.19 - 2.8)
+    assert not [t for t in fig.data if t.name == "peak used under load (nvidia-smi)"]
+    death = next(t for t in fig.data if t.name == "in use when it died (OOM message)")
+    assert death.x[0] == pytest.approx(79.19 - 2.8)
+    note = fig.layout.annotations[0].text
+    assert "tried to allocate 3.94 GiB with 2.80 GiB free" in note and "missed the death" in note
+    # a fragmented heap: less asked than was free in all
+    frag = make_trial(state=TrialState.PRUNED, mfs=0.72, cgbs=64, outcome="oom", phase="decode",
+                      memory={"gpu_total_gib": 79.19, "tried_to_allocate_gib": 0.87, "free_at_oom_gib": 1.78})
+    frag_rec = TrialFacts.from_trial(frag)
+    text = memory_ladder([frag_rec], [frag_rec.number]).layout.annotations[0].text
+    assert "largest free block is smaller (fragmentation)" in text and "no nvidia-smi sample under load" in text
+
+
 def test_concurrency_curves_of_the_top_configurations(study: optuna.Study) -> None:
     fig = concurrency_curves(records(study), k=1)
     lines = [t for t in fig.data if t.type == "scatter"]
-    assert len(lines) == 2 and all(t.name.startswith("trial 1:") for t in lines)
+    assert len(lines) == 2 and all(t.name.startswith("trial 1 (1 launch):") for t in lines)
     assert list(lines[0].x) == [1, 16] and list(lines[0].y) == [190.0, 2400.0]
     assert list(lines[1].y) == [9.5, 17.0]  # p99 TPOT, ms
     assert len([t for t in concurrency_curves(records(study)).data if t.showlegend]) == 2
+
+
+def test_top_configurations_list_each_configuration_once_by_its_median(tmp_path: Path) -> None:
+    def launch(mfs: float, cgbs: int, value: float, start: float, **tags: object) -> optuna.trial.FrozenTrial:
+        trial = make_trial(state=TrialState.COMPLETE, mfs=mfs, cgbs=cgbs, value=value, start_min=start,
+                           levels=[level(1, value / 10), level(16, value)])
+        trial.user_attrs = {**trial.user_attrs, FACTS_ATTR: {**trial.user_attrs[FACTS_ATTR], **tags}}
+        return trial
+
+    # trial 2's one lucky launch (2500) against trial 0's three (2200, 2230, 2160; median 2200)
+    trials = [launch(0.80, 128, 2200.0, 0), launch(0.84, 64, 2100.0, 5), launch(0.86, 256, 2500.0, 10),
+              launch(0.80, 128, 2230.0, 15, confirmation_of=0), launch(0.80, 128, 2160.0, 20, confirmation_of=0),
+              launch(0.86, 256, 1900.0, 25, confirmation_of=2), launch(0.86, 256, 1950.0, 30, confirmation_of=2)]
+    recs = records(build_study(f"sqlite:///{tmp_path / 't.db'}", "top", trials))
+    fig = concurrency_curves(recs, k=5)
+    named = [t.name for t in fig.data if t.showlegend]
+    assert [n.split(":")[0] for n in named] == ["trial 0 (median of 3 launches)", "trial 1 (1 launch)",
+                                                "trial 2 (median of 3 launches)"]
+    top = next(t for t in fig.data if t.name == named[0])
+    assert list(top.y) == [220.0, 2200.0]  # the medians per level
+    # the concurrency axis ticks at the measured levels only, no minor ticks between them
+    assert list(fig.layout.xaxis.tickvals) == [1, 16] and fig.layout.xaxis.minor.ticks == ""
 
 
 def test_progress_best_so_far_and_deaths(study: optuna.Study) -> None:
@@ -125,6 +208,21 @@ def test_progress_best_so_far_and_deaths(study: optuna.Study) -> None:
     fig = progress_figure(records(study))
     dead = [t for t in fig.data if t.name == "launch that died"]
     assert [list(t.x) for t in dead] == [[3, 4, 5], [p["gpu_minutes"] for p in points if p["died"]]]
+
+
+def test_gpu_minutes_of_a_simulated_host_are_simulated_time() -> None:
+    # 120 s of wall time at --sim-speed 100; the server started in 95.5 s of wall time (the fixture's; 9550
+    # simulated s) and two levels took 30 simulated s each (the fixture's level duration)
+    trial = make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=64, value=100.0, simulated=True, duration_s=120,
+                       levels=[level(1, 10.0), level(16, 100.0)], memory={"sim_speed": 100})
+    rec = TrialFacts.from_trial(trial)
+    assert trial_seconds(rec) == pytest.approx(9550 + 2 * 30.0)
+    assert progress_points([rec], optuna.study.StudyDirection.MAXIMIZE)[0]["gpu_minutes"] == pytest.approx(
+        (9550 + 60) * 4 / 60)
+    fig = progress_figure([rec])
+    assert fig.layout.xaxis2.title.text == "simulated GPU-minutes (simulated time x GPUs held)"
+    real = TrialFacts.from_trial(make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=64, value=1.0, duration_s=120))
+    assert trial_seconds(real) == 120
 
 
 def test_simulated_figures_say_so(tmp_path: Path) -> None:

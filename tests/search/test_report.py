@@ -80,7 +80,8 @@ def test_study_status(study: optuna.Study) -> None:
     now = T0 + timedelta(minutes=22)
     data = study_status(StudyView.of(study), n_trials=10, now=now).model_dump()
     assert data["trials"] == {"total": 6, "done": 5, "complete": 2, "pruned": 2, "failed": 1, "running": 1,
-                              "waiting": 0, "oom": 2}
+                              "waiting": 0, "oom": 2, "search": 4, "confirmations": 0, "skipped": 0,
+                              "reused": 0, "died": 2}
     assert data["running"] == [{"number": 5, "host": "gpu-a", "params": {
         "mem_fraction_static": 0.86, "cuda_graph_max_bs": 64, "nccl.NCCL_ALGO": "unset"}, "elapsed_s": 120.0}]
     assert data["best"]["number"] == 1 and data["best"]["value"] == 2400.0

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,11 +32,17 @@ def profile_path(name: str) -> str:
 
 @dataclass
 class StreamResult:
+    """One streamed request: TTFT and TPOT on the wall clock, and on the server's simulated clock (the
+    ``sim_time_s`` of its chunks)."""
+
     ok: bool
     ttft_s: float = 0.0
     tpot_s: float = 0.0
     completion_tokens: int = 0
     error: str = ""
+    sim_ttft_s: float = 0.0
+    sim_tpot_s: float = 0.0
+    sim_end_s: float | None = None
 
 
 @dataclass
@@ -85,8 +92,11 @@ class SimProc:
         data: dict[str, object] = json.loads(body)
         return data
 
-    def stream(self, input_len: int, output_len: int, timeout: float = 60.0) -> StreamResult:
-        """One streaming /v1/completions request; TTFT and TPOT measured on the wall clock."""
+    def stream(
+        self, input_len: int, output_len: int, timeout: float = 60.0, hint: dict[str, object] | None = None
+    ) -> StreamResult:
+        """One streaming /v1/completions request; TTFT and TPOT measured on the wall clock and read from the
+        server's simulated clock. ``hint``: the request's ``sim_level*`` fields."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         body = json.dumps(
             {
@@ -97,6 +107,7 @@ class SimProc:
                 "ignore_eos": True,
                 "stream": True,
                 "stream_options": {"include_usage": True},
+                **(hint or {}),
             }
         )
         try:
@@ -106,6 +117,7 @@ class SimProc:
             if resp.status != 200:
                 return StreamResult(ok=False, error=f"HTTP {resp.status}: {resp.read()[:200]!r}")
             first = last = None
+            sim_first = sim_last = sim_arrival = 0.0
             usage_tokens = 0
             while True:
                 line = resp.readline()
@@ -122,31 +134,50 @@ class SimProc:
                     usage_tokens = chunk["usage"]["completion_tokens"]
                 if chunk["choices"] and chunk["choices"][0]["text"]:
                     now = time.monotonic()
-                    first = first if first is not None else now
+                    sim_last, sim_arrival = chunk["sim_time_s"], chunk["sim_arrival_s"]
+                    if first is None:
+                        first, sim_first = now, sim_last
                     last = now
             assert first is not None and last is not None
-            tpot = (last - first) / (usage_tokens - 1) if usage_tokens > 1 else 0.0
-            return StreamResult(ok=True, ttft_s=first - t0, tpot_s=tpot, completion_tokens=usage_tokens)
+            per = 1 / (usage_tokens - 1) if usage_tokens > 1 else 0.0
+            return StreamResult(
+                ok=True,
+                ttft_s=first - t0,
+                tpot_s=(last - first) * per,
+                completion_tokens=usage_tokens,
+                sim_ttft_s=sim_first - sim_arrival,
+                sim_tpot_s=(sim_last - sim_first) * per,
+                sim_end_s=sim_last,
+            )
         except (OSError, http.client.HTTPException, ValueError) as exc:
             return StreamResult(ok=False, error=f"{type(exc).__name__}: {exc}")
         finally:
             conn.close()
 
-    def load(self, concurrency: int, requests: int, input_len: int, output_len: int) -> list[StreamResult]:
-        """Closed-loop streaming load: ``concurrency`` clients share ``requests`` requests."""
+    def load(
+        self, concurrency: int, requests: int, input_len: int, output_len: int, pause_s: float = 0.0
+    ) -> list[StreamResult]:
+        """Closed-loop streaming load: ``concurrency`` clients share ``requests`` requests, declared to the
+        server as one level (so its simulated clock runs the batches the pure model would). ``pause_s``: a
+        slow client's wall-clock pause before each request after its first."""
         results: list[StreamResult] = []
         lock = threading.Lock()
         left = [requests]
         start = threading.Barrier(concurrency)
+        level = {"sim_level": uuid.uuid4().hex, "sim_level_requests": requests, "sim_level_concurrency": concurrency}
 
         def client() -> None:
             start.wait(timeout=30)  # a burst, like bench_serving with --request-rate inf
+            after: float | None = None
             while True:
                 with lock:
                     if left[0] == 0:
                         return
                     left[0] -= 1
-                r = self.stream(input_len, output_len)
+                if after is not None and pause_s:
+                    time.sleep(pause_s)  # the slow client under test, not a wait for an event
+                r = self.stream(input_len, output_len, hint={**level, "sim_after_s": after})
+                after = r.sim_end_s
                 with lock:
                     results.append(r)
                 if not r.ok:
