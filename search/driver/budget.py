@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy
 from optuna.storages import RDBStorage
 
 from search._optuna_compat import trial_id
-from search.storage import fail_stale, sqlite_file
+from search.storage import fail_stale, reconnect_of, sqlite_file
 from search.strategy.strategy import Done, Strategy, apply
 from search.strategy.view import StudyView, fingerprint
 from search.trial.records import note_host
@@ -45,17 +46,12 @@ class StudyLock:
     def __call__(self) -> Iterator[None]:
         with self._thread_lock:
             if self._dialect == "postgresql":
-                import sqlalchemy
-
-                if self._conn is None:
-                    self._conn = self._storage.engine.connect()
-                try:
-                    self._conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:a, :b)"),
-                                       {"a": self._key[0], "b": self._key[1]})
-                    self._conn.commit()
-                except Exception:
-                    self._drop_connection()
-                    raise
+                reconnect = reconnect_of(self._storage)
+                # A dropped connection (a server restart) is opened again, for as long as the storage retries.
+                if reconnect is not None:
+                    reconnect.call(self._lock_pg)
+                else:
+                    self._lock_pg()
                 try:
                     yield
                 finally:
@@ -74,6 +70,18 @@ class StudyLock:
                         fcntl.flock(fh, fcntl.LOCK_UN)
             else:
                 yield
+
+    def _lock_pg(self) -> None:
+        """Take the advisory lock on this lock's connection (opened first when there is none)."""
+        try:
+            if self._conn is None:
+                self._conn = self._storage.engine.connect()
+            self._conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:a, :b)"),
+                               {"a": self._key[0], "b": self._key[1]})
+            self._conn.commit()
+        except Exception:
+            self._drop_connection()
+            raise
 
     def _drop_connection(self) -> None:
         if self._conn is not None:
@@ -114,7 +122,7 @@ class Budget:
         view = self.view()
         action = self.strategy.next(view)
         with self.lock():
-            fail_stale(self.study)  # serialised by the lock
+            fail_stale(self.study, self.storage)  # serialised by the lock
             if fingerprint(self.study.get_trials(deepcopy=False)) != view.fingerprint:
                 view = self.view()  # another worker or controller changed the study meanwhile
                 action = self.strategy.next(view)
