@@ -9,6 +9,7 @@ the answer (queue and ask, ask, wait, done). So the lock is held for one read of
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import threading
 from collections.abc import Iterator
@@ -17,7 +18,9 @@ from typing import Any
 
 import optuna
 import sqlalchemy
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import RDBStorage
+from optuna.trial import TrialState
 
 from search._optuna_compat import trial_id
 from search.storage import fail_stale, reconnect_of, sqlite_file
@@ -94,6 +97,23 @@ class StudyLock:
             self._drop_connection()
 
 
+#: Seconds after which a RUNNING trial that never named its host is a phantom (see :func:`fail_phantoms`).
+PHANTOM_AGE = 600.0
+
+
+def fail_phantoms(study: optuna.Study) -> None:
+    """Fail RUNNING trials that never named their host, ``PHANTOM_AGE`` after they were made: a trial whose
+    creation was retried after a dropped connection although its commit had gone through. Every real trial
+    names its host (and records its first heartbeat) the moment it is reserved; a phantom has no heartbeat,
+    so Optuna never takes it for stale, and it would hold a slot of the budget for ever."""
+    now = datetime.datetime.now()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if "host" not in t.user_attrs and t.datetime_start is not None and (
+                now - t.datetime_start).total_seconds() > PHANTOM_AGE:
+            with contextlib.suppress(UpdateFinishedTrialError):
+                study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+
+
 class Budget:
     """Reserves trials for the workers as :class:`~search.strategy.strategy.Strategy` says: counts and locks,
     nothing more."""
@@ -123,6 +143,7 @@ class Budget:
         action = self.strategy.next(view)
         with self.lock():
             fail_stale(self.study, self.storage)  # serialised by the lock
+            fail_phantoms(self.study)
             if fingerprint(self.study.get_trials(deepcopy=False)) != view.fingerprint:
                 view = self.view()  # another worker or controller changed the study meanwhile
                 action = self.strategy.next(view)

@@ -53,7 +53,7 @@ def make_host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeHo
         yield make
     finally:
         # Whatever a failed test left running under its runs_root is stopped by its recorded group.
-        open_host(HostSpec(address="local", name=spec.name, runs_root=runs_root)).cleanup_orphans(grace=1)
+        open_host(HostSpec(address="local", name=spec.name, runs_root=runs_root, host_dir=host_dir)).cleanup_orphans(grace=1)
         for host in made:
             host.close()
 

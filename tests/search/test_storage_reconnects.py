@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
+import search.driver.budget as budget
+from search.driver.budget import fail_phantoms
+from search.storage import create_or_load, open_storage
+from search.trial.records import note_host
 from tests.fixtures.postgres import PostgresCluster, start_postgres
 from tests.search.overnight_kit import (
     SEED003,
@@ -26,8 +30,6 @@ from tests.search.overnight_kit import (
     trials,
     wait_for,
 )
-
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 
 @pytest.fixture
@@ -45,6 +47,8 @@ def run_args(space: Path, study: str, storage: str, *extra: str) -> tuple[str, .
             "--confirm-top", "0", *extra)
 
 
+@pytest.mark.postgres
+@pytest.mark.slow
 def test_a_postgres_restart_and_cut_sessions_mid_run_lose_nothing(tmp_path: Path,
                                                                   own_postgres: PostgresCluster) -> None:
     space = make_space(tmp_path / "space.yaml", speed=100, workload=SEED003, budget={"n_trials": 3})
@@ -68,6 +72,8 @@ def test_a_postgres_restart_and_cut_sessions_mid_run_lose_nothing(tmp_path: Path
     assert live_servers(tmp_path / "runs") == []
 
 
+@pytest.mark.postgres
+@pytest.mark.slow
 def test_a_database_that_stays_away_stops_the_run_in_one_line(tmp_path: Path,
                                                               own_postgres: PostgresCluster) -> None:
     space = make_space(tmp_path / "space.yaml", speed=100, workload=SEED003, budget={"n_trials": 3})
@@ -88,3 +94,20 @@ def test_a_database_that_stays_away_stops_the_run_in_one_line(tmp_path: Path,
     own_postgres.start()
     ts = trials(own_postgres.url, "gone")
     assert [t.number for t in ts] == [0], "what was recorded is still there"
+
+
+def test_a_phantom_trial_left_by_a_retried_creation_does_not_hold_the_budget(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A creation retried after its commit went through leaves a RUNNING trial that never names its host and
+    has no heartbeat (Optuna never takes it for stale): it is failed once it is old, and a real trial is not."""
+    storage = open_storage(f"sqlite:///{tmp_path}/s.db", heartbeat=False)
+    study = create_or_load(storage, "phantom")
+    phantom = study.ask()
+    real = study.ask()
+    note_host(real, "gpu-a")
+    fail_phantoms(study)
+    assert {t.number: t.state for t in study.get_trials()} == {0: TrialState.RUNNING, 1: TrialState.RUNNING}
+    monkeypatch.setattr(budget, "PHANTOM_AGE", 0.0)
+    fail_phantoms(study)
+    assert {t.number: t.state for t in study.get_trials()} == {phantom.number: TrialState.FAIL,
+                                                               real.number: TrialState.RUNNING}
