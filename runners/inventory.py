@@ -11,6 +11,7 @@ an inventory file::
         key_file: ~/.ssh/id_ed25519
         env: {CUDA_HOME: /usr/local/cuda}
         runs_root: ~/.servetune/runs
+        host_dir: /var/tmp/servetune   # leases and claim, shared by every user (the default)
         server_port: 30001       # instead of the space's port (two hosts on one machine)
         python: /opt/sglang/bin/python   # instead of the space's engine.python (a venv elsewhere)
 
@@ -29,7 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from runners.errors import ConfigError, did_you_mean
-from runners.host import Host
+from runners.host import DEFAULT_HOST_DIR, Host
 from runners.ssh import DEFAULT_SSH_CONFIG, SSHTransport
 from runners.transport import LocalTransport, Transport
 
@@ -54,6 +55,9 @@ class HostSpec(BaseModel):
                                "space's engine.python")
     env: dict[str, str] = Field(default_factory=dict, description="exported before every command")
     runs_root: str = "~/.servetune/runs"
+    host_dir: str | None = Field(
+        default=None, description="where controllers of every user keep their leases and the claim of this "
+        "host's GPUs; None: the controller's host_dir setting (/var/tmp/servetune)")
     server_port: int | None = Field(
         default=None, ge=1024, le=65535,
         description="port the server binds on this host instead of the space's `port` "
@@ -177,9 +181,11 @@ def load_inventory(path: str | Path) -> list[HostSpec]:
 
 
 def open_host(
-    spec: HostSpec, *, ssh_config: str | None = DEFAULT_SSH_CONFIG, connect_timeout: float = 10.0
+    spec: HostSpec, *, ssh_config: str | None = DEFAULT_SSH_CONFIG, connect_timeout: float = 10.0,
+    host_dir: str = DEFAULT_HOST_DIR,
 ) -> Host:
-    """A :class:`Host` for ``spec``; nothing connects until the first command."""
+    """A :class:`Host` for ``spec``; nothing connects until the first command. ``host_dir`` is used unless
+    the spec names its own."""
     transport: Transport
     if spec.is_local:
         transport = LocalTransport(name=spec.name)
@@ -196,7 +202,7 @@ def open_host(
             connect_timeout=connect_timeout,
         )
     return Host(transport, runs_root=spec.runs_root, env=spec.env, server_port=spec.server_port,
-                python=spec.python)
+                python=spec.python, host_dir=spec.host_dir or host_dir)
 
 
 _M = TypeVar("_M", bound=BaseModel)

@@ -39,6 +39,9 @@ _FATAL_TO_EXIT = 15.0  # how long a server may keep running after a fatal log li
 _ADDRESS_IN_USE = "address already in use"
 #: Exit codes of a server stopped from outside by a signal (a shell reports signal N as 128+N). SIGKILL (137)
 #: is not here: the kernel's OOM killer sends it, and the engine's classifier judges that.
+#: SGLang's own warning when a GPU holds memory of another process (python/sglang/srt/model_executor/
+#: model_runner.py, "The memory capacity is unbalanced. Some GPUs may be occupied by other processes.").
+_OTHER_PROCESSES = "may be occupied by other processes"
 _OUTSIDE_SIGNALS = {129: "SIGHUP", 130: "SIGINT", 131: "SIGQUIT", 143: "SIGTERM"}
 
 
@@ -310,10 +313,15 @@ class ServerSession:
         return failure
 
     def _not_the_config(self, failure: Failure, tail: str) -> Failure:
-        """Re-blame a death the engine calls a crash when the host caused it: the port was taken
-        (``address already in use``), or the server was stopped by a signal servetune did not send
+        """Re-blame a death the engine calls an OOM or a crash when the host caused it: another process
+        appeared on the GPUs during the trial (:meth:`_foreign_on_gpus`), the port was taken (``address
+        already in use``), or the server was stopped by a signal servetune did not send
         (:data:`_OUTSIDE_SIGNALS`) or exited 0 unasked."""
         if failure.kind is FailureKind.OOM:
+            foreign = self._foreign_on_gpus(tail)
+            if foreign:
+                return Failure(FailureKind.HOST_BUSY, failure.phase,
+                               f"{foreign}; the engine's error: {failure.reason}", failure.exit_code)
             return failure
         if _ADDRESS_IN_USE in tail.lower():
             return Failure(FailureKind.PORT_IN_USE, failure.phase,
@@ -327,6 +335,23 @@ class ServerSession:
             return Failure(FailureKind.STOPPED_FROM_OUTSIDE, failure.phase,
                            f"the server {how}", failure.exit_code)
         return failure
+
+    def _foreign_on_gpus(self, tail: str) -> str:
+        """Why the GPUs were not the server's alone ("" when nothing says so): a compute process of another
+        program on them now (nvidia-smi, pids outside the server's process group), or the engine's own
+        "occupied by other processes" warning in the log. The preflight found them free before the launch."""
+        if self.smi_interval > 0 and self.ref is not None:
+            with contextlib.suppress(RunnerError, ValueError):
+                apps = self.host.foreign_apps(self.ref)
+                if apps:
+                    listed = ", ".join(f"pid {a.pid} ({a.used_mib:.0f} MiB)" if a.used_mib is not None
+                                       else f"pid {a.pid}" for a in apps[:5])
+                    return (f"another process appeared on the GPUs of {self.host.name} during the trial "
+                            f"(nvidia-smi: {listed})")
+        if _OTHER_PROCESSES in tail:
+            return (f"another process appeared on the GPUs of {self.host.name} during the trial (the engine's "
+                    f"log: 'Some GPUs {_OTHER_PROCESSES}')")
+        return ""
 
     def log_text(self) -> str:
         with self._lock:

@@ -85,7 +85,8 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
     budget = n_trials if n_trials is not None else space.budget.n_trials
     seconds = timeout if timeout is not None else space.budget.timeout
     opened = build_hosts(space, host_args=hosts, inventory=inventory, runs_root=settings.runs_root,
-                         sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key)
+                         sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key,
+                         host_dir=settings.host_dir)
     callbacks: list[StudyCallback] = []
     warnings: list[str] = []
     tracker, mlflow_callback = _tracking(settings, name, warnings) if mlflow else (None, None)
@@ -101,7 +102,7 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
         study_name=name, storage_url=settings.storage, artifacts_dir=settings.artifacts_dir,
         n_trials=budget, timeout=seconds, seed=seed, smi_interval=settings.smi_interval, cooldown=cooldown,
         heartbeat_interval=settings.heartbeat_interval, grace_period=settings.heartbeat_grace,
-        callbacks=callbacks, hook=progress.hook if progress is not None else None,
+        storage_retry=settings.storage_retry, callbacks=callbacks, hook=progress.hook if progress is not None else None,
         confirm_k=confirm_k, confirm_repeats=confirm_repeats, confirm_final=confirm_final,
     )
     if on_start is not None:

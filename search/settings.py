@@ -23,11 +23,14 @@ from pydantic_settings import (
 )
 
 from runners.errors import ConfigError, validation_line
+from runners.host import DEFAULT_HOST_DIR
 from spaces.names import check_name
 
 #: Defaults shared with the library entry points (:mod:`search.storage`, :mod:`search.driver.run`,
 #: :mod:`search.outputs.tracking`), which take them when no settings are given.
 HEARTBEAT_INTERVAL = 5
+#: Seconds a dropped connection to the study's database server is retried (a restart, a network blip).
+STORAGE_RETRY = 300.0
 GRACE_PERIOD = 20
 DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
 
@@ -39,11 +42,15 @@ class Settings(BaseSettings):
     mlflow_uri: str = DEFAULT_TRACKING_URI
     artifacts_dir: Path = Path("servetune-artifacts")
     runs_root: str = "~/.servetune/runs"
+    host_dir: str = DEFAULT_HOST_DIR
+    """Where the controllers of every user keep their leases and the claim of a host's GPUs (on each host)."""
     sim_dir: Path = Path(".servetune/simhost")
     dashboard_port: int = Field(default=8080, ge=1, le=65535)
     smi_interval: float = Field(default=1.0, ge=0)
     heartbeat_interval: int = Field(default=HEARTBEAT_INTERVAL, ge=1)
     """Seconds between a running trial's heartbeats in the study storage."""
+    storage_retry: float = Field(default=STORAGE_RETRY, ge=0)
+    """Seconds a dropped connection to the study's database server is retried before a run stops (0: never)."""
     heartbeat_grace: int = Field(default=GRACE_PERIOD, ge=2)
     """Seconds without a heartbeat after which a RUNNING trial's controller is taken for dead."""
 

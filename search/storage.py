@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import logging
+import math
 import os
 import threading
 import time
+import uuid
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
@@ -26,10 +30,22 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    NoSuchModuleError,
+    OperationalError,
+    SQLAlchemyError,
+)
 
 from runners.errors import StudyError, first_line
+from search._optuna_compat import study_id
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL
+
+log = logging.getLogger("servetune")
+T = TypeVar("T")
 
 METRIC_NAMES = ["output_throughput"]
 MAX_RETRY = 3
@@ -45,9 +61,16 @@ def experimental_ok() -> Iterator[None]:
         yield
 
 
-def fail_stale(study: optuna.Study) -> None:
+def fail_stale(study: optuna.Study, storage: RDBStorage | None = None) -> None:
     """Fail the study's stale RUNNING trials (no heartbeat for the grace period); the storage's retry
-    callback re-queues their configurations."""
+    callback re-queues their configurations. Not while ``storage``'s connection came back less than a grace
+    period ago: no heartbeat could be recorded while it was down, so every running trial would look dead."""
+    reconnect = reconnect_of(storage) if storage is not None else None
+    if storage is not None and reconnect is not None:
+        grace = storage.grace_period if isinstance(storage.grace_period, int) else GRACE_PERIOD
+        interval = storage.heartbeat_interval or HEARTBEAT_INTERVAL
+        if time.monotonic() - reconnect.recovered_at < grace + 2 * interval:
+            return
     with experimental_ok():
         optuna.storages.fail_stale_trials(study)
 
@@ -67,28 +90,128 @@ class RetryStaleTrial(RetryHeartbeatStaleTrialCallback):
 
 _CLAIM_LOCK = threading.Lock()
 
+#: The storage calls retried when the connection drops: every public read and write of RDBStorage.
+_RETRIED = (
+    "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr", "get_study_id_from_name",
+    "get_study_name_from_id", "get_study_directions", "get_study_user_attrs", "get_study_system_attrs",
+    "get_trial_user_attrs", "get_trial_system_attrs", "get_all_studies", "create_new_trial", "set_trial_param",
+    "get_trial_param", "set_trial_state_values", "set_trial_intermediate_value", "set_trial_user_attr",
+    "set_trial_system_attr", "get_trial_id_from_study_id_trial_number", "get_trial", "get_all_trials",
+    "get_best_trial", "record_heartbeat", "_get_stale_trial_ids",
+)
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what Optuna wrapped) is a database connection that dropped or cannot be made (a
+    server restart, a network blip, ``pg_terminate_backend``), as opposed to a statement the database refused."""
+    cause: BaseException | None = exc
+    for _ in range(4):
+        if cause is None:
+            return False
+        if isinstance(cause, DBAPIError) and cause.connection_invalidated:
+            return True
+        if isinstance(cause, OperationalError | InterfaceError | DisconnectionError):
+            return True
+        cause = cause.__cause__
+    return False
+
+
+class Reconnect:
+    """The retry of a dropped connection: backoff from 0.5 s to 10 s for ``seconds`` in all, one line when the
+    connection drops and one when it is back. ``recovered_at`` (``time.monotonic()``) is when it last came
+    back: until the heartbeats have been renewed, no trial is taken for dead (:func:`fail_stale`)."""
+
+    def __init__(self, seconds: float, what: str) -> None:
+        self.seconds = seconds
+        self.what = what
+        self.recovered_at = -math.inf
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+
+    def call(self, fn: Callable[[], T]) -> T:
+        deadline: float | None = None
+        delay = 0.5
+        while True:
+            try:
+                out = fn()
+            except Exception as exc:
+                if self.seconds <= 0 or not connection_lost(exc):
+                    raise
+                now = time.monotonic()
+                deadline = deadline if deadline is not None else now + self.seconds
+                self._down(exc, now)
+                if now >= deadline:
+                    raise
+                time.sleep(min(delay, max(deadline - now, 0.01)))
+                delay = min(delay * 2, 10.0)
+                continue
+            if deadline is not None or self._down_since is not None:
+                self._up()
+            return out
+
+    def _down(self, exc: BaseException, now: float) -> None:
+        with self._lock:
+            if self._down_since is None:
+                self._down_since = now
+                cause = getattr(exc.__cause__, "orig", None) or exc.__cause__ or getattr(exc, "orig", None) or exc
+                log.warning("study storage %s: connection lost (%s); retrying for up to %.0f s while the running "
+                            "trials go on", self.what, first_line(cause), self.seconds)
+
+    def _up(self) -> None:
+        with self._lock:
+            if self._down_since is not None:
+                log.warning("study storage %s: connection back after %.0f s", self.what,
+                            time.monotonic() - self._down_since)
+                self._down_since = None
+                self.recovered_at = time.monotonic()
+
+
+def _retrying(name: str) -> Callable[..., Any]:
+    method = getattr(RDBStorage, name)
+
+    @functools.wraps(method)
+    def call(self: _Storage, *args: Any, **kwargs: Any) -> Any:
+        return self.reconnect.call(lambda: method(self, *args, **kwargs))
+
+    return call
+
 
 class _Storage(RDBStorage):
-    """RDBStorage whose claim of a WAITING trial (WAITING -> RUNNING) is atomic among this process's threads.
+    """RDBStorage that rides out a dropped connection (:class:`Reconnect`, see :data:`_RETRIED`), and whose
+    claim of a WAITING trial (WAITING -> RUNNING) is atomic among this process's threads.
 
     Optuna claims an enqueued (or re-queued) trial by reading its state and then writing RUNNING; SQLite
     takes no row lock for the read (no SELECT ... FOR UPDATE), so two host threads could both claim one
     trial, run it twice, and the second ``tell`` would raise "Cannot tell a COMPLETE trial".
     """
 
+    reconnect = Reconnect(0.0, "")
+
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Any = None) -> bool:
         if state != TrialState.RUNNING:
-            return super().set_trial_state_values(trial_id, state, values)
+            return self.reconnect.call(lambda: RDBStorage.set_trial_state_values(self, trial_id, state, values))
         with _CLAIM_LOCK:
-            return super().set_trial_state_values(trial_id, state, values)
+            return self.reconnect.call(lambda: RDBStorage.set_trial_state_values(self, trial_id, state, values))
+
+
+for _name in _RETRIED:
+    if _name != "set_trial_state_values" and hasattr(RDBStorage, _name):
+        setattr(_Storage, _name, _retrying(_name))
+
+
+def reconnect_of(storage: RDBStorage) -> Reconnect | None:
+    """The retry of ``storage``'s dropped connections (None for a storage not opened here)."""
+    return storage.reconnect if isinstance(storage, _Storage) else None
 
 
 def open_storage(url: str, *, heartbeat: bool = True, heartbeat_interval: int = HEARTBEAT_INTERVAL,
-                 grace_period: int = GRACE_PERIOD, must_exist: bool = False) -> RDBStorage:
+                 grace_period: int = GRACE_PERIOD, must_exist: bool = False,
+                 retry: float = 0.0) -> RDBStorage:
     """Open (creating tables if needed) an RDB storage; errors become one-line StudyErrors.
 
     ``must_exist``: for commands that only read, a SQLite file that is not there is an error, not a new
-    empty database.
+    empty database. ``retry``: seconds a dropped connection to a database server is retried, with backoff,
+    before its error is raised (a SQLite file is never retried: its errors are not a connection's).
     """
     path = sqlite_file(url)
     if path is not None:
@@ -111,6 +234,8 @@ def open_storage(url: str, *, heartbeat: bool = True, heartbeat_interval: int = 
             storage = _create_storage(url, engine_kwargs, kwargs)
         if url.startswith("sqlite"):
             _use_wal(storage)
+        else:
+            storage.reconnect = Reconnect(retry, redact(url))
         return storage
     except (ArgumentError, NoSuchModuleError) as exc:
         raise StudyError(f"storage {url!r} is not a usable SQLAlchemy URL: {first_line(exc)}") from None
@@ -120,7 +245,7 @@ def open_storage(url: str, *, heartbeat: bool = True, heartbeat_interval: int = 
         raise StudyError(f"storage {redact(url)} failed: {first_line(exc)}") from None
 
 
-def _create_storage(url: str, engine_kwargs: dict[str, object], kwargs: dict[str, Any]) -> RDBStorage:
+def _create_storage(url: str, engine_kwargs: dict[str, object], kwargs: dict[str, Any]) -> _Storage:
     """``_Storage(url, ...)``, tolerating the race of controllers that start at once on a fresh database:
     both create Optuna's tables, and the slower one fails on what the other just created."""
     for attempt in range(5):
@@ -181,6 +306,22 @@ def create_or_load(storage: RDBStorage, name: str, *, direction: Literal["minimi
             study.set_metric_names(names or (METRIC_NAMES if len(have) == 1 else
                                              [f"objective{i}" for i in range(len(have))]))
     return study
+
+
+STUDY_UID_ATTR = "servetune_study_uid"
+
+
+def study_uid(storage: RDBStorage, study: optuna.Study) -> str:
+    """The study's id unique per storage and across storages (a random one, kept as a study system attr the
+    first time it is asked): run directories on a host carry it, so two studies of one name (two clones'
+    ``make demo``, two databases) never share ``<runs_root>/<study>.<uid>/<trial>``."""
+    sid = study_id(study)
+    uid = storage.get_study_system_attrs(sid).get(STUDY_UID_ATTR)
+    if isinstance(uid, str) and uid.isalnum():
+        return uid
+    storage.set_study_system_attr(sid, STUDY_UID_ATTR, uuid.uuid4().hex[:12])
+    # Two controllers starting one new study at once: both read back the one that was written last.
+    return str(storage.get_study_system_attrs(sid)[STUDY_UID_ATTR])
 
 
 def load(storage: RDBStorage, name: str) -> optuna.Study:

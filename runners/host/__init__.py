@@ -8,10 +8,12 @@ from runners.host.host import Host
 from runners.host.leases import CLAIM_DIR, LEASE_DIR, Claim, Lease, default_controller_id, new_controller_id
 from runners.host.ports import ANY_FREE_PORT
 from runners.host.runs import RUN_ID_VAR, RunRef, StopResult
+from runners.host.shell import DEFAULT_HOST_DIR
 
 __all__ = [
     "ANY_FREE_PORT",
     "CLAIM_DIR",
+    "DEFAULT_HOST_DIR",
     "LEASE_DIR",
     "RUN_ID_VAR",
     "Claim",

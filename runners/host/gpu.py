@@ -161,3 +161,15 @@ def _version_tuple(text: str) -> tuple[int, ...]:
             break
         parts.append(int(digits))
     return tuple(parts)
+
+
+def foreign_apps(shell: Shell, pgid: int, *, timeout: float = 20.0) -> list[ComputeApp]:
+    """The compute processes on the host's GPUs that are not in process group (or session) ``pgid``: another
+    program's, never a rank of that server, even one that is exiting."""
+    apps = compute_apps(shell, timeout=timeout)
+    if not apps:
+        return []
+    res = shell.run_script("foreign_pids.sh", int(pgid), *(int(a.pid) for a in apps), timeout=timeout)
+    foreign = {int(p) for p in res.stdout.split() if p.isdigit()}
+    return [a for a in apps if a.pid in foreign]
+

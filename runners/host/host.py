@@ -32,7 +32,7 @@ from runners.host.gpu import HostInfo
 from runners.host.leases import Claim, Lease, default_controller_id
 from runners.host.ports import Holder
 from runners.host.runs import RunRef, StopResult
-from runners.host.shell import Shell
+from runners.host.shell import DEFAULT_HOST_DIR, Shell
 from runners.smi import ComputeApp, GpuStatus
 from runners.transport import LineStream, Transport
 
@@ -45,6 +45,8 @@ class Host(Shell):
     ``server_port``, when set, is the port servers bind on this host instead of the space's ``port``;
     :data:`~runners.host.ports.ANY_FREE_PORT` (0) on this machine: a free loopback port chosen for each
     launch, so controllers, demos and test runs from different folders never fight over one port.
+    ``host_dir`` is where the leases and the claim of the host's GPUs live, shared by every controller of
+    every user on the machine (see :mod:`runners.host.leases`).
     """
 
     def __init__(
@@ -56,8 +58,9 @@ class Host(Shell):
         busy_mib: float = 1024.0,
         server_port: int | None = None,
         python: str | None = None,
+        host_dir: str = DEFAULT_HOST_DIR,
     ) -> None:
-        super().__init__(transport, runs_root=runs_root, env=env)
+        super().__init__(transport, runs_root=runs_root, env=env, host_dir=host_dir)
         self.busy_mib = busy_mib
         self.server_port = server_port
         self.python = python  # the engine's python on this host, instead of the space's engine.python
@@ -75,6 +78,11 @@ class Host(Shell):
 
     def compute_apps(self, *, timeout: float = 20.0) -> list[ComputeApp]:
         return gpu.compute_apps(self, timeout=timeout)
+
+    def foreign_apps(self, ref: RunRef, *, timeout: float = 20.0) -> list[ComputeApp]:
+        """The compute processes on the GPUs that are not ``ref``'s server's (see
+        :func:`runners.host.gpu.foreign_apps`)."""
+        return gpu.foreign_apps(self, ref.pgid, timeout=timeout)
 
     def gpu_state(self, *, timeout: float = 20.0) -> tuple[list[GpuStatus], list[ComputeApp]]:
         """GPUs and compute processes in one round trip."""
@@ -177,6 +185,11 @@ class Host(Shell):
 
     # ---- leases and claims ----------------------------------------------------------------------
 
+    def gpu_dir(self) -> str:
+        """The folder of this host's GPU set where leases, claim and queue live (see
+        :func:`runners.host.leases.gpu_dir`)."""
+        return leases.gpu_dir(self)
+
     def renew_lease(self, lease: Lease, *, timeout: float = 15.0) -> None:
         """Write (or renew) ``lease`` with the host's current time as its heartbeat."""
         leases.renew(self, lease, timeout=timeout)
@@ -186,7 +199,7 @@ class Host(Shell):
         leases.drop(self, controller, timeout=timeout)
 
     def leases(self, *, timeout: float = 15.0) -> tuple[float, list[Lease]]:
-        """The host's clock and every lease on it (unreadable files skipped)."""
+        """The host's clock and every valid lease on it (see :func:`runners.host.leases.read_all`)."""
         return leases.read_all(self, timeout=timeout)
 
     def live_leases(self) -> list[Lease]:

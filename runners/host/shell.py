@@ -10,6 +10,10 @@ from collections.abc import Mapping
 from runners.host.shipped import command as script_command
 from runners.transport import CommandResult, LineStream, Transport
 
+DEFAULT_HOST_DIR = "/var/tmp/servetune"
+"""Where controllers keep their leases and the claim of a host's GPUs (:mod:`runners.host.leases`): one folder
+per machine for every Unix user and runs root, made shared (mode 1777) by the first controller there."""
+
 _ENV_REF = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")
 
 
@@ -35,13 +39,20 @@ def env_value(value: str) -> str:
 
 class Shell:
     """Runs commands and shipped scripts on one host with its environment (``env``, e.g. PATH for a simulated
-    host's nvidia-smi) exported first; ``runs_root`` is where run directories, leases and claims live."""
+    host's nvidia-smi) exported first; ``runs_root`` is where run directories live, ``host_dir`` where the
+    leases and the claim of the host's GPUs live (:mod:`runners.host.leases`), whatever the runs root."""
 
-    def __init__(self, transport: Transport, *, runs_root: str, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, transport: Transport, *, runs_root: str, env: Mapping[str, str] | None = None,
+                 host_dir: str = DEFAULT_HOST_DIR) -> None:
         self.transport = transport
         self.name = transport.name
         self.runs_root = runs_root.rstrip("/")
         self.env = dict(env or {})
+        self.host_dir = host_dir.rstrip("/") or "/"
+        #: The GPU set's folder under ``host_dir`` per environment (a simulated host's GPUs are its PATH).
+        self.gpu_dirs: dict[tuple[tuple[str, str], ...], str] = {}
+        #: Lease files already reported as ignored (each is said once per host object).
+        self.reported: set[str] = set()
 
     def _prefix(self) -> str:
         return "".join(f"export {k}={env_value(v)}; " for k, v in self.env.items())

@@ -195,7 +195,7 @@ class SimServer:
     def run(self) -> int:
         self._install_signals()
         p, launch = self.profile, self.launch
-        write_host(self.state_dir, HostState.from_spec(p.host, p.name))
+        write_host(self.state_dir, HostState.from_spec(p.host, p.name, self.state_dir))
         self.gpu_memory.note_others()
         plan = plan_startup(p, launch, other_used_gib=self.gpu_memory.other_used_gib(), seed=self.seed)
         self.plan = plan

@@ -68,9 +68,13 @@ class HostState:
     profile: str = ""
 
     @classmethod
-    def from_spec(cls, spec: HostSpec, profile: str = "") -> HostState:
+    def from_spec(cls, spec: HostSpec, profile: str = "", state_dir: Path | None = None) -> HostState:
+        """The host of ``spec``. Its GPUs' UUIDs follow the state directory: two simulated hosts (two state
+        directories) are two sets of GPUs, as two machines are, and servetune keeps their claims apart."""
+        where = f"{state_dir.expanduser().resolve()}/" if state_dir is not None else ""
         uuids = tuple(
-            f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'servetune-sim/{spec.gpu_name}/{i}')}" for i in range(spec.gpu_count)
+            f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'servetune-sim/{where}{spec.gpu_name}/{i}')}"
+            for i in range(spec.gpu_count)
         )
         return cls(
             gpu_name=spec.gpu_name,

@@ -97,6 +97,9 @@ def run(
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
     host_cooldown: Annotated[str, typer.Option(
         "--host-cooldown", help="How long a host that keeps failing is set aside, e.g. 5m.")] = "5m",
+    storage_retry: Annotated[str | None, typer.Option(
+        "--storage-retry", help="How long a dropped connection to the study's database server is retried "
+                                "while the running trials go on, e.g. 5m [default: 5m].")] = None,
     live: Annotated[bool, typer.Option("--live/--no-live", help="Live display.")] = True,
     confirm_top: Annotated[int, typer.Option(
         "--confirm-top", min=0, help="Best distinct configurations launched again before the end.")] = 3,
@@ -120,7 +123,8 @@ def run(
     from search.driver.run import StopReason
 
     space = load_space(space_file)
-    settings = _settings(storage=storage, mlflow_uri=mlflow_uri, artifacts_dir=artifacts_dir)
+    settings = _settings(storage=storage, mlflow_uri=mlflow_uri, artifacts_dir=artifacts_dir,
+                         storage_retry=_duration("--storage-retry", storage_retry) if storage_retry else None)
     if dry_run:
         _dry_run(space, settings, study=study, n_trials=n_trials, timeout=timeout, hosts=host or [],
                  inventory=inventory)
@@ -405,7 +409,8 @@ def hosts_check(
     space = load_space(space_file)
     settings = _settings()
     hosts = build_hosts(space, host_args=host or [], inventory=inventory, runs_root=settings.runs_root,
-                        sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key)
+                        sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key,
+                        host_dir=settings.host_dir)
     table = Table(title="servetune hosts", box=box.SIMPLE_HEAD)
     # Short cells never break; what can be long (who holds a host, an error) wraps at its spaces.
     for col in ("host", "reachable", "engine", "GPUs", "free MiB", "busy", "held by"):

@@ -9,6 +9,7 @@ the answer (queue and ask, ask, wait, done). So the lock is held for one read of
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import threading
 from collections.abc import Iterator
@@ -16,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import RDBStorage
+from optuna.trial import TrialState
 
 from search._optuna_compat import trial_id
-from search.storage import fail_stale, sqlite_file
+from search.storage import fail_stale, reconnect_of, sqlite_file
 from search.strategy.strategy import Done, Strategy, apply
 from search.strategy.view import StudyView, fingerprint
 from search.trial.records import note_host
@@ -45,17 +49,12 @@ class StudyLock:
     def __call__(self) -> Iterator[None]:
         with self._thread_lock:
             if self._dialect == "postgresql":
-                import sqlalchemy
-
-                if self._conn is None:
-                    self._conn = self._storage.engine.connect()
-                try:
-                    self._conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:a, :b)"),
-                                       {"a": self._key[0], "b": self._key[1]})
-                    self._conn.commit()
-                except Exception:
-                    self._drop_connection()
-                    raise
+                reconnect = reconnect_of(self._storage)
+                # A dropped connection (a server restart) is opened again, for as long as the storage retries.
+                if reconnect is not None:
+                    reconnect.call(self._lock_pg)
+                else:
+                    self._lock_pg()
                 try:
                     yield
                 finally:
@@ -75,6 +74,18 @@ class StudyLock:
             else:
                 yield
 
+    def _lock_pg(self) -> None:
+        """Take the advisory lock on this lock's connection (opened first when there is none)."""
+        try:
+            if self._conn is None:
+                self._conn = self._storage.engine.connect()
+            self._conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:a, :b)"),
+                               {"a": self._key[0], "b": self._key[1]})
+            self._conn.commit()
+        except Exception:
+            self._drop_connection()
+            raise
+
     def _drop_connection(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(Exception):
@@ -84,6 +95,23 @@ class StudyLock:
     def close(self) -> None:
         with self._thread_lock:
             self._drop_connection()
+
+
+#: Seconds after which a RUNNING trial that never named its host is a phantom (see :func:`fail_phantoms`).
+PHANTOM_AGE = 600.0
+
+
+def fail_phantoms(study: optuna.Study) -> None:
+    """Fail RUNNING trials that never named their host, ``PHANTOM_AGE`` after they were made: a trial whose
+    creation was retried after a dropped connection although its commit had gone through. Every real trial
+    names its host (and records its first heartbeat) the moment it is reserved; a phantom has no heartbeat,
+    so Optuna never takes it for stale, and it would hold a slot of the budget for ever."""
+    now = datetime.datetime.now()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if "host" not in t.user_attrs and t.datetime_start is not None and (
+                now - t.datetime_start).total_seconds() > PHANTOM_AGE:
+            with contextlib.suppress(UpdateFinishedTrialError):
+                study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
 
 
 class Budget:
@@ -114,7 +142,8 @@ class Budget:
         view = self.view()
         action = self.strategy.next(view)
         with self.lock():
-            fail_stale(self.study)  # serialised by the lock
+            fail_stale(self.study, self.storage)  # serialised by the lock
+            fail_phantoms(self.study)
             if fingerprint(self.study.get_trials(deepcopy=False)) != view.fingerprint:
                 view = self.view()  # another worker or controller changed the study meanwhile
                 action = self.strategy.next(view)

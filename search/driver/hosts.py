@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runners.errors import ConfigError
-from runners.host import ANY_FREE_PORT, Host
+from runners.host import ANY_FREE_PORT, DEFAULT_HOST_DIR, Host
 from runners.inventory import HostSpec, load_inventory, open_host
 from runners.transport import LocalTransport
 from spaces.schema import Space
@@ -38,21 +38,25 @@ def sim_env(space: Space, sim_dir: Path) -> dict[str, str]:
 
 
 def local_host(space: Space, *, runs_root: str, sim_dir: Path, name: str = "local",
-               server_port: int | None = None, python: str | None = None) -> Host:
+               server_port: int | None = None, python: str | None = None,
+               host_dir: str = DEFAULT_HOST_DIR) -> Host:
     """This machine as a host. The built-in simulated host binds a free loopback port for each launch unless
     ``server_port`` says otherwise: demos and test runs from other folders may be serving on the space's port."""
     sim = space.engine.simulated
     env = sim_env(space, sim_dir) if sim else {}
     if server_port is None and sim:
         server_port = ANY_FREE_PORT
-    return Host(LocalTransport(name), runs_root=runs_root, env=env, server_port=server_port, python=python)
+    return Host(LocalTransport(name), runs_root=runs_root, env=env, server_port=server_port, python=python,
+                host_dir=host_dir)
 
 
 def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path | None = None,
-                runs_root: str, sim_dir: Path, accept_new_host_key: bool = False) -> list[Host]:
-    """Hosts from the CLI and/or an inventory file; this machine when neither is given."""
+                runs_root: str, sim_dir: Path, accept_new_host_key: bool = False,
+                host_dir: str = DEFAULT_HOST_DIR) -> list[Host]:
+    """Hosts from the CLI and/or an inventory file; this machine when neither is given. ``host_dir``: where
+    the hosts' leases and claims live, unless an inventory entry names its own."""
     if not host_args and inventory is None:
-        return [local_host(space, runs_root=runs_root, sim_dir=sim_dir)]
+        return [local_host(space, runs_root=runs_root, sim_dir=sim_dir, host_dir=host_dir)]
     specs = list(load_inventory(inventory)) if inventory is not None else []
     specs += [HostSpec.parse(arg) for arg in host_args]
     if accept_new_host_key:  # the flag applies to every host, inventory ones included
@@ -64,9 +68,10 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
     for spec in specs:
         if spec.address == "local" and space.engine.simulated and not spec.env:
             hosts.append(local_host(space, runs_root=spec.runs_root, sim_dir=sim_dir, name=spec.name,
-                                    server_port=spec.server_port, python=spec.python))
+                                    server_port=spec.server_port, python=spec.python,
+                                    host_dir=spec.host_dir or host_dir))
         else:
-            hosts.append(open_host(spec))
+            hosts.append(open_host(spec, host_dir=host_dir))
     return hosts
 
 

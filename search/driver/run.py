@@ -14,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -38,8 +36,8 @@ from search.driver.budget import Budget, StudyLock
 from search.driver.leases import LEASE_TTL, Leases
 from search.driver.pool import HostPool, HostSlot, HostStatus, NoHostsLeft
 from search.driver.signals import Heartbeat, Signals
-from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL, study_name
-from search.storage import artifact_store, create_or_load, open_storage, redact
+from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL, STORAGE_RETRY, study_name
+from search.storage import artifact_store, create_or_load, open_storage, redact, study_uid
 from search.strategy.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS
 from search.strategy.strategy import Strategy, make_sampler
 from search.strategy.view import StudyView
@@ -84,6 +82,8 @@ class RunOptions:
     callbacks: list[StudyCallback] = field(default_factory=list)
     hook: ProgressHook | None = None
     lease_ttl: float = LEASE_TTL
+    storage_retry: float = STORAGE_RETRY
+    """Seconds a dropped connection to the study's database server is retried before the run stops."""
     confirm_k: int = CONFIRM_K
     confirm_repeats: int = CONFIRM_REPEATS
     confirm_final: int = CONFIRM_FINAL
@@ -310,7 +310,8 @@ class _Run:
         except (*STORAGE_ERRORS, OSError) as exc:
             # A full disk under SQLite, a lost database: nothing more can be recorded, so stop in one line.
             raise StudyError(f"trial {trial.number} ({state.name}) could not be recorded in the study storage: "
-                             f"{_storage_error(exc)}") from None
+                             f"{_storage_error(exc)}; the run stopped (every trial recorded before is kept)"
+                             ) from None
         with self._lock:
             self.ran += 1
         self._callbacks(frozen)
@@ -336,7 +337,7 @@ def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunS
 
 def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunSummary:
     storage = open_storage(options.storage_url, heartbeat_interval=options.heartbeat_interval,
-                           grace_period=options.grace_period)
+                           grace_period=options.grace_period, retry=options.storage_retry)
     sampler = make_sampler(options.seed, options.n_trials)
     study = create_or_load(storage, options.study_name, sampler=sampler, directions=space.objective.directions,
                            metric_names=space.objective.metric_names)
@@ -351,6 +352,7 @@ def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> Run
     env = TrialEnv(
         space=space,
         study_name=options.study_name,
+        study_uid=study_uid(storage, study),
         artifacts_dir=options.artifacts_dir,
         artifact_store=artifact_store(options.artifacts_dir),
         hook=options.hook,
@@ -360,8 +362,8 @@ def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> Run
     controller = new_controller_id()
     for host in hosts:
         host.controller_id = controller
-    leases = Leases(hosts, Lease(controller, os.getpid(), socket.gethostname(), options.study_name,
-                                  redact(options.storage_url), options.lease_ttl))
+    leases = Leases(hosts, Lease.of_this_process(controller, options.study_name, redact(options.storage_url),
+                                                 options.lease_ttl))
     try:
         return _run_with_leases(space, hosts, options, study, storage, env, leases, abort, stop)
     finally:
@@ -420,14 +422,17 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
 
 def _usable_hosts(space: Space, hosts: Sequence[Host], env: TrialEnv,
                   leases: Leases) -> tuple[list[Host], list[str]]:
-    """Lease every host, then keep those the preflight does not drop: (kept, one line per host dropped).
-    Raises HostMisconfigured when none is left."""
-    for host in hosts:
-        leases.renew(host)
-    leases.start()
+    """Keep the hosts the preflight does not drop, and lease them: (kept, one line per host dropped). The
+    preflight comes first: it installs a simulated host's nvidia-smi, whose GPUs name the folder the lease
+    lives in. Raises HostMisconfigured when none is left."""
+    leases.hosts = []
     kept, dropped = preflight_hosts(space, hosts, env.preflight_cache)
     if not kept:
         raise HostMisconfigured(dropped[0] if len(dropped) == 1 else "no usable host: " + "; ".join(dropped))
+    leases.hosts = list(kept)
+    for host in kept:
+        leases.renew(host)
+    leases.start()
     for line in dropped:
         log.error("%s; the run goes on without it", line)
     return kept, dropped

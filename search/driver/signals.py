@@ -11,6 +11,8 @@ from typing import Any
 
 from optuna.storages import RDBStorage
 
+from runners.errors import first_line
+
 __all__ = ["Heartbeat", "Signals"]
 
 log = logging.getLogger("servetune")
@@ -35,11 +37,17 @@ class Heartbeat:
         self._thread.join()
 
     def _beat(self) -> None:
+        said = ""
         while not self._stop.wait(self._interval):
             try:
                 self._storage.record_heartbeat(self._id)
+                said = ""
             except Exception as exc:  # a storage hiccup: the next beat may get through
-                log.warning("heartbeat of trial id %d not recorded: %s", self._id, exc)
+                cause = exc.__cause__ if exc.__cause__ is not None else exc
+                why = first_line(getattr(cause, "orig", None) or cause)
+                if why != said:  # once per outage, not at every beat
+                    log.warning("heartbeat of trial id %d not recorded: %s", self._id, why)
+                said = why
 
 
 class Signals:

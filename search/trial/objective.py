@@ -74,6 +74,8 @@ class TrialEnv:
     space: Space
     study_name: str
     artifacts_dir: Path
+    study_uid: str = ""
+    """The study's id unique per storage (:func:`search.storage.study_uid`): its run directories carry it."""
     artifact_store: ArtifactStore | None = None
     hook: ProgressHook | None = None
     abort: threading.Event = field(default_factory=threading.Event)
@@ -81,6 +83,11 @@ class TrialEnv:
     preflight_cache: dict[str, HostInfo] = field(default_factory=dict)
     artifacts_error: str = ""
     """Set when a trial's files could not be written (a full disk): the run stops before the next trial."""
+
+
+def run_folder(env: TrialEnv) -> str:
+    """The name of the study's folder under a host's runs root: ``<study>.<uid>``."""
+    return f"{env.study_name}.{env.study_uid}" if env.study_uid else env.study_name
 
 
 def emit(env: TrialEnv, trial: optuna.Trial, event: TrialEvent) -> None:

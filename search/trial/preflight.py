@@ -37,8 +37,8 @@ def install_sim_smi(host: Host, space: Space, python: str) -> None:
 def preflight(host: Host, space: Space, engine: Engine | None = None) -> HostInfo:
     """:meth:`Host.preflight` for ``space``'s engine (``engine`` when the caller has resolved it) and python, or
     the host's own python (nvidia-smi only for a GPU engine), its model path (not for the simulator, which
-    reads none) and tensor parallel size; installs the simulated nvidia-smi on the host first for a ``sim``
-    space."""
+    reads none) and tensor parallel size, and that the shared folder of its leases can be made; installs the
+    simulated nvidia-smi on the host first for a ``sim`` space."""
     engine = engine or engine_of(space)
     python = host.python or space.engine.python
     if engine.simulated:
@@ -49,6 +49,7 @@ def preflight(host: Host, space: Space, engine: Engine | None = None) -> HostInf
                           gpus_needed=engine.tp_size(space.fixed_args) if space.engine.device == "gpu" else 0)
     info.nccl_version = host_nccl(host, engine, python)
     check_nccl_on(host, space, info.nccl_version)
+    host.gpu_dir()  # where the host's leases and claim live: a host_dir that cannot be made drops the host
     return info
 
 

@@ -27,7 +27,7 @@ from runners.host import HostInfo
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
 from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
 from search.trial.evaluate import Slot, level_order
-from search.trial.objective import Benchmarking, Ended, HostChosen, TrialEnv, TrialFailed, emit
+from search.trial.objective import Benchmarking, Ended, HostChosen, TrialEnv, TrialFailed, emit, run_folder
 from search.trial.preflight import preflight
 from search.trial.records import LevelResult, MemoryFacts, RateStepFacts, TrialFacts
 from search.trial.slo import find_max_rate
@@ -97,7 +97,7 @@ class ServerEvaluator:
         facts.argv = list(rendered.argv)
         facts.env = dict(rendered.env)
         run_id = f"{env.study_name}-{trial.number}-{uuid.uuid4().hex[:8]}"
-        run_dir = slot.host.run_dir(env.study_name, str(trial.number))
+        run_dir = slot.host.run_dir(run_folder(env), str(trial.number))
         facts.run_id = run_id
 
         session = ServerSession(

@@ -6,6 +6,8 @@ would have) sharing one runs_root, on the transport of the parameter.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shlex
 import signal
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,12 +35,13 @@ MakeHost = Callable[[], Host]
 @pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.ssh)])
 def make_host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeHost]:
     runs_root = str(tmp_path / "runs")
+    host_dir = str(tmp_path / "hostdir")  # this test's own leases and claim (tests run side by side)
     if request.param == "local":
-        spec = HostSpec(address="local", runs_root=runs_root)
+        spec = HostSpec(address="local", runs_root=runs_root, host_dir=host_dir)
     else:
         server: SshServer = request.getfixturevalue("sshd")
         known_hosts: Path = request.getfixturevalue("known_hosts")
-        spec = server.spec(known_hosts, runs_root=runs_root)
+        spec = server.spec(known_hosts, runs_root=runs_root, host_dir=host_dir)
     made: list[Host] = []
 
     def make() -> Host:
@@ -49,7 +53,7 @@ def make_host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeHo
         yield make
     finally:
         # Whatever a failed test left running under its runs_root is stopped by its recorded group.
-        open_host(HostSpec(address="local", name=spec.name, runs_root=runs_root)).cleanup_orphans(grace=1)
+        open_host(HostSpec(address="local", name=spec.name, runs_root=runs_root, host_dir=host_dir)).cleanup_orphans(grace=1)
         for host in made:
             host.close()
 
@@ -211,7 +215,7 @@ class TestHostContract:
 
         second = make_host()
         assert second.orphans() == [running]
-        other = Host(second.transport, runs_root=second.runs_root)
+        other = Host(second.transport, runs_root=second.runs_root, host_dir=second.host_dir)
         other.name = "some-other-host"
         assert other.orphans() == [], "orphans are kept per host name"
 
@@ -242,7 +246,7 @@ class TestHostContract:
         dead = _lease("ctl-dead", ttl=600, pid=_dead_pid())
         host.renew_lease(dead)
         assert [lease.controller for lease in host.live_leases()] == []
-        elsewhere = _lease("ctl-far", ttl=600, pid=_dead_pid(), hostname="another-machine")
+        elsewhere = _lease("ctl-far", ttl=600, pid=_dead_pid(), machine="another-machine")
         host.renew_lease(elsewhere)
         assert [lease.controller for lease in host.live_leases()] == ["ctl-far"]  # only expiry tells
 
@@ -268,6 +272,117 @@ class TestHostContract:
         assert a.claim().ok
         assert wait_for(lambda: b.claim().ok, timeout=5)
 
+    def test_two_runs_roots_share_one_claim_per_gpu_set(self, make_host: MakeHost, tmp_path: Path) -> None:
+        """Two controllers (two users' default runs roots) on one host: one claim, wherever runs live."""
+        a = make_host()
+        b = Host(a.transport, runs_root=str(tmp_path / "other-user-runs"), host_dir=a.host_dir)
+        a.controller_id, b.controller_id = "ctl-a", "ctl-b"
+        for host in (a, b):
+            host.renew_lease(_lease(host.controller_id, ttl=60))
+        assert a.gpu_dir() == b.gpu_dir() and a.gpu_dir().startswith(a.host_dir + "/gpus-")
+        assert a.claim().ok
+        held = b.claim()
+        assert not held.ok and held.holder is not None and held.holder.controller == "ctl-a"
+        assert {lease.controller for lease in b.live_leases()} == {"ctl-a", "ctl-b"}
+        # Shared by every Unix user: the host_dir is sticky and world-writable, the GPU set's folder writable.
+        assert os.stat(a.host_dir).st_mode & 0o7777 == 0o1777
+        for sub in ("", "/leases", "/queue"):
+            assert os.stat(a.gpu_dir() + sub).st_mode & 0o777 == 0o777
+
+    def test_another_pid_namespace_is_never_taken_for_dead_by_its_pid(self, make_host: MakeHost) -> None:
+        """Same machine (and host name), another PID namespace (a container with host networking): its PID
+        means nothing here, so only its lease's expiry tells; its claim and its servers are left alone."""
+        a, b = make_host(), make_host()
+        a.controller_id, b.controller_id = "ctl-in-container", "ctl-b"
+        dead_here = _dead_pid()
+        a.renew_lease(_lease("ctl-in-container", ttl=600, pid=dead_here, pid_ns="pid:[4026500001]"))
+        assert a.claim().ok
+        ref = _start(a, LONG_SERVER, trial="container-running")
+        assert [lease.controller for lease in b.live_leases()] == ["ctl-in-container"]
+        assert not b.claim().ok, "a live lease of another namespace holds its claim"
+        assert b.orphans() == [] and a.alive(ref), "its server is its trial, not an orphan"
+        # The same PID in *this* namespace, with another start time: a reused PID, so the lease is dead.
+        a.renew_lease(_lease("ctl-in-container", ttl=600, pid=os.getpid(), start=1))
+        assert b.live_leases() == []
+        assert b.claim().ok
+        assert b.cleanup_orphans(grace=5) == [ref]
+
+    def test_lease_files_are_data(self, make_host: MakeHost, caplog: pytest.LogCaptureFixture) -> None:
+        """A lease file of the wrong shape is ignored with one line naming it; the host stays usable."""
+        host = make_host()
+        host.controller_id = "ctl-me"
+        host.renew_lease(_lease("ctl-me", ttl=60))
+        folder = host.gpu_dir() + "/leases"
+        good = json.loads(host.run(f"cat {shlex.quote(folder)}/ctl-me.json").stdout)
+        bad = {
+            "string-heartbeat": {**good, "controller": "string-heartbeat", "heartbeat": "soon"},
+            "null-ttl": {**good, "controller": "null-ttl", "ttl": None},
+            "huge-pid": {**good, "controller": "huge-pid", "pid": 10**30},
+            "bool-pid": {**good, "controller": "bool-pid", "pid": True},
+            "long-ttl": {**good, "controller": "long-ttl", "ttl": 10**9},
+            "renamed": {**good, "controller": "someone-else"},
+            "a-list": [1, 2],
+        }
+        for name, data in bad.items():
+            host.put(f"{folder}/{name}.json", json.dumps(data).encode())
+        host.put(f"{folder}/not-json.json", b"\x1b]0;pwned\x07{{{")
+        with caplog.at_level(logging.WARNING, logger="servetune"):
+            assert [lease.controller for lease in host.live_leases()] == ["ctl-me"]
+            assert host.claim().ok
+            host.live_leases()  # said once per file, not at every look
+        lines = [r.getMessage() for r in caplog.records if "ignored lease file" in r.getMessage()]
+        assert len(lines) == len(bad) + 1, lines
+        assert all("\n" not in line for line in lines)
+        assert any("string-heartbeat.json" in line and "heartbeat is str, not a number" in line for line in lines)
+        assert any("null-ttl.json" in line and "ttl is null" in line for line in lines)
+        assert any("huge-pid.json" in line and "pid is" in line for line in lines)
+
+    def test_a_heartbeat_in_the_hosts_future_is_capped(self, make_host: MakeHost,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+        """A heartbeat a year ahead (a clock stepped back, a forged file) holds the host for one ttl, not a year."""
+        a, b = make_host(), make_host()
+        a.controller_id, b.controller_id = "ctl-future", "ctl-b"
+        a.renew_lease(_lease("ctl-future", ttl=2, machine="another-machine"))
+        assert a.claim().ok
+        path = f"{a.gpu_dir()}/leases/ctl-future.json"
+        data = json.loads(a.run(f"cat {shlex.quote(path)}").stdout)
+        data["heartbeat"] += 365 * 86400
+        a.put(path, json.dumps(data).encode())
+        with caplog.at_level(logging.WARNING, logger="servetune"):
+            now, leases = b.leases()
+        assert [lease.heartbeat for lease in leases] == [now], "capped at the host's now"
+        assert any("in the host's future" in r.getMessage() and "ctl-future.json" in r.getMessage()
+                   for r in caplog.records)
+        assert json.loads(a.run(f"cat {shlex.quote(path)}").stdout)["heartbeat"] <= now + 1, "in the file too"
+        assert not b.claim().ok, "live until its (capped) lease expires"
+        assert wait_for(lambda: b.claim().ok, timeout=10), "then the claim is taken over"
+
+    def test_waiting_controllers_are_served_first_come_first_served(self, make_host: MakeHost) -> None:
+        a, b, c = make_host(), make_host(), make_host()
+        for host, name in ((a, "ctl-a"), (b, "ctl-b"), (c, "ctl-c")):
+            host.controller_id = name
+            host.renew_lease(_lease(name, ttl=60))
+        assert a.claim().ok
+        assert not b.claim().ok  # b queues first
+        assert not c.claim().ok  # then c
+        a.release_claim()
+        later = c.claim()
+        assert not later.ok and "ctl-b" in later.reason and "waited" in later.reason, later.reason
+        assert not a.claim().ok, "the one that let go goes to the end of the line"
+        assert b.claim().ok
+        b.release_claim()
+        assert not a.claim().ok, "c has waited longer than a"
+        assert c.claim().ok
+        c.release_claim()
+        assert a.claim().ok
+        a.release_claim()
+        # A waiting controller that is gone (its lease dropped) loses its place.
+        assert a.claim().ok
+        assert not b.claim().ok
+        b.drop_lease("ctl-b")
+        a.release_claim()
+        assert c.claim().ok
+
     def test_port_holder_tells_ours_from_foreign(self, make_host: MakeHost) -> None:
         host = make_host()
         port = free_port()
@@ -288,9 +403,16 @@ class TestHostContract:
 _LISTENER = "import socket,time; s=socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(60)"
 
 
-def _lease(controller: str, *, ttl: float, pid: int | None = None, hostname: str | None = None) -> Lease:
-    return Lease(controller, os.getpid() if pid is None else pid, hostname or socket.gethostname(), "s",
-                 "sqlite:///x.db", ttl)
+def _lease(controller: str, *, ttl: float, pid: int | None = None, machine: str | None = None,
+           pid_ns: str | None = None, start: int | None = None) -> Lease:
+    """A lease of this process (its machine, PID namespace and start time) but for what is given."""
+    lease = Lease.of_this_process(controller, "s", "sqlite:///x.db", ttl)
+    if pid is not None:
+        lease = replace(lease, pid=pid, start=0)
+    if start is not None:
+        lease = replace(lease, start=start)
+    return replace(lease, machine=lease.machine if machine is None else machine,
+                   pid_ns=lease.pid_ns if pid_ns is None else pid_ns)
 
 
 def _dead_pid() -> int:

@@ -76,7 +76,7 @@ def test_the_files_run_as_they_are_with_the_library_folder_given(tmp_path: Path)
     (tmp_path / "leases" / "c1.json").write_text('{"controller": "c1"}\n')
     res = subprocess.run(["bash", str(SCRIPT_DIR / "leases.sh"), "~/leases"], env=env, capture_output=True,
                          text=True, check=True)
-    assert res.stdout.splitlines()[1:] == ['{"controller": "c1"}']
+    assert res.stdout.splitlines()[1:] == ['c1.json\t{"controller": "c1"}']
 
 
 # ---- values are data ------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def test_a_server_lives_and_dies_under_a_hostile_runs_root(hostile_root: Path) -
 
 
 def test_leases_and_claims_under_a_hostile_runs_root(hostile_root: Path) -> None:
-    host = Host(LocalTransport("quoting"), runs_root=str(hostile_root))
+    host = Host(LocalTransport("quoting"), runs_root=str(hostile_root), host_dir=str(hostile_root / "host"))
     lease = Lease(host.controller_id, 1, "elsewhere", "study '$(x)'", "sqlite:///a b.db", ttl=600)
     host.renew_lease(lease)
     now, leases = host.leases()

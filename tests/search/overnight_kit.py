@@ -72,8 +72,10 @@ def make_space(path: Path, *, speed: float = 1000, workload: Mapping[str, Any] |
 
 
 def cli_env(wd: Path, **extra: str) -> dict[str, str]:
-    """The environment of a ``servetune`` subprocess working in ``wd`` (its own runs root)."""
+    """The environment of a ``servetune`` subprocess working in ``wd`` (its own runs root, and its own folder of
+    leases and claims, ``wd/hostdir``, where a test's controllers meet)."""
     env = {**os.environ, **HEARTBEAT_ENV, "SERVETUNE_RUNS_ROOT": str(wd / "runs"),
+           "SERVETUNE_HOST_DIR": str(wd / "hostdir"),
            "SERVETUNE_ARTIFACTS_DIR": str(wd / "artifacts"), "PYTHONUNBUFFERED": "1"}
     env.pop("SERVETUNE_CONFIG", None)
     env.update(extra)
@@ -142,6 +144,17 @@ def server_groups(runs_root: Path) -> dict[str, int]:
         if text.isdigit():
             out[str(pgid.parent)] = int(text)
     return out
+
+
+def study_runs(runs_root: Path, study: str, timeout: float = 60) -> Path:
+    """The study's folder of run directories under ``runs_root`` (``<study>.<uid>``), once a launch made it."""
+    return Path(wait_for(f"a run folder of study {study} in {runs_root}",
+                         lambda: next(iter(runs_root.glob(f"{study}.*")), None), timeout=timeout))
+
+
+def lease_files(host_dir: Path) -> list[Path]:
+    """The lease files under a host_dir (one folder per GPU set)."""
+    return sorted(host_dir.glob("gpus-*/leases/*.json"))
 
 
 def live_servers(runs_root: Path) -> list[str]:

@@ -45,6 +45,7 @@ from tests.search.overnight_kit import (
     live_servers,
     make_space,
     start_cli,
+    study_runs,
     trials,
     wait_for,
 )
@@ -86,7 +87,7 @@ def test_controller_killed_mid_trial_then_resumed(tmp_path: Path) -> None:
     args = run_args(space, storage, "--n-trials", "3", "--seed", "1")
 
     first = start_cli(*args, cwd=tmp_path, log="killed.log")
-    pgid = server_pgid(tmp_path / "runs" / STUDY / "0")
+    pgid = server_pgid(study_runs(tmp_path / "runs", STUDY) / "0")
     os.kill(first.pid, signal.SIGKILL)  # kill -9: no cleanup of any kind
     first.proc.wait(10)
     assert group_alive(pgid), "the server outlives its controller (it is detached)"
@@ -95,7 +96,7 @@ def test_controller_killed_mid_trial_then_resumed(tmp_path: Path) -> None:
     res = cli(*args, cwd=tmp_path)  # the same command again resumes
     assert res.returncode == 0, res.stdout + res.stderr
     assert not group_alive(pgid)
-    assert squash(f"stopped an orphaned server: local:{tmp_path}/runs/{STUDY}/0") in squash(res.stdout)
+    assert squash(f"stopped an orphaned server: local:{study_runs(tmp_path / 'runs', STUDY)}/0") in squash(res.stdout)
 
     ts = trials(storage, STUDY)
     dead = ts[0]
@@ -106,7 +107,7 @@ def test_controller_killed_mid_trial_then_resumed(tmp_path: Path) -> None:
     again = retried[0]
     assert again.params == dead.params == SURVIVES
     assert again.state == TrialState.COMPLETE and TrialFacts.from_trial(again).launched  # really run
-    assert (tmp_path / "runs" / STUDY / str(again.number) / "server.log").read_text()
+    assert (study_runs(tmp_path / "runs", STUDY) / str(again.number) / "server.log").read_text()
     assert len(counted(ts)) == 3  # the budget is exact: the FAIL'd trial does not count
     assert not [t for t in ts if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     assert live_servers(tmp_path / "runs") == []
@@ -117,7 +118,7 @@ def test_first_signal_lets_the_trial_finish_then_stops(tmp_path: Path) -> None:
     space = make_space(tmp_path / "space.yaml", speed=200)
     storage = f"sqlite:///{tmp_path}/servetune.db"
     ctl = start_cli(*run_args(space, storage, "--n-trials", "5"), cwd=tmp_path)
-    server_pgid(tmp_path / "runs" / STUDY / "0")
+    server_pgid(study_runs(tmp_path / "runs", STUDY) / "0")
     ctl.proc.send_signal(signal.SIGTERM)
     assert ctl.finish(60) == 130, ctl.output()
     ts = trials(storage, STUDY)
@@ -132,7 +133,7 @@ def test_second_signal_aborts_the_trial_and_stops_its_server(tmp_path: Path) -> 
                        budget={"stop_grace": "1s"})
     storage = f"sqlite:///{tmp_path}/servetune.db"
     ctl = start_cli(*run_args(space, storage, "--n-trials", "5"), cwd=tmp_path)
-    pgid = server_pgid(tmp_path / "runs" / STUDY / "0")
+    pgid = server_pgid(study_runs(tmp_path / "runs", STUDY) / "0")
     ctl.proc.send_signal(signal.SIGINT)
     time.sleep(0.5)
     assert ctl.proc.poll() is None and group_alive(pgid)  # the first one waits for the trial

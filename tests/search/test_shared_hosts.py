@@ -32,9 +32,9 @@ from optuna.trial import TrialState
 
 from runners.errors import HostMisconfigured
 from runners.host import Lease
-from runners.inventory import HostSpec, open_host
+from runners.inventory import open_host
 from runners.telemetry import FailureKind
-from search.driver.hosts import local_host
+from search.driver.hosts import local_host, sim_env
 from search.driver.run import RunOptions, run_search
 from search.trial.records import TrialFacts
 from spaces.schema import load_space
@@ -46,9 +46,11 @@ from tests.search.overnight_kit import (
     cli,
     cli_env,
     counted,
+    lease_files,
     live_servers,
     make_space,
     start_cli,
+    study_runs,
     trials,
     wait_for,
 )
@@ -101,7 +103,7 @@ def test_two_controllers_with_their_own_studies_take_turns_on_one_host(tmp_path:
     for (_, end, a), (start, _, b) in itertools.pairwise(spans):
         assert a == b or end <= start, "trials of the two controllers never ran at once on the host"
     assert live_servers(tmp_path / "runs") == []
-    assert not list((tmp_path / "runs" / ".servetune" / "leases").glob("*.json")), "leases are removed"
+    assert not lease_files(tmp_path / "hostdir"), "leases are removed"
 
 
 @pytest.mark.slow
@@ -129,6 +131,44 @@ def test_two_controllers_of_one_postgres_study_on_one_host(tmp_path: Path, postg
     assert live_servers(tmp_path / "runs") == []
 
 
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_two_users_runs_roots_on_one_host_never_launch_at_once(tmp_path: Path, sshd: SshServer,
+                                                                 known_hosts: Path) -> None:
+    """Two controllers, each with its own working folder and runs root (two users' ``~/.servetune/runs``), on
+    one host over SSH with one set of (simulated) GPUs, and the default host_dir: they meet in the GPU set's
+    claim, so no trial of one runs while the other's does (two servers at once would not fit the GPUs)."""
+    sim = sim_env(load_space(make_space(tmp_path / "probe.yaml")), tmp_path / "shared-gpus")
+    runs = []
+    try:
+        for who in ("alice", "bob"):
+            wd = tmp_path / who
+            space = make_space(wd / "space.yaml", budget={"n_trials": 3})
+            spec = sshd.spec(known_hosts, name="gpu-box", runs_root=str(wd / "runs"), env=sim)
+            (wd / "hosts.yaml").write_text(yaml.safe_dump({"hosts": [spec.model_dump(exclude_none=True)]}))
+            env = cli_env(wd)
+            del env["SERVETUNE_HOST_DIR"]  # the default, shared by every user: /var/tmp/servetune
+            storage = f"sqlite:///{wd}/{who}.db"
+            runs.append((who, storage, start_cli(*run_args(space, who, storage, "--inventory", "hosts.yaml",
+                                                           "--seed", "3"), cwd=wd, env=env, log=f"{who}.log")))
+        for _, _, ctl in runs:
+            assert ctl.finish(300) == 0, ctl.output()
+    finally:
+        for _, _, ctl in runs:
+            ctl.kill()
+    spans = []
+    for who, storage, _ in runs:
+        ts = trials(storage, who)
+        assert [t.state for t in ts] == [TrialState.COMPLETE] * 3, [(t.number, t.state, t.user_attrs.get("reason"))
+                                                                    for t in ts]
+        spans += [(t.datetime_start, t.datetime_complete, who) for t in ts]
+        assert live_servers(tmp_path / who / "runs") == []
+    spans.sort()
+    for (_, end, a), (start, _, b) in itertools.pairwise(spans):
+        assert a == b or end <= start, "trials of the two users never ran at once on the GPUs"
+    assert "held by controller" in runs[0][2].output() + runs[1][2].output(), "they did meet"
+
+
 # ---- a SIGKILLed controller and its lease -----------------------------------------------------
 
 
@@ -138,19 +178,19 @@ def test_a_dead_controllers_server_is_left_alone_until_its_lease_expires(tmp_pat
     first = start_cli(*run_args(space, "first", f"sqlite:///{tmp_path}/first.db", "--n-trials", "2"),
                       cwd=tmp_path, log="first.log")
     try:
-        pgid = server_pgid(tmp_path / "runs" / "first" / "0")
+        pgid = server_pgid(study_runs(tmp_path / "runs", "first") / "0")
         os.kill(first.pid, signal.SIGKILL)
         first.proc.wait(10)
     finally:
         first.kill()
     assert group_alive(pgid)
     # As if the dead controller had run on another machine (so only its lease's expiry can tell), with a
-    # lease renewed just now that lasts 8 s more.
-    lease_file = next((tmp_path / "runs" / ".servetune" / "leases").glob("*.json"))
+    # lease renewed just now that lasts 20 s more (time for the second controller to start on a loaded machine).
+    lease_file = lease_files(tmp_path / "hostdir")[0]
     lease = json.loads(lease_file.read_text())
-    lease.update(hostname="another-machine", ttl=8, heartbeat=int(time.time()))
+    lease.update(machine="another-machine", hostname="another-machine", ttl=20, heartbeat=int(time.time()))
     lease_file.write_text(json.dumps(lease))
-    expires = lease["heartbeat"] + 8
+    expires = lease["heartbeat"] + 20
 
     second_storage = f"sqlite:///{tmp_path}/second.db"
     second = start_cli(*run_args(space, "second", second_storage, "--n-trials", "1"), cwd=tmp_path,
@@ -257,7 +297,7 @@ def test_a_server_sigtermed_from_outside_mid_benchmark_is_fail_stopped_from_outs
     storage = f"sqlite:///{tmp_path}/s.db"
     ctl = start_cli(*run_args(space, "outside", storage, "--n-trials", "1"), cwd=tmp_path)
     try:
-        run_dir = tmp_path / "runs" / "outside" / "0"
+        run_dir = study_runs(tmp_path / "runs", "outside") / "0"
         pgid = server_pgid(run_dir)
         wait_for("the benchmark to start", lambda: (run_dir / "bench.jsonl").exists(), timeout=90)
         os.killpg(pgid, signal.SIGTERM)  # not servetune's doing
@@ -343,10 +383,12 @@ def test_the_simulated_host_over_ssh_needs_no_set_up(tmp_path: Path, sshd: SshSe
 
 def test_hosts_check_shows_who_holds_the_host(tmp_path: Path) -> None:
     space = make_space(tmp_path / "space.yaml")
-    other = open_host(HostSpec(address="local", runs_root=str(tmp_path / "runs")))
+    # The same simulated GPUs (the CLI's sim folder) and host_dir as the CLI's host: the same claim.
+    other = local_host(load_space(space), runs_root=str(tmp_path / "runs"), sim_dir=tmp_path / ".servetune/simhost",
+                       host_dir=str(tmp_path / "hostdir"))
     other.controller_id = "ctl-other"
     other.renew_lease(Lease("ctl-other", os.getpid(), "another-machine", "their-study", "postgresql://u:***@pg/db",
-                            600))
+                            600, machine="another-machine"))
     assert other.claim().ok
     res = cli("hosts", "check", "--space", str(space), cwd=tmp_path, env=cli_env(tmp_path, COLUMNS="400"))
     assert res.returncode == 0, res.stdout + res.stderr

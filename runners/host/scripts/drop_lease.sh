@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# servetune drop_lease: remove controller $3's lease from lease directory $1, and claim directory $2 if it
-# holds it.
+# servetune drop_lease: in the GPU set's folder $1 (see host_dir.sh), remove controller $2's lease, its place
+# in the queue, and the claim if it holds it.
 # shellcheck source=lib/paths.sh
 . "${SERVETUNE_LIB:?}/paths.sh"
 # shellcheck source=lib/claim.sh
 . "${SERVETUNE_LIB:?}/claim.sh"
-rm -f "$(host_path "$1")/$3.json"
-release_claim "$(host_path "$2")" "$3"
+d=$(host_path "$1")
+rm -f "$d/leases/$2.json" "$d/queue/"*"+$2"
+release_claim "$d/claim" "$2"
