@@ -9,7 +9,19 @@ from dataclasses import dataclass, field
 
 from runners.errors import EngineMissing, HostBusy, HostMisconfigured, HostUnreachable
 from runners.host.shell import Shell
-from runners.smi import APPS_QUERY, GPU_QUERY, ComputeApp, GpuStatus, parse_apps, parse_gpus
+from runners.printable import printable
+from runners.smi import (
+    APPS_QUERY,
+    GPU_QUERY,
+    MAX_BYTES,
+    ComputeApp,
+    GpuStatus,
+    SmiOutputError,
+    capped,
+    cut_short,
+    parse_apps,
+    parse_gpus,
+)
 
 _SPLIT = "--servetune-apps--"
 
@@ -38,29 +50,56 @@ class HostInfo:
         return sum(g.free_mib or 0.0 for g in self.gpus)
 
 
+def _stderr(text: str) -> str:
+    return printable(text.strip()[:200], newlines=False)
+
+
+def _failed(shell: Shell, rc: int, stdout: str, stderr: str) -> HostUnreachable | HostMisconfigured:
+    """The error of an nvidia-smi query that exited ``rc``: cut short by the cap (it printed far too much), a
+    fault waiting will not fix; otherwise trouble worth retrying, as before."""
+    if cut_short(stdout):
+        return _garbled(shell, SmiOutputError(f"nvidia-smi printed more than {MAX_BYTES // 1024} KiB"))
+    return HostUnreachable(f"nvidia-smi failed on {shell.name} (rc={rc}): {_stderr(stderr)}", host=shell.name)
+
+
+def _garbled(shell: Shell, exc: SmiOutputError) -> HostMisconfigured:
+    return HostMisconfigured(
+        f"{shell.name}: {exc}; a GPU may have fallen off the bus or the driver is broken; fix: run nvidia-smi "
+        "on the host and repair it (often a reboot)", host=shell.name, fault="nvidia_smi_output")
+
+
 def gpus(shell: Shell, *, timeout: float = 20.0) -> list[GpuStatus]:
-    res = shell.run(GPU_QUERY, timeout=timeout)
+    res = shell.run(capped(GPU_QUERY), timeout=timeout)
     if not res.ok:
-        raise HostUnreachable(f"nvidia-smi failed on {shell.name} (rc={res.rc}): {res.stderr.strip()[:200]}",
-                              host=shell.name)
-    return parse_gpus(res.stdout)
+        raise _failed(shell, res.rc, res.stdout, res.stderr)
+    try:
+        return parse_gpus(res.stdout)
+    except SmiOutputError as exc:
+        raise _garbled(shell, exc) from None
 
 
 def compute_apps(shell: Shell, *, timeout: float = 20.0) -> list[ComputeApp]:
-    res = shell.run(APPS_QUERY, timeout=timeout)
+    res = shell.run(capped(APPS_QUERY), timeout=timeout)
     if not res.ok:
-        raise HostUnreachable(f"nvidia-smi failed on {shell.name}: {res.stderr.strip()[:200]}", host=shell.name)
-    return parse_apps(res.stdout)
+        raise _failed(shell, res.rc, res.stdout, res.stderr)
+    try:
+        return parse_apps(res.stdout)
+    except SmiOutputError as exc:
+        raise _garbled(shell, exc) from None
 
 
 def gpu_state(shell: Shell, *, timeout: float = 20.0) -> tuple[list[GpuStatus], list[ComputeApp]]:
-    """GPUs and compute processes in one round trip."""
-    res = shell.run(f"{GPU_QUERY} && echo {_SPLIT} && {APPS_QUERY}", timeout=timeout)
-    if not res.ok or _SPLIT not in res.stdout:
-        raise HostUnreachable(f"nvidia-smi failed on {shell.name} (rc={res.rc}): {res.stderr.strip()[:200]}",
-                              host=shell.name)
-    found, _, apps = res.stdout.partition(_SPLIT)
-    return parse_gpus(found), parse_apps(apps)
+    """GPUs and compute processes in one round trip. nvidia-smi exiting 0 with lines that are not its CSV
+    (a GPU that fell off the bus), or printing far too much, is :class:`HostMisconfigured`
+    (``nvidia_smi_output``): one line, and the host is dropped."""
+    res = shell.run(f"{capped(GPU_QUERY)} && echo {_SPLIT} && {capped(APPS_QUERY)}", timeout=timeout)
+    found, split, apps = res.stdout.partition(_SPLIT)
+    if not res.ok or not split:
+        raise _failed(shell, res.rc, found if not split else apps, res.stderr)
+    try:
+        return parse_gpus(found), parse_apps(apps)
+    except SmiOutputError as exc:
+        raise _garbled(shell, exc) from None
 
 
 def judge_busy(info: HostInfo, busy_mib: float) -> None:

@@ -7,6 +7,7 @@ a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from runners.errors import ConfigError, HostBusy, HostMisconfigured, ServetuneError, first_line
+from search.cli.safe import SafeConsole, SafeLogHandler, safe_write
 from search.files import write_file
 from search.spaces import load_checked_space as load_space
 from spaces.schema import parse_duration
@@ -33,8 +35,8 @@ app = typer.Typer(
 hosts_app = typer.Typer(help="Check GPU hosts.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(hosts_app, name="hosts")
 
-console = Console()
-err_console = Console(stderr=True)
+console: Console = SafeConsole()
+err_console: Console = SafeConsole(stderr=True)
 
 StudyOpt = Annotated[str, typer.Option("--study", "-s", help="Study name.")]
 StorageOpt = Annotated[str | None, typer.Option("--storage", help="SQLAlchemy URL of the Optuna storage.")]
@@ -49,7 +51,7 @@ def _version(value: bool) -> None:
             number = version("servetune")
         except PackageNotFoundError:
             number = "unknown (not installed)"
-        sys.stdout.write(f"servetune {number}\n")
+        safe_write(f"servetune {number}\n")
         raise typer.Exit()
 
 
@@ -241,7 +243,7 @@ def trials(
     st = _open(study, storage)
     recs = records(st)
     if as_json:
-        sys.stdout.write(json.dumps([r.summary() for r in recs], indent=2, default=str) + "\n")
+        safe_write(json.dumps([r.summary() for r in recs], indent=2, default=str) + "\n")
     else:
         console.print(summary_table(recs, "objective", width=console.width))
 
@@ -283,7 +285,7 @@ def export(
     script = export_script(StudyView.of(st), trial=trial, min_free_gib=min_free_gib, pick=pick, engine=engine,
                            deploy=deploy)
     if output is None:
-        sys.stdout.write(script)
+        safe_write(script)
         return
     write_script(output, script)
     err_console.print(f"wrote {output}")
@@ -321,7 +323,7 @@ def report(
     view = StudyView.of(_open(study, storage))
     text = report_html(view) if fmt == "html" else report_markdown(view)
     if output is None:
-        sys.stdout.write(text)
+        safe_write(text)
     else:
         write_file(output, text)
         err_console.print(f"wrote {output}")
@@ -342,7 +344,7 @@ def status(
     view = StudyView.of(_open(study, storage))
     data = study_status(view, n_trials=n_trials if n_trials is not None else view.n_trials)
     if as_json:
-        sys.stdout.write(json.dumps(data.model_dump(), indent=2, default=str) + "\n")
+        safe_write(json.dumps(data.model_dump(), indent=2, default=str) + "\n")
         return
     from search.cli.views import status_view
 
@@ -388,9 +390,9 @@ def diagnose(
 
     result = diagnose_file(log, engine=engine, version=version, exit_code=exit_code)
     if as_json:
-        sys.stdout.write(result.to_json() + "\n")
+        safe_write(result.to_json() + "\n")
     else:
-        sys.stdout.write(render_text(result, source=str(log)))
+        safe_write(render_text(result, source=str(log)))
 
 
 @hosts_app.command("check")
@@ -438,7 +440,7 @@ def hosts_check(
 
 def _line(text: str) -> None:
     """One plain line on stderr (no markup, no wrapping: paths and errors may hold ``[`` or be long)."""
-    sys.stderr.write(" ".join(text.split()) + "\n")
+    safe_write(" ".join(text.split()) + "\n", sys.stderr)
 
 
 def _held_by(host: Any) -> str:
@@ -461,8 +463,9 @@ def main() -> None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger().addHandler(SafeLogHandler())  # instead of the last-resort handler: escaped lines
     try:
         app()
     except ServetuneError as exc:
-        sys.stderr.write(f"servetune: error: {' '.join(str(exc).split())}\n")
+        safe_write(f"servetune: error: {' '.join(str(exc).split())}\n", sys.stderr)
         sys.exit(1)

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from runners.errors import ServetuneError
 from search.api import run_study
+from search.cli.safe import SafeConsole, safe_write
 from search.cli.views import Progress, print_plan, print_run
 from search.outputs.export import export_script, write_script
 from search.settings import Settings, load_settings, study_name
@@ -89,9 +90,9 @@ def main() -> None:
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        code = demo(args.study, args.n_trials, Console(), Console(stderr=True))
+        code = demo(args.study, args.n_trials, SafeConsole(), SafeConsole(stderr=True))
     except ServetuneError as exc:
-        sys.stderr.write(f"servetune: error: {' '.join(str(exc).split())}\n")
+        safe_write(f"servetune: error: {' '.join(str(exc).split())}\n", sys.stderr)
         code = 1
     sys.exit(code)
 

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runners.events import LevelDone, PhaseReached
+from search.cli.safe import safe_write
 from search.outputs.status import StudyStatus
 from search.outputs.text import figure_text, format_duration
 from search.strategy.confirm import Confirmed, skip_summary
@@ -246,7 +247,7 @@ def print_plan(console: Console, plan: RunPlan, *, simulated: bool = False) -> N
                   soft_wrap=True)  # one line whatever the width: logs and scripts grep it
     for line in plan.warnings:
         # One plain line on stderr: what the run goes on without (paths and errors may hold "[").
-        sys.stderr.write(" ".join(line.split()) + "\n")
+        safe_write(" ".join(line.split()) + "\n", sys.stderr)
 
 
 def print_dry_run(console: Console, plan: DryRun, *, simulated: bool) -> None:

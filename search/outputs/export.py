@@ -25,7 +25,7 @@ from runners.engines import engine_for, get_engine
 from runners.engines.script import render_script
 from runners.errors import ConfigError, validation_line
 from search.files import write_file
-from search.outputs.text import THIN_HEADROOM_GIB
+from search.outputs.text import THIN_HEADROOM_GIB, terminal_safe
 from search.strategy.choice import choose
 from search.strategy.confirm import origin
 from search.strategy.front import Goal, PickRule, front, parse_rule
@@ -73,7 +73,9 @@ def export_script(view: StudyView, *, trial: int | None = None, min_free_gib: fl
         raise ConfigError(f"trial {rec.number} of study {study.study_name!r} has no stored {missing}: "
                           "it cannot be exported")
     bar = min_free_gib if min_free_gib is not None else THIN_HEADROOM_GIB
-    header = _header(view, rec, version, bar, now or datetime.now(UTC), rule=rule)
+    # Comment lines of the script: one line each, nothing in them acts on a terminal that prints the script.
+    header = [terminal_safe(line, one_line=True)
+              for line in _header(view, rec, version, bar, now or datetime.now(UTC), rule=rule)]
     if engine is None:
         return render_script(engine_for(launch), launch, version, header=header)
     if deploy is None:

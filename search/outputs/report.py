@@ -27,6 +27,7 @@ from search.outputs.text import (
     levels_table,
     short,
     sort_key,
+    terminal_safe,
     unit,
 )
 from search.strategy.confirm import origin
@@ -65,7 +66,8 @@ def report_parts(view: StudyView) -> tuple[list[str], list[str]]:
     body += _skipped_section(recs)
     body += _trials_section(recs)
     body += _time_section(recs)
-    return head, body
+    # The output boundary: reasons, GPU names and hosts come from hosts; nothing in them acts on a terminal.
+    return [terminal_safe(line) for line in head], [terminal_safe(line) for line in body]
 
 
 #: What bound a configuration, by the phase its neighbours died in.

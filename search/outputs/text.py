@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeGuard
 
+from runners.printable import printable
 from search.trial.records import LevelResult
 
 __all__ = ["MEMORY_LABELS", "THIN_HEADROOM_GIB", "cell", "escape", "figure_text", "fmt", "format_duration",
-           "is_number", "levels_table", "memory_table", "short", "sort_key", "unit"]
+           "is_number", "levels_table", "memory_table", "short", "sort_key", "terminal_safe", "unit"]
 
 #: Free GPU memory after CUDA graph capture below which a configuration is called thin (seed 001: 0.82 GB
 #: of headroom was a crash waiting for a prefill burst).
@@ -59,6 +60,15 @@ def memory_table(memory: dict[str, Any]) -> list[str]:
     return out
 
 
+def terminal_safe(text: str, *, one_line: bool = False) -> str:
+    """``text`` fit for a terminal or a report: every control character a terminal would act on (escape
+    sequences that set the title, clear the screen or plant a hyperlink; carriage return; C0 and C1
+    controls; bidirectional overrides) written as a visible escape such as ``\\x1b``; tab and newline kept.
+    The one sanitiser of every output: the command line's consoles and plain writes, the Markdown and HTML
+    reports, status and export. ``one_line``: newline and tab are escaped too (a comment line of a script)."""
+    return printable(text, newlines=not one_line)
+
+
 def format_duration(seconds: float) -> str:
     """``3725`` -> ``'1h 02m 05s'``; ``42.5`` -> ``'42.5s'``."""
     if seconds < 60:
@@ -90,7 +100,7 @@ def cell(value: Any) -> str:
 
 
 def escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return terminal_safe(text.replace("|", "\\|").replace("\n", " "))
 
 
 def short(text: str, limit: int) -> str:
