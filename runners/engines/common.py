@@ -3,6 +3,7 @@ tables), phase order, fatal priorities, exit signals, flag values and host OOM e
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -126,6 +127,16 @@ def rank(phase: Phase) -> int:
 def one_line(text: str, limit: int = 240) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def dist_init_addr(head: str, port: int) -> str:
+    """``head:port`` as the engines parse a rendezvous address (an IPv6 address in brackets)."""
+    try:
+        if ipaddress.ip_address(head).version == 6:
+            return f"[{head}]:{port}"
+    except ValueError:
+        pass
+    return f"{head}:{port}"
 
 
 def flag_name(arg: str) -> str:

@@ -25,6 +25,7 @@ from runners.engines.common import (
     Version,
     command,
     death_reason,
+    dist_init_addr,
     last_error,
     nccl_warned,
     number_arg,
@@ -525,6 +526,13 @@ class SGLangEngine:
                 continue
             flags += [flag, number_arg(knob, value, is_float=knob in _FLOAT_KNOBS)]
         return command(launch, self.module, "--model-path", flags, self._leading_args(launch, version))
+
+    def rank_argv(self, launch: LaunchLike, version: str, *, nnodes: int, rank: int, head: str,
+                  dist_port: int) -> list[str]:
+        """``--nnodes``, ``--node-rank`` and ``--dist-init-addr head:port`` after the one-node command (every
+        release 0.5.2-0.5.23 has them: ``srt/server_args.py``); ``--tp`` stays the total over the nodes."""
+        return [*self.argv(launch, version), "--nnodes", str(nnodes), "--node-rank", str(rank),
+                "--dist-init-addr", dist_init_addr(head, dist_port)]
 
     def environment(self, launch: LaunchLike, version: str) -> dict[str, str]:
         return dict(launch.env)

@@ -1,0 +1,80 @@
+"""A server that spans nodes: one command per rank, from one launch value, the node addresses and a port.
+
+:func:`render_nodes` is the seam every runner that starts a multi-node server uses (two SSH hosts taken together,
+a Slurm job's nodes): given the launch config, the nodes' addresses in rank order (rank 0, the head, first) and
+the dist-init port picked free on the head, it returns each rank's :class:`~runners.engines.script.RenderedLaunch`.
+How an engine spells the ranks is its own (``Engine.node_flags``):
+
+* SGLang: ``--nnodes N --node-rank R --dist-init-addr HEAD:PORT`` on every rank, ``--tp`` the total over the nodes
+  (``srt/server_args.py``: ``tp_size must be divisible by number of nodes``); rank 0 serves HTTP, the others
+  wait in their schedulers (``srt/entrypoints/engine.py``: ``if server_args.node_rank >= 1``).
+* vLLM: ``--nnodes N --node-rank R --master-addr HEAD --master-port PORT``, ``--headless`` on ranks >= 1 (no API
+  server there), ``--tensor-parallel-size`` the total.
+
+A one-node launch renders the single-host command unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from runners.engines.base import Engine, LaunchLike
+from runners.engines.common import dist_init_addr, flag_name
+from runners.engines.script import RenderedLaunch, render, script_text
+from runners.errors import ConfigError
+
+__all__ = ["RANK_FLAGS", "dist_init_addr", "render_nodes"]
+
+
+def render_nodes(engine: Engine, launch: LaunchLike, version: str, addresses: Sequence[str], dist_port: int, *,
+                 ports: Sequence[int] | None = None, header: Sequence[str] = ()) -> list[RenderedLaunch]:
+    """One :class:`RenderedLaunch` per rank (rank order: ``addresses[0]`` is the head).
+
+    ``ports``: the port each rank binds (rank 0 serves HTTP on it; SGLang's ranks >= 1 answer a health check
+    there), default the launch's port on every node. Raises ConfigError when the engine release cannot span
+    nodes, the tensor parallel size does not divide over them, or the fixed args set a rank flag themselves.
+    """
+    nnodes = len(addresses)
+    if nnodes < 1:
+        raise ConfigError("a server needs at least one node")
+    if not 1 <= dist_port <= 65535:
+        raise ConfigError(f"dist-init port {dist_port} is not a port (1-65535)")
+    if ports is not None and len(ports) != nnodes:
+        raise ConfigError(f"{len(ports)} ports for {nnodes} nodes")
+    if nnodes == 1:
+        return [render(engine, launch, version, header=header)]
+    tp = engine.tp_size(launch.fixed_args)
+    if tp % nnodes:
+        raise ConfigError(f"tensor parallel size {tp} does not divide over {nnodes} nodes "
+                          f"(--tp is the total over the nodes: {nnodes} x GPUs per node)")
+    own = sorted({flag_name(a) for a in launch.fixed_args} & set(RANK_FLAGS))
+    if own:
+        raise ConfigError(f"fixed_args set {', '.join(own)}, which servetune sets per node; remove them")
+    out = []
+    for rank in range(nnodes):
+        ranked = _Ranked(launch, launch.port if ports is None else ports[rank])
+        argv = engine.rank_argv(ranked, version, nnodes=nnodes, rank=rank, head=addresses[0], dist_port=dist_port)
+        env = engine.environment(ranked, version)
+        lines = [*header, f"rank {rank} of {nnodes} nodes (head {dist_init_addr(addresses[0], dist_port)})"]
+        out.append(RenderedLaunch(argv=argv, env=env, script=script_text(argv, env, lines)))
+    return out
+
+
+RANK_FLAGS = ("--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr", "--master-addr", "--master-port",
+              "--headless", "-n", "-r")
+"""Flags servetune sets per rank, which ``fixed_args`` may not set (SGLang's and vLLM's spellings)."""
+
+
+class _Ranked:
+    """``launch`` with one rank's port (a :class:`LaunchLike`)."""
+
+    def __init__(self, launch: LaunchLike, port: int) -> None:
+        self.engine = launch.engine
+        self.python = launch.python
+        self.model_path = launch.model_path
+        self.host = launch.host
+        self.port = port
+        self.knobs = launch.knobs
+        self.fixed_args = launch.fixed_args
+        self.env = launch.env
+        self.engine_options = launch.engine_options
