@@ -30,9 +30,18 @@ STARTUP_ORDER = (
     Phase.STARTING, Phase.LOAD_WEIGHTS, Phase.KV_POOL, Phase.CUDA_GRAPH, Phase.WARMUP, Phase.READY,
 )
 SERVING = frozenset({Phase.READY, Phase.PREFILL, Phase.DECODE, Phase.SERVING})
-PRIORITY = {FailureKind.CRASH: 1, FailureKind.BAD_FLAG: 2, FailureKind.NCCL_ERROR: 2, FailureKind.OOM: 3}
+PRIORITY = {FailureKind.CRASH: 1, FailureKind.BAD_FLAG: 2, FailureKind.NCCL_ERROR: 2, FailureKind.DIST_INIT_TIMEOUT: 2,
+            FailureKind.OOM: 3}
 """When several fatal lines appear, the more specific kind wins (an OOM over a generic crash)."""
 
+DIST_INIT_TIMEOUT = re.compile(
+    # torch's TCP store (torch/csrc/distributed/c10d/TCPStore.cpp, socket.cpp): the head waiting for ranks that
+    # never joined, a rank that cannot reach the head, a rank whose wait for the others ran out.
+    r"DistStoreError: Timed out after \d+ seconds waiting for clients\. \d+/\d+ clients joined"
+    r"|DistNetworkError: The client socket has timed out after \d+ms while trying to connect to"
+    r"|DistStoreError: wait timeout after \d+ms"
+)
+"""A rendezvous of a multi-node server that ran out of time (``--dist-timeout``)."""
 NCCL_ERROR = re.compile(
     r"NCCL error|ncclInvalidArgument|ncclInvalidUsage|ncclUnhandledCudaError|ncclSystemError"
     r"|ncclInternalError|ncclRemoteError|DistBackendError|unhandled cuda error"

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from runners.engines.base import BenchApi, LaunchLike, LogParser, MemoryFamily
 from runners.engines.common import (
     ARGPARSE_ERROR,
+    DIST_INIT_TIMEOUT,
     NCCL_ERROR,
     PRIORITY,
     SERVING,
@@ -428,7 +429,10 @@ class SGLangLogParser(LogParserBase):
             self._on_oom(text, oom_phase or hint)
             return
         where, explicit = self.death_phase(hint if self.phase not in SERVING else None)
-        if NCCL_ERROR.search(text):
+        if m := DIST_INIT_TIMEOUT.search(text):
+            self.set_fatal(FailureKind.DIST_INIT_TIMEOUT, Phase.STARTING,
+                           f"hung at init past --dist-timeout: {one_line(text[m.start():])}", explicit=True)
+        elif NCCL_ERROR.search(text):
             self.set_fatal(FailureKind.NCCL_ERROR, where, f"NCCL failure in {where.value}: {one_line(text)}",
                            explicit=explicit)
         elif generic:
