@@ -16,14 +16,19 @@ A one-node launch renders the single-host command unchanged.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 
 from runners.engines.base import Engine, LaunchLike
 from runners.engines.common import dist_init_addr, flag_name
-from runners.engines.script import RenderedLaunch, render, script_text
+from runners.engines.script import RenderedLaunch, comment_text, render, script_text
 from runners.errors import ConfigError
 
-__all__ = ["RANK_FLAGS", "dist_init_addr", "render_nodes"]
+__all__ = ["DEFAULT_DIST_PORT", "RANK_FLAGS", "dist_init_addr", "render_node_script", "render_nodes"]
+
+DEFAULT_DIST_PORT = 29500
+"""The dist-init port an exported per-node script uses when none is given (torch's usual one)."""
+_HEAD = "servetune-head.invalid"  # stands for the head's address while rendering the per-node script
 
 
 def render_nodes(engine: Engine, launch: LaunchLike, version: str, addresses: Sequence[str], dist_port: int, *,
@@ -78,3 +83,47 @@ class _Ranked:
         self.fixed_args = launch.fixed_args
         self.env = launch.env
         self.engine_options = launch.engine_options
+
+
+def render_node_script(engine: Engine, launch: LaunchLike, version: str, nnodes: int, *,
+                       header: Sequence[str] = ()) -> str:
+    """One bash script for every node of a server spanning ``nnodes`` nodes, the rank an argument:
+    ``serve.sh RANK HEAD [DIST_PORT]`` (rank 0 on the head, whose address is HEAD). Rendered by
+    :func:`render_nodes` from the same launch value, so each rank runs the command a trial's rank ran."""
+    ranks = render_nodes(engine, launch, version, [_HEAD] * nnodes, DEFAULT_DIST_PORT)
+    first, last = ranks[0].argv, ranks[-1].argv
+    words: list[str] = []
+    after = ""
+    for arg in first:
+        if after in ("--node-rank", "-r"):
+            words.append('"$RANK"')
+        elif after == "--master-port":
+            words.append('"$DIST_PORT"')
+        elif arg == dist_init_addr(_HEAD, DEFAULT_DIST_PORT):
+            words.append('"$HEAD:$DIST_PORT"')
+        elif arg == _HEAD:
+            words.append('"$HEAD"')
+        else:
+            words.append(shlex.quote(arg))
+        after = arg
+    worker_only = last[len(first):]  # vLLM's --headless on ranks >= 1
+    usage = f"usage: $0 RANK HEAD [DIST_PORT]  (RANK 0-{nnodes - 1}, 0 on the head; HEAD: the head's address)"
+    lines = ["#!/usr/bin/env bash"]
+    lines += [f"# {comment_text(h)}" if h else "#" for h in header]
+    lines += [
+        f"# One server over {nnodes} nodes: run this script on every node with its rank, the head's address and the",
+        f"# same free dist-init port (default {DEFAULT_DIST_PORT}); rank 0 (the head) serves HTTP.",
+        "set -euo pipefail",
+        f'RANK="${{1:?{usage}}}"',
+        f'HEAD="${{2:?{usage}}}"',
+        f'DIST_PORT="${{3:-{DEFAULT_DIST_PORT}}}"',
+        f'case "$RANK" in {"|".join(str(r) for r in range(nnodes))}) ;; '
+        f'*) echo "RANK must be 0-{nnodes - 1}, got $RANK" >&2; exit 2 ;; esac',
+    ]
+    lines += [f"export {key}={shlex.quote(ranks[0].env[key])}" for key in sorted(ranks[0].env)]
+    if worker_only:
+        lines.append("WORKER=()")
+        lines.append(f'if [ "$RANK" -gt 0 ]; then WORKER=({" ".join(shlex.quote(a) for a in worker_only)}); fi')
+        words.append('"${WORKER[@]}"')
+    lines.append("exec " + " ".join(words))
+    return "\n".join(lines) + "\n"

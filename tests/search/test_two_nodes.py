@@ -13,6 +13,7 @@ left on either.
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,3 +122,16 @@ def test_two_hosts_run_a_two_node_search_and_a_rank1_only_oom_is_pruned_with_ran
         assert box.gpu_pids() == set()  # no simulated GPU memory of ours left on either node
     assert os.path.exists(tmp_path / "art" / "two" / "0" / "server.log")
     assert "==> rank 1 of 2 (node-b) <==" in (tmp_path / "art" / "two" / "0" / "server.log").read_text()
+
+    # The exported launch script: one script, the rank an argument, rendered from the launch the trial ran.
+    out = tmp_path / "serve.sh"
+    res = cli("export", "--study", "two", "--storage", storage, "--min-free-gib", "0", "-o", str(out), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    script = out.read_text()
+    assert "--tp 16" in script and "--nnodes 2" in script and "--mem-fraction-static 0.85" in script
+    assert '--node-rank "$RANK" --dist-init-addr "$HEAD:$DIST_PORT"' in script
+    assert subprocess.run(["bash", "-n", str(out)], check=False).returncode == 0
+    bad = subprocess.run(["bash", str(out), "2", "127.0.0.2"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "RANK must be 0-1, got 2" in bad.stderr
+    usage = subprocess.run(["bash", str(out)], capture_output=True, text=True, check=False)
+    assert usage.returncode != 0 and "RANK HEAD [DIST_PORT]" in usage.stderr
