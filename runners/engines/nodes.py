@@ -107,7 +107,7 @@ def render_node_script(engine: Engine, launch: LaunchLike, version: str, nnodes:
             words.append(shlex.quote(arg))
         after = arg
     worker_only = last[len(first):]  # vLLM's --headless on ranks >= 1
-    usage = f"usage: $0 RANK HEAD [DIST_PORT]  (RANK 0-{nnodes - 1}, 0 on the head; HEAD: the head's address)"
+    usage = f"usage: $0 RANK HEAD [DIST_PORT]  (RANK 0-{nnodes - 1}, 0 on the head; HEAD: the address of the head)"
     lines = ["#!/usr/bin/env bash"]
     lines += [f"# {comment_text(h)}" if h else "#" for h in header]
     lines += [
