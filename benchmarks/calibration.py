@@ -86,6 +86,8 @@ NO_FIGURES: dict[str, str] = {
     "kimi-k25-tp8-rtxpro6000": "calibrated on seed 001 (docs/sources/seeds/); no public figure found",
     "llama31-8b-h100": "no public SGLang figure with full settings was found for Llama-3.1-8B on one H100",
     "qwen3-32b-b200": "no public SGLang figure with full settings was found for Qwen3-32B on B200",
+    "deepseek-v3-tp16-2x8-h100": "not calibrated: no public SGLang figure for TP16 over 2x8 H100 was found; step "
+                                 "times scaled from deepseek-v3-tp8-h200, cross-node all-reduce modelled",
 }
 """Shipped profiles without a public figure, and why (their seeds are their calibration)."""
 

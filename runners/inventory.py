@@ -14,6 +14,9 @@ an inventory file::
         host_dir: /var/tmp/servetune   # leases and claim, shared by every user (the default)
         server_port: 30001       # instead of the space's port (two hosts on one machine)
         python: /opt/sglang/bin/python   # instead of the space's engine.python (a venv elsewhere)
+    groups:                      # hosts taken together by a server that spans nodes (space: nodes: 2)
+      - name: pair
+        hosts: [gpu-a:2222, gpu-b]   # rank order: the first is the head
 
 :func:`open_host` turns a spec into a :class:`runners.host.Host` on an SSH transport, or on the local
 transport when ``address`` is the literal ``local``.
@@ -34,7 +37,8 @@ from runners.host import DEFAULT_HOST_DIR, Host
 from runners.ssh import DEFAULT_SSH_CONFIG, SSHTransport
 from runners.transport import LocalTransport, Transport
 
-__all__ = ["LOCAL", "HostSpec", "load_inventory", "open_host", "parse_inventory"]
+__all__ = ["LOCAL", "GroupSpec", "HostSpec", "Inventory", "load_inventory", "open_host", "parse_inventory",
+           "parse_inventory_file", "read_inventory"]
 
 LOCAL = "local"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -64,6 +68,9 @@ class HostSpec(BaseModel):
         "(hosts that share one machine need one each)",
     )
     accept_new_host_key: bool = False
+    node_address: str | None = Field(
+        default=None, description="the address the other nodes of a group reach this host at (the head's is the "
+        "dist-init address); None: `address`, or 127.0.0.1 for `local`")
 
     @model_validator(mode="before")
     @classmethod
@@ -132,12 +139,30 @@ class HostSpec(BaseModel):
         return _validated(cls, data, f"host {text!r}")
 
 
-class _InventoryFile(BaseModel):
-    """The schema of an inventory file: a ``hosts:`` list, each name unique."""
+class GroupSpec(BaseModel):
+    """Hosts taken together for a server that spans nodes: leased all or nothing, the first one the head."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="label of the group (the trial's host)")
+    hosts: list[str] = Field(min_length=2, description="names of hosts of the inventory, in rank order: the "
+                             "first is the head (rank 0), which serves HTTP and the dist-init address")
+
+    @field_validator("name")
+    @classmethod
+    def _one_word(cls, value: str) -> str:
+        if not value.strip() or any(c.isspace() for c in value):
+            raise ValueError(f"must be a non-empty word, got {value!r}")
+        return value
+
+
+class Inventory(BaseModel):
+    """An inventory file: ``hosts:`` (each name unique) and, for servers that span nodes, ``groups:``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     hosts: list[HostSpec]
+    groups: list[GroupSpec] = Field(default_factory=list)
 
     @field_validator("hosts", mode="before")
     @classmethod
@@ -150,12 +175,24 @@ class _InventoryFile(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _unique_names(self) -> _InventoryFile:
+    def _unique_names(self) -> Inventory:
         seen: set[str] = set()
         for spec in self.hosts:
             if spec.name in seen:
                 raise ValueError(f"two hosts are named {spec.name!r}")
             seen.add(spec.name)
+        grouped: dict[str, str] = {}
+        for group in self.groups:
+            if group.name in seen:
+                raise ValueError(f"group {group.name!r} has the name of a host or another group")
+            seen.add(group.name)
+            for name in group.hosts:
+                if name not in {h.name for h in self.hosts}:
+                    raise ValueError(f"group {group.name!r} names {name!r}, which is not a host of the inventory"
+                                     f"{did_you_mean(name, [h.name for h in self.hosts])}")
+                if name in grouped:
+                    raise ValueError(f"host {name!r} is in two groups ({grouped[name]!r} and {group.name!r})")
+                grouped[name] = group.name
         return self
 
 
@@ -163,11 +200,23 @@ def parse_inventory(data: Any, *, source: str = "inventory") -> list[HostSpec]:
     """The hosts of an already-loaded inventory document (``{"hosts": [...]}``)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: expected a mapping with a `hosts:` list")
-    return list(_validated(_InventoryFile, data, source).hosts)
+    return list(parse_inventory_file(data, source=source).hosts)
+
+
+def parse_inventory_file(data: Any, *, source: str = "inventory") -> Inventory:
+    """An already-loaded inventory document, hosts and groups."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: expected a mapping with a `hosts:` list")
+    return _validated(Inventory, data, source)
 
 
 def load_inventory(path: str | Path) -> list[HostSpec]:
-    """Read an inventory YAML file; any mistake is a one-line :class:`ConfigError`."""
+    """Read an inventory YAML file's hosts; any mistake is a one-line :class:`ConfigError`."""
+    return list(read_inventory(path).hosts)
+
+
+def read_inventory(path: str | Path) -> Inventory:
+    """Read an inventory YAML file, hosts and groups; any mistake is a one-line :class:`ConfigError`."""
     path = Path(path).expanduser()
     try:
         data = yaml.safe_load(path.read_text())
@@ -177,7 +226,7 @@ def load_inventory(path: str | Path) -> list[HostSpec]:
         raise ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from exc
-    return parse_inventory(data, source=str(path))
+    return parse_inventory_file(data, source=str(path))
 
 
 def open_host(
@@ -201,8 +250,9 @@ def open_host(
             accept_new_host_key=spec.accept_new_host_key,
             connect_timeout=connect_timeout,
         )
+    node_address = spec.node_address or ("127.0.0.1" if spec.is_local else spec.address)
     return Host(transport, runs_root=spec.runs_root, env=spec.env, server_port=spec.server_port,
-                python=spec.python, host_dir=spec.host_dir or host_dir)
+                python=spec.python, host_dir=spec.host_dir or host_dir, node_address=node_address)
 
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -220,7 +270,7 @@ def _one_line(exc: ValidationError, model: type[BaseModel], source: str) -> str:
     loc = err["loc"]
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
     if err["type"] == "extra_forbidden":
-        owner: type[BaseModel] = HostSpec if len(loc) > 1 else model
+        owner: type[BaseModel] = (GroupSpec if loc[0] == "groups" else HostSpec) if len(loc) > 1 else model
         inside = where.rsplit(".", 1)[0] if len(loc) > 1 else ""
         return (
             f"{source}: unknown key {loc[-1]!r}{' in ' + inside if inside else ''}"

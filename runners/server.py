@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 
-from runners.engines.base import Engine, LaunchLike
+from runners.engines.base import Engine, LaunchLike, LogParser
 from runners.errors import HostUnreachable, RunnerError
 from runners.events import EventSink, FatalSeen, LevelDone, PhaseReached, ServerEvent, ServerReady
 from runners.host import Host, RunRef, StopResult
@@ -146,6 +146,7 @@ class ServerSession:
         self._stream: LineStream | None = None
         self._threads: list[threading.Thread] = []
         self._fatal_seen_at: float | None = None
+        self._died_at: float | None = None
 
     # ---- lifetime ------------------------------------------------------------------------------
 
@@ -235,6 +236,8 @@ class ServerSession:
 
     def _mark_dead(self, code: int | None) -> None:
         with self._changed:
+            if self._died_at is None:
+                self._died_at = time.monotonic()
             self.exit_code = code
             self._dead.set()
             self._changed.notify_all()
@@ -272,6 +275,23 @@ class ServerSession:
     @property
     def dead(self) -> bool:
         return self._dead.is_set()
+
+    @property
+    def lost(self) -> bool:
+        """The host was lost while the server ran (its fate is unknown)."""
+        return self._lost.is_set()
+
+    @property
+    def death_seen_at(self) -> float | None:
+        """``time.monotonic()`` of the first sign of death: the first fatal log line, else the exit; None while
+        neither was seen. Which rank of a multi-node server died first is the one with the earliest."""
+        with self._lock:
+            seen = [t for t in (self._fatal_seen_at, self._died_at) if t is not None]
+        return min(seen) if seen else None
+
+    def dying(self) -> bool:
+        """Dead, or a fatal line was logged long enough ago that the server is as good as dead."""
+        return self._dying()
 
     def _dying(self) -> bool:
         """Dead, or a fatal line was logged long enough ago that the server is as good as dead."""
@@ -595,7 +615,16 @@ def _n(value: float | None) -> str:
     return "" if value is None else f"{value:g}"
 
 
-def merge_smi_peak(session: ServerSession) -> dict[str, Any]:
+class HasTelemetry(Protocol):
+    """What :func:`merge_smi_peak` reads of a session (one server's, or a multi-node server's)."""
+
+    @property
+    def parser(self) -> LogParser: ...
+
+    def smi_peak_mib(self) -> float | None: ...
+
+
+def merge_smi_peak(session: HasTelemetry) -> dict[str, Any]:
     """The session's telemetry as a dict, with the nvidia-smi peak folded in."""
     tele = session.parser.telemetry
     peak = session.smi_peak_mib()

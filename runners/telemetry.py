@@ -49,6 +49,10 @@ class FailureKind(StrEnum):
     STOPPED_FROM_OUTSIDE = "stopped_from_outside"
     INTERRUPTED = "interrupted"
     INFRA = "infra"
+    DIST_INIT_TIMEOUT = "dist_init_timeout"
+    """A server spanning nodes hung at init past its ``--dist-timeout``: a rank never reached the head's
+    rendezvous (the head's ``DistStoreError: Timed out ... waiting for clients``, or a rank's ``DistNetworkError:
+    The client socket has timed out``). The nodes or the network, never an OOM."""
     PREDICTED_OOM = "predicted_oom"
     """Not launched: the study's memory model says the configuration dies of OOM (a prediction, never a
     measured OOM)."""
@@ -74,6 +78,7 @@ CONFIG_CAUSED: dict[FailureKind, bool] = {
     FailureKind.STOPPED_FROM_OUTSIDE: False,  # a signal servetune did not send, or an unasked exit 0
     FailureKind.INTERRUPTED: False,
     FailureKind.INFRA: False,
+    FailureKind.DIST_INIT_TIMEOUT: False,  # a node that never joined: the hosts or the network, not the knobs
     FailureKind.PREDICTED_OOM: True,  # PRUNED without a launch: the sampler learns the region is infeasible
 }
 assert set(CONFIG_CAUSED) == set(FailureKind), "every FailureKind says whether the configuration caused it"

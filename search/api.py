@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from optuna.trial import FrozenTrial
 
 from runners.errors import ConfigError, ServetuneError
-from search.driver.hosts import build_hosts
+from search.driver.hosts import build_groups, build_hosts
 from search.driver.run import RunOptions, RunSummary, StopReason, StudyCallback, run_search
 from search.outputs.figures import FiguresCallback
 from search.outputs.html import Published, publish
@@ -87,6 +87,7 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
     opened = build_hosts(space, host_args=hosts, inventory=inventory, runs_root=settings.runs_root,
                          sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key,
                          host_dir=settings.host_dir)
+    groups = build_groups(inventory, opened)
     callbacks: list[StudyCallback] = []
     warnings: list[str] = []
     tracker, mlflow_callback = _tracking(settings, name, warnings) if mlflow else (None, None)
@@ -110,9 +111,9 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
     try:
         if progress is not None:
             with progress:
-                summary = run_search(space, opened, options)
+                summary = run_search(space, opened, options, groups=groups)
         else:
-            summary = run_search(space, opened, options)
+            summary = run_search(space, opened, options, groups=groups)
     finally:
         figures_callback.close()
         for host in opened:

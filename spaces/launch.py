@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from spaces.names import check_identifier
 from spaces.schema import UNSET, Space
 
+NODES_PARAM = "nodes"
+"""The trial parameter of a searched node count (``nodes: {choices: [...]}``)."""
+
 
 def engine_options(space: Space) -> dict[str, Any]:
     """The engine-specific settings a space gives its engine (the simulated host's profile, speed, seed and
@@ -45,6 +48,8 @@ class LaunchConfig(BaseModel):
     fixed_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     engine_options: dict[str, Any] = Field(default_factory=dict)
+    nodes: int = Field(default=1, ge=1)
+    """The nodes the server spans (one rank per node; ``runners.engines.nodes`` renders each rank's command)."""
 
     @field_validator("env")
     @classmethod
@@ -59,8 +64,11 @@ class LaunchConfig(BaseModel):
         """Build the launch config for sampled ``params`` (knob names; NCCL as ``nccl.NAME``)."""
         knobs: dict[str, Any] = {}
         env = dict(space.env)
+        nodes = space.node_counts[0]
         for name, value in params.items():
-            if name.startswith("nccl."):
+            if name == NODES_PARAM:
+                nodes = int(value)
+            elif name.startswith("nccl."):
                 if value != UNSET:
                     env[name.removeprefix("nccl.")] = str(value)
             else:
@@ -74,4 +82,5 @@ class LaunchConfig(BaseModel):
             fixed_args=tuple(space.fixed_args),
             env=env,
             engine_options=engine_options(space),
+            nodes=nodes,
         )

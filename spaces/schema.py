@@ -30,6 +30,8 @@ path with the allowed range, in one line). Example (see ``spaces/demo-sim.yaml``
     #                                 {name: p99_tpot_ms, direction: minimize}]}
     budget: {n_trials: 30, timeout: 8h, startup_timeout: 20m, benchmark_timeout: 30m}
     memory_limit: null                  # e.g. 48GiB: each server runs in a memory cgroup of that size (root)
+    nodes: 1                            # nodes one server spans (2: one rank per node; --tp is the total);
+                                        # or searched: {choices: [1, 2]}
     deploy: {python: /opt/sglang/bin/python, host: 0.0.0.0, port: 30000}   # for export --engine
 
 Sections with a job of their own live beside it, and every name stays importable from here:
@@ -74,6 +76,7 @@ __all__ = [
     "ENGINE_KINDS",
     "ENGINE_KNOBS",
     "MAX_DATASET_BYTES",
+    "MAX_NODES",
     "NCCL_VARIABLES",
     "OBJECTIVE_UNITS",
     "PARETO_METRICS",
@@ -111,6 +114,9 @@ __all__ = [
 
 CONTROLLER_PYTHON = "servetune"
 """``engine.python: servetune`` (sim only): the interpreter servetune itself runs in."""
+
+MAX_NODES = 16
+"""The most nodes one server may span (a host group's size)."""
 
 # ---- knobs ---------------------------------------------------------------------------------------
 
@@ -413,6 +419,32 @@ class Space(Strict):
     """Knobs to search even where the engine version ignores them (otherwise held at the default)."""
     deploy: Deploy = Field(default_factory=Deploy)
     """How the result is served on a GPU box (``servetune export --engine``)."""
+    nodes: int | IntChoices = 1
+    """The nodes one server spans: ``2`` runs one rank per node (SGLang ``--nnodes``/``--node-rank``/
+    ``--dist-init-addr``, vLLM ``--nnodes``/``--node-rank``/``--master-addr``), with ``--tp`` the total over the
+    nodes; ``{choices: [1, 2]}`` searches it. A trial of N nodes runs on the first N hosts of a host group."""
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: int | IntChoices) -> int | IntChoices:
+        counts = [v] if isinstance(v, int) else list(v.choices)
+        if any(c is None for c in counts):
+            raise ValueError("nodes: give node counts (no null)")
+        if any(c is not None and not 1 <= c <= MAX_NODES for c in counts):
+            raise ValueError(f"nodes must be 1 to {MAX_NODES}, got {counts}")
+        return v
+
+    @property
+    def node_counts(self) -> list[int]:
+        """Every node count a trial of this space may run at (one entry when ``nodes`` is fixed)."""
+        if isinstance(self.nodes, int):
+            return [self.nodes]
+        return [int(c) for c in self.nodes.choices if c is not None]
+
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes a trial of this space spans (the size of host group it needs)."""
+        return max(self.node_counts)
 
     @field_validator("name")
     @classmethod

@@ -134,6 +134,13 @@ class Engine(Protocol):
         """The full command (python, ``-m``, module, flags) for this engine version."""
         ...
 
+    def rank_argv(self, launch: LaunchLike, version: str, *, nnodes: int, rank: int, head: str,
+                  dist_port: int) -> list[str]:
+        """The command of rank ``rank`` of a server spanning ``nnodes`` nodes whose head (rank 0) is ``head``
+        with its dist-init port ``dist_port`` (:func:`runners.engines.nodes.render_nodes` calls it). Raises
+        ConfigError when ``version`` cannot span nodes."""
+        ...
+
     def environment(self, launch: LaunchLike, version: str) -> dict[str, str]:
         """Environment variables to export for the server (NCCL knobs, engine-specific ones)."""
         ...

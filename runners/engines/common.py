@@ -3,6 +3,7 @@ tables), phase order, fatal priorities, exit signals, flag values and host OOM e
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -29,9 +30,18 @@ STARTUP_ORDER = (
     Phase.STARTING, Phase.LOAD_WEIGHTS, Phase.KV_POOL, Phase.CUDA_GRAPH, Phase.WARMUP, Phase.READY,
 )
 SERVING = frozenset({Phase.READY, Phase.PREFILL, Phase.DECODE, Phase.SERVING})
-PRIORITY = {FailureKind.CRASH: 1, FailureKind.BAD_FLAG: 2, FailureKind.NCCL_ERROR: 2, FailureKind.OOM: 3}
+PRIORITY = {FailureKind.CRASH: 1, FailureKind.BAD_FLAG: 2, FailureKind.NCCL_ERROR: 2, FailureKind.DIST_INIT_TIMEOUT: 2,
+            FailureKind.OOM: 3}
 """When several fatal lines appear, the more specific kind wins (an OOM over a generic crash)."""
 
+DIST_INIT_TIMEOUT = re.compile(
+    # torch's TCP store (torch/csrc/distributed/c10d/TCPStore.cpp, socket.cpp): the head waiting for ranks that
+    # never joined, a rank that cannot reach the head, a rank whose wait for the others ran out.
+    r"DistStoreError: Timed out after \d+ seconds waiting for clients\. \d+/\d+ clients joined"
+    r"|DistNetworkError: The client socket has timed out after \d+ms while trying to connect to"
+    r"|DistStoreError: wait timeout after \d+ms"
+)
+"""A rendezvous of a multi-node server that ran out of time (``--dist-timeout``)."""
 NCCL_ERROR = re.compile(
     r"NCCL error|ncclInvalidArgument|ncclInvalidUsage|ncclUnhandledCudaError|ncclSystemError"
     r"|ncclInternalError|ncclRemoteError|DistBackendError|unhandled cuda error"
@@ -126,6 +136,16 @@ def rank(phase: Phase) -> int:
 def one_line(text: str, limit: int = 240) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def dist_init_addr(head: str, port: int) -> str:
+    """``head:port`` as the engines parse a rendezvous address (an IPv6 address in brackets)."""
+    try:
+        if ipaddress.ip_address(head).version == 6:
+            return f"[{head}]:{port}"
+    except ValueError:
+        pass
+    return f"{head}:{port}"
 
 
 def flag_name(arg: str) -> str:

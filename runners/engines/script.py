@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from runners.engines.base import Engine, LaunchLike
 
-__all__ = ["RenderedLaunch", "comment_text", "render", "render_script"]
+__all__ = ["RenderedLaunch", "comment_text", "render", "render_script", "script_text"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,8 @@ def comment_text(text: str) -> str:
     return "".join(" " if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text)
 
 
-def _script(argv: Sequence[str], env: dict[str, str], header: Sequence[str]) -> str:
+def script_text(argv: Sequence[str], env: dict[str, str], header: Sequence[str]) -> str:
+    """The bash launch script of ``argv`` with ``env`` exported: header comments, exports, ``exec``."""
     # Header entries come from names and remote output (study, host, GPU): each stays one comment line.
     lines = ["#!/usr/bin/env bash"]
     lines += [f"# {comment_text(h)}" if h else "#" for h in header]
@@ -48,7 +49,7 @@ def render(engine: Engine, launch: LaunchLike, version: str, *, header: Sequence
     """``launch`` for ``engine`` at ``version``. Raises ConfigError for a knob or value the engine refuses."""
     argv = engine.argv(launch, version)
     env = engine.environment(launch, version)
-    return RenderedLaunch(argv=argv, env=env, script=_script(argv, env, header))
+    return RenderedLaunch(argv=argv, env=env, script=script_text(argv, env, header))
 
 
 def render_script(engine: Engine, launch: LaunchLike, version: str, *, header: Sequence[str] = ()) -> str:

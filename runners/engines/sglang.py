@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from runners.engines.base import BenchApi, LaunchLike, LogParser, MemoryFamily
 from runners.engines.common import (
     ARGPARSE_ERROR,
+    DIST_INIT_TIMEOUT,
     NCCL_ERROR,
     PRIORITY,
     SERVING,
@@ -25,6 +26,7 @@ from runners.engines.common import (
     Version,
     command,
     death_reason,
+    dist_init_addr,
     last_error,
     nccl_warned,
     number_arg,
@@ -427,7 +429,10 @@ class SGLangLogParser(LogParserBase):
             self._on_oom(text, oom_phase or hint)
             return
         where, explicit = self.death_phase(hint if self.phase not in SERVING else None)
-        if NCCL_ERROR.search(text):
+        if m := DIST_INIT_TIMEOUT.search(text):
+            self.set_fatal(FailureKind.DIST_INIT_TIMEOUT, Phase.STARTING,
+                           f"hung at init past --dist-timeout: {one_line(text[m.start():])}", explicit=True)
+        elif NCCL_ERROR.search(text):
             self.set_fatal(FailureKind.NCCL_ERROR, where, f"NCCL failure in {where.value}: {one_line(text)}",
                            explicit=explicit)
         elif generic:
@@ -525,6 +530,13 @@ class SGLangEngine:
                 continue
             flags += [flag, number_arg(knob, value, is_float=knob in _FLOAT_KNOBS)]
         return command(launch, self.module, "--model-path", flags, self._leading_args(launch, version))
+
+    def rank_argv(self, launch: LaunchLike, version: str, *, nnodes: int, rank: int, head: str,
+                  dist_port: int) -> list[str]:
+        """``--nnodes``, ``--node-rank`` and ``--dist-init-addr head:port`` after the one-node command (every
+        release 0.5.2-0.5.23 has them: ``srt/server_args.py``); ``--tp`` stays the total over the nodes."""
+        return [*self.argv(launch, version), "--nnodes", str(nnodes), "--node-rank", str(rank),
+                "--dist-init-addr", dist_init_addr(head, dist_port)]
 
     def environment(self, launch: LaunchLike, version: str) -> dict[str, str]:
         return dict(launch.env)

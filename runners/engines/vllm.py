@@ -504,6 +504,12 @@ class VLLMLogParser(LogParserBase):
 # ---- engine -------------------------------------------------------------------------------------------
 
 
+MULTI_NODE_SINCE: Version = (0, 11, 1)
+"""First vLLM release with ``--nnodes``/``--node-rank``/``--master-addr`` (multi-node without Ray)."""
+SERVE_MODULE = "vllm.entrypoints.cli.main"
+"""``vllm serve`` as a module: the entry point that honours ``--headless``."""
+
+
 class VLLMEngine:
     """The vLLM engine (:class:`~runners.engines.base.Engine`):
     ``python -m vllm.entrypoints.openai.api_server``, OpenAI API, ``/health`` as readiness."""
@@ -556,6 +562,22 @@ class VLLMEngine:
                 continue
             flags += _knob_args(knob, flag, value)
         return command(launch, self.module, "--model", flags)
+
+    def rank_argv(self, launch: LaunchLike, version: str, *, nnodes: int, rank: int, head: str,
+                  dist_port: int) -> list[str]:
+        """``vllm serve`` (``vllm/entrypoints/cli/main.py``) with ``--nnodes``, ``--node-rank``, ``--master-addr``,
+        ``--master-port`` (first in 0.11.1: ``engine/arg_utils.py``), and ``--headless`` on ranks >= 1: only
+        ``vllm serve`` honours it (``entrypoints/cli/serve.py`` ``run_headless``); the OpenAI server module parses
+        it and serves anyway."""
+        parsed = parse_version(version)
+        if parsed < MULTI_NODE_SINCE:
+            raise ConfigError(f"vLLM {version} cannot span nodes without Ray (--nnodes is new in "
+                              f"{'.'.join(map(str, MULTI_NODE_SINCE))}); use one node or a newer vLLM")
+        one = self.argv(launch, version)
+        rest = one[one.index(self.module) + 1:]
+        flags = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", head,
+                 "--master-port", str(dist_port)]
+        return [launch.python, "-m", SERVE_MODULE, "serve", *rest, *flags, *(["--headless"] if rank else [])]
 
     def environment(self, launch: LaunchLike, version: str) -> dict[str, str]:
         env = dict(launch.env)

@@ -4,6 +4,7 @@ Host-side work is done by bash scripts shipped in ``runners/host/scripts`` (:mod
 """
 
 from runners.host.gpu import HostInfo
+from runners.host.group import HostGroup
 from runners.host.host import Host
 from runners.host.leases import CLAIM_DIR, LEASE_DIR, Claim, Lease, default_controller_id, new_controller_id
 from runners.host.ports import ANY_FREE_PORT
@@ -18,6 +19,7 @@ __all__ = [
     "RUN_ID_VAR",
     "Claim",
     "Host",
+    "HostGroup",
     "HostInfo",
     "Lease",
     "RunRef",

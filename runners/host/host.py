@@ -59,11 +59,15 @@ class Host(Shell):
         server_port: int | None = None,
         python: str | None = None,
         host_dir: str = DEFAULT_HOST_DIR,
+        node_address: str = "127.0.0.1",
     ) -> None:
         super().__init__(transport, runs_root=runs_root, env=env, host_dir=host_dir)
         self.busy_mib = busy_mib
         self.server_port = server_port
         self.python = python  # the engine's python on this host, instead of the space's engine.python
+        self.node_address = node_address
+        """The address the other nodes of a server spanning nodes reach this host at (its dist-init address
+        when it is the head)."""
         #: The controller this host's servers belong to; :func:`search.run.run_search` sets a fresh one.
         self.controller_id = default_controller_id()
 
@@ -224,6 +228,10 @@ class Host(Shell):
         """Who listens on ``port`` on the host: ``free``, ``ours`` (a member of ``ref``'s process group),
         ``foreign``, or ``unknown`` (no /proc/net/tcp to read)."""
         return ports.holder(self, port, ref, timeout=timeout)
+
+    def free_port(self, python: str, address: str) -> int:
+        """A port free at ``address`` on this host now (see :func:`runners.host.ports.free_port_on`)."""
+        return ports.free_port_on(self, python, address)
 
     def require_port_free(self, port: int) -> None:
         """HostBusy when another program listens on ``port`` (checked before every launch)."""

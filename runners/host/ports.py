@@ -3,10 +3,11 @@ a port now (free, a member of our server's process group, or a foreign program),
 
 from __future__ import annotations
 
+import shlex
 import socket
 from typing import Literal
 
-from runners.errors import ConfigError, HostBusy
+from runners.errors import ConfigError, HostBusy, HostMisconfigured
 from runners.host.runs import RunRef
 from runners.host.shell import Shell
 from runners.transport import LocalTransport
@@ -43,3 +44,15 @@ def require_free(shell: Shell, port: int) -> None:
     if holder(shell, port) == "foreign":
         raise HostBusy(f"port {port} on {shell.name} is held by another program; the trial waits for it",
                        host=shell.name)
+
+
+def free_port_on(shell: Shell, python: str, address: str, *, timeout: float = 20.0) -> int:
+    """A port nothing listens on at ``address`` on the host right now (bound there, then released), asked of
+    the host's ``python``: the dist-init port of a server spanning nodes is picked free on its head."""
+    code = "import socket,sys; s=socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])"
+    res = shell.run(f"{shlex.quote(python)} -c {shlex.quote(code)} {shlex.quote(address)}", timeout=timeout)
+    out = res.stdout.strip().splitlines()
+    if res.rc != 0 or not out or not out[-1].isdigit():
+        raise HostMisconfigured(f"{shell.name}: cannot pick a free port on {address} "
+                                f"({(res.stderr.strip().splitlines() or ['no output'])[-1]})", host=shell.name)
+    return int(out[-1])

@@ -473,3 +473,28 @@ def http_server(served: Served) -> http.server.ThreadingHTTPServer:
     handler = type("SimHandler", (_Handler,), {"sim": served})
     server_cls = _HTTPServer6 if ":" in launch.host else _HTTPServer
     return server_cls((launch.host, launch.port), handler)
+
+
+class _DummyHealth(http.server.BaseHTTPRequestHandler):
+    """SGLang's health check on ranks >= 1 of a multi-node server (``launch_dummy_health_check_server``):
+    ``/health`` and ``/health_generate`` answer 200, ``/ping`` too from 0.5.5, anything else 404."""
+
+    paths: tuple[str, ...] = ("/health", "/health_generate")
+    server_version = "uvicorn"
+
+    def do_GET(self) -> None:
+        status = 200 if self.path.split("?")[0] in self.paths else 404
+        self.send_response(status)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # uvicorn at log_level="warning" logs no access lines
+
+
+def dummy_health_server(host: str, port: int, *, ping: bool) -> http.server.ThreadingHTTPServer:
+    """The health-check server a rank >= 1 binds on ``--host``/``--port`` (OSError when it cannot bind)."""
+    paths = ("/health", "/health_generate", *(("/ping",) if ping else ()))
+    handler = type("DummyHealth", (_DummyHealth,), {"paths": paths})
+    server_cls = _HTTPServer6 if ":" in host else _HTTPServer
+    return server_cls((host, port), handler)

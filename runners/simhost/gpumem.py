@@ -17,7 +17,7 @@ from runners.simhost.state import ProcEntry, live_procs, process_start_time, rem
 
 def gpu_indices(profile: SimProfile, launch: SimLaunch) -> list[int]:
     """The GPUs a launch runs on: ``CUDA_VISIBLE_DEVICES`` (else every GPU of the host) from ``--base-gpu-id``
-    on, one per TP x DP rank."""
+    on, one per TP x DP rank of this node."""
     visible_env = launch.env.get("CUDA_VISIBLE_DEVICES")
     if visible_env is not None:
         visible = [int(x) for x in visible_env.split(",") if x.strip().isdigit()]
@@ -25,7 +25,7 @@ def gpu_indices(profile: SimProfile, launch: SimLaunch) -> list[int]:
         visible = list(range(profile.host.gpu_count))
     visible = [g for g in visible if g < profile.host.gpu_count]
     base = int(launch.args.get("base_gpu_id") or 0)
-    return visible[base : base + launch.tp_size * launch.dp_size]
+    return visible[base : base + launch.local_ranks]
 
 
 class GpuMemory:

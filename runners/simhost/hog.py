@@ -2,7 +2,8 @@
 
 ``python -m runners.simhost.hog --mib N [--gpus 0,1] [--state-dir DIR]`` registers itself in the state
 directory (so ``smi`` shows it and simulated servers see less free memory), prints one line
-``holding N MiB on GPUs 0,1 (pid P)`` once registered, and waits. SIGTERM/SIGINT end it cleanly; a
+``holding N MiB on GPUs 0,1 (pid P)`` once registered, and waits. ``--hidden``: nvidia-smi lists no process for
+it (another container's), only its memory. SIGTERM/SIGINT end it cleanly; a
 SIGKILL also releases the memory, because entries of dead processes do not count.
 """
 
@@ -17,7 +18,10 @@ from types import FrameType
 
 from runners.simhost.state import ProcEntry, default_state_dir, process_start_time, remove_proc, write_proc
 
-__all__ = ["main"]
+__all__ = ["HIDDEN", "main"]
+
+HIDDEN = "hidden"
+"""The kind of a process nvidia-smi does not list (another container's): only its memory shows."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,6 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpus", default="0", help="comma-separated GPU indices (default 0)")
     parser.add_argument("--state-dir", default=None, help="default: $SERVETUNE_SIM_STATE or ~/.servetune/simhost")
     parser.add_argument("--util", type=int, default=0, help="utilization.gpu percent to report")
+    parser.add_argument("--hidden", action="store_true",
+                        help="a process of another container: its memory counts in memory.used, but nvidia-smi "
+                        "lists no compute process for it (nvidia-smi in a container sees only its own)")
     args = parser.parse_args(argv)
     try:
         gpus = [int(x) for x in args.gpus.split(",") if x.strip()]
@@ -46,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pid=pid,
             start_time=process_start_time(pid),
             name=sys.executable,
-            kind="hog",
+            kind=HIDDEN if args.hidden else "hog",
             gpus=gpus,
             used_mib={g: args.mib for g in gpus},
             util={g: args.util for g in gpus},

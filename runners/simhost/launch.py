@@ -288,7 +288,8 @@ def build_parser(
     a("--enable-dp-attention", action="store_true")
     a("--nnodes", type=int, default=1)
     a("--node-rank", type=int, default=0)
-    a("--dist-init-addr", type=str, default=None)
+    a("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", type=str, default=None)
+    a("--dist-timeout", type=int, default=None)
     a("--base-gpu-id", type=int, default=0)
     a("--kv-cache-dtype", type=str, default="auto", choices=_choices(_KV_DTYPES, v))
     a("--attention-backend", type=str, default=None, choices=_choices(_ATTN, v))
@@ -417,6 +418,11 @@ class SimLaunch(BaseModel):
     decode_log_interval: int = 40
     enable_dp_attention: bool = False
     speculative_algorithm: str | None = None
+    nnodes: int = Field(default=1, ge=1)
+    node_rank: int = Field(default=0, ge=0)
+    dist_init_addr: str | None = None
+    dist_timeout: int | None = None
+    watchdog_timeout: float = 300.0
     env: dict[str, str] = Field(default_factory=dict)
     args: dict[str, Any] = Field(default_factory=dict)
     warnings: tuple[str, ...] = ()
@@ -424,6 +430,16 @@ class SimLaunch(BaseModel):
     @property
     def version_tuple(self) -> Version:
         return parse_version(self.version)
+
+    @property
+    def local_ranks(self) -> int:
+        """The TP x DP ranks on this node (SGLang spreads them evenly over ``--nnodes``)."""
+        return max(1, self.tp_size * self.dp_size // self.nnodes)
+
+    @property
+    def first_rank(self) -> int:
+        """The global TP rank of this node's first GPU."""
+        return self.node_rank * self.local_ranks
 
     @classmethod
     def from_argv(
@@ -502,6 +518,11 @@ class SimLaunch(BaseModel):
                 decode_log_interval=raw["decode_log_interval"],
                 enable_dp_attention=raw["enable_dp_attention"],
                 speculative_algorithm=raw["speculative_algorithm"],
+                nnodes=raw["nnodes"],
+                node_rank=raw["node_rank"],
+                dist_init_addr=raw["dist_init_addr"],
+                dist_timeout=raw["dist_timeout"],
+                watchdog_timeout=raw["watchdog_timeout"],
                 env=relevant_env(env),
                 args=raw,
                 warnings=tuple(warnings),

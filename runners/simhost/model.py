@@ -496,6 +496,9 @@ def nccl_cost(profile: SimProfile, launch: SimLaunch, effect: NcclEffect) -> Ncc
         hidden_size=profile.model.hidden_size,
         custom_ar_max_bytes=int(nt.custom_ar_max_mib * 1024 * 1024),
         effect=effect,
+        nnodes=launch.nnodes,
+        inter_node_gb_s=nt.inter_node_gb_s,
+        inter_node_latency_scale=nt.inter_node_latency_scale,
     )
 
 
@@ -524,7 +527,12 @@ class _StartupWalk:
     and returns the :class:`Failure` that stops start-up there, or ``None`` to go on to the next stage."""
 
     def __init__(
-        self, profile: SimProfile, launch: SimLaunch, other_used_gib: float | Sequence[float], seed: int | None
+        self,
+        profile: SimProfile,
+        launch: SimLaunch,
+        other_used_gib: float | Sequence[float],
+        seed: int | None,
+        world_other_used_gib: float | None = None,
     ) -> None:
         host, mem = profile.host, profile.memory
         self.profile, self.launch = profile, launch
@@ -533,6 +541,9 @@ class _StartupWalk:
         self.total = host.memory_total_gib
         self.baseline = host.smi_baseline_used_mib / MIB_PER_GIB
         self.others = _others(other_used_gib)
+        # Multi-node: the KV pool is sized from the least free memory of any rank (the MIN all-reduce over the
+        # world group); the other figures are this node's own.
+        self.world_others = self.others if world_other_used_gib is None else max(self.others, world_other_used_gib)
         self.tp = tp = launch.tp_size
         self.frag = mem.fragmentation_gib
         self.nf = noise_factor(profile, seed)
@@ -543,7 +554,7 @@ class _StartupWalk:
         self.nccl = nccl_effect(profile, launch)
         self.ctx = mem.cuda_context_gib + ((mem.nccl_base_gib + mem.nccl_per_peer_gib * (tp - 1)) if tp > 1 else 0.0)
         # figures later stages read; each is set by the stage that computes it
-        self.pre = self.weights = self.avail = self.free_pool = self.static_torch = 0.0
+        self.pre = self.pre_world = self.weights = self.avail = self.free_pool = self.static_torch = 0.0
         self.tokens = self.max_running = 0
         self.capture: tuple[int, ...] = ()
         self.decode_graph = self.graph = self.free_cap = 0.0
@@ -581,8 +592,7 @@ class _StartupWalk:
     def init(self) -> Failure | None:
         """Device ordinals, torch distributed / NCCL, and the memory left before the weights."""
         tim, nf, nccl = self.tim, self.nf, self.nccl
-        ranks = self.tp * self.launch.dp_size
-        if ranks > self.profile.host.gpu_count:
+        if self.launch.local_ranks > self.profile.host.gpu_count:
             return Failure(kind="error", phase="init", message="RuntimeError: CUDA error: invalid device ordinal")
         self.durations["dist_init"] = tim.dist_init_s * nf
         if nccl.error is not None:
@@ -594,6 +604,7 @@ class _StartupWalk:
             )
         pre = self.total - self.baseline - self.others - self.ctx
         self.pre = pre
+        self.pre_world = pre - (self.world_others - self.others)
         self.figs["pre_load_avail_gib"] = pre
         if pre <= self.frag:
             return Failure(
@@ -628,7 +639,9 @@ class _StartupWalk:
 
     def kv_pool(self) -> Failure | None:
         """The KV pool (``max_total_num_tokens``), then the request-to-token table and misc static memory."""
-        v, avail, pre, resolved = self.v, self.avail, self.pre, self.resolved
+        v, resolved = self.v, self.resolved
+        pre = self.pre_world
+        avail = self.avail - (self.pre - self.pre_world)
         mfs = resolved.mem_fraction_static
         self.durations["kv_pool"] = self.tim.kv_alloc_s * self.nf
         rest = avail - pre * (1.0 - mfs)
@@ -838,9 +851,13 @@ def plan_startup(
     *,
     other_used_gib: float | Sequence[float] = 0.0,
     seed: int | None = None,
+    world_other_used_gib: float | None = None,
 ) -> StartupPlan:
-    """Resolve the launch and walk SGLang's start-up memory stages; stop at the first failure."""
-    walk = _StartupWalk(profile, launch, other_used_gib, seed)
+    """Resolve the launch and walk SGLang's start-up memory stages; stop at the first failure.
+
+    ``world_other_used_gib`` (multi-node): the most GiB other processes hold on any node's GPUs, which sizes the
+    KV pool on every rank; ``other_used_gib`` is this node's, which decides where this node runs out."""
+    walk = _StartupWalk(profile, launch, other_used_gib, seed, world_other_used_gib)
     stages = (walk.init, walk.load_weights, walk.kv_pool, walk.decode_graphs, walk.prefill_graphs, walk.first_forward)
     for stage in stages:
         failure = stage()

@@ -93,6 +93,23 @@ class NcclCost(BaseModel):
     activation_bytes: int = 2
     custom_ar_max_bytes: int = 8 * 1024 * 1024
     effect: NcclEffect = NcclEffect()
+    nnodes: int = 1
+    inter_node_gb_s: float = 50.0
+    inter_node_latency_scale: float = 5.0
+
+    def _cross_node_us(self, nbytes: float) -> float:
+        """Extra time of one all-reduce of ``nbytes`` when the ranks span nodes: NCCL's own choice over a ring
+        whose slowest link is the inter-node one, against the same on one node's link (which the profile's step
+        times include). Custom all-reduce is off across nodes (SGLang's ``custom_all_reduce.py``: "Custom
+        allreduce is disabled because this process group spans across nodes."), so every message pays it."""
+        if self.nnodes <= 1 or self.ranks <= 1:
+            return 0.0
+        bw = min(self.link_gb_s, self.inter_node_gb_s)
+        lat = max(self.hop_latency_scale, self.inter_node_latency_scale)
+        cross = _auto_time(nbytes, self.ranks, self.interconnect, bw, lat, False)
+        own = _auto_time(nbytes, self.ranks, self.interconnect, self.link_gb_s, self.hop_latency_scale,
+                         self.effect.nvls_enabled)
+        return max(cross - own, 0.0)
 
     def _delta_us(self, nbytes: float, through_nccl: bool) -> float:
         """Extra time of one all-reduce of ``nbytes`` against NCCL left alone (0 with one rank)."""
@@ -111,16 +128,16 @@ class NcclCost(BaseModel):
     def decode_delta_ms(self, bs: int) -> float:
         """Change of one decode step's time (ms) from the NCCL variables, batch of ``bs`` requests."""
         nbytes = bs * self.hidden_size * self.activation_bytes
-        carried = self.effect.nccl_carries_decode or nbytes > self.custom_ar_max_bytes
+        carried = self.effect.nccl_carries_decode or nbytes > self.custom_ar_max_bytes or self.nnodes > 1
         n = self.allreduces_per_token_layer * self.num_layers
-        return n * self._delta_us(nbytes, carried) / 1000.0
+        return n * (self._delta_us(nbytes, carried) + self._cross_node_us(nbytes)) / 1000.0
 
     def prefill_delta_ms(self, tokens: int) -> float:
         """Change of one prefill batch's time (ms) from the NCCL variables, ``tokens`` new tokens."""
         nbytes = tokens * self.hidden_size * self.activation_bytes
-        carried = self.effect.nccl_carries_decode or nbytes > self.custom_ar_max_bytes
+        carried = self.effect.nccl_carries_decode or nbytes > self.custom_ar_max_bytes or self.nnodes > 1
         n = self.allreduces_per_token_layer * self.num_layers
-        return n * self._delta_us(nbytes, carried) / 1000.0
+        return n * (self._delta_us(nbytes, carried) + self._cross_node_us(nbytes)) / 1000.0
 
 
 def allreduce_us(

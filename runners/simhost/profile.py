@@ -94,6 +94,8 @@ Schema (all sizes in GiB unless the name says MiB or bytes, all durations in sim
         custom_ar_max_mib: float = 8   # SGLang's custom all-reduce carries messages up to this
         p2p_disable_factor: float      # NCCL_P2P_DISABLE=1 / NCCL_P2P_LEVEL=LOC (through host memory)
         shm_disable_factor: float      # ... and NCCL_SHM_DISABLE=1 too (sockets)
+        inter_node_gb_s: float = 50    # between nodes, per GPU (--nnodes > 1: every all-reduce crosses it,
+        inter_node_latency_scale: float = 5  #   custom all-reduce is off across nodes)
 
 Durations are simulated; the server divides them by its ``--sim-speed``.
 """
@@ -227,6 +229,11 @@ class NcclTiming(_Frozen):
     custom_ar_max_mib: float = Field(default=8.0, ge=0)
     p2p_disable_factor: float = Field(default=1.5, gt=0)
     shm_disable_factor: float = Field(default=3.0, gt=0)
+    inter_node_gb_s: float = Field(default=50.0, gt=0)
+    """Bus bandwidth between nodes per GPU (a 400 Gb/s NIC per GPU: 50 GB/s); a server spanning nodes sends every
+    all-reduce through it."""
+    inter_node_latency_scale: float = Field(default=5.0, gt=0)
+    """x NCCL's hop latencies for a hop between nodes."""
 
 
 class TimingSpec(_Frozen):

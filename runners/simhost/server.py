@@ -40,7 +40,7 @@ from types import FrameType
 from typing import Any
 
 from runners.simhost import texts
-from runners.simhost.api import http_server
+from runners.simhost.api import dummy_health_server, http_server
 from runners.simhost.engine import Batch, OomDetail, RuntimeSpec
 from runners.simhost.gpumem import GpuMemory, gpu_indices
 from runners.simhost.launch import BadFlag, SimLaunch, build_parser, emulated_version
@@ -54,6 +54,7 @@ from runners.simhost.model import (
     plan_startup,
 )
 from runners.simhost.profile import ProfileError, SimProfile, load_profile
+from runners.simhost.rendezvous import Rendezvous, RendezvousError
 from runners.simhost.scheduler import Scheduler
 from runners.simhost.simlog import SG_SOURCE, SimLog, server_args_line, traceback
 from runners.simhost.state import (
@@ -62,7 +63,11 @@ from runners.simhost.state import (
     write_host,
 )
 
-__all__ = ["SimServer", "main"]
+__all__ = ["DEFAULT_DIST_TIMEOUT_S", "SimServer", "main"]
+
+DEFAULT_DIST_TIMEOUT_S = 600
+"""torch's default process-group timeout for NCCL (``default_pg_nccl_timeout``, 10 minutes), which SGLang keeps
+when ``--dist-timeout`` is not given."""
 
 
 class SimServer:
@@ -87,7 +92,11 @@ class SimServer:
         self.v = launch.version_tuple
         self.pid = os.getpid()
         self.gpu_memory = GpuMemory(state_dir, gpu_indices(profile, launch))
-        self.log = SimLog(launch.tp_size, launch.log_level, launch.args.get("log_level_http"))
+        self.log = SimLog(launch.tp_size, launch.log_level, launch.args.get("log_level_http"),
+                          first_rank=launch.first_rank, local_ranks=launch.local_ranks)
+        self.ranks = range(launch.first_rank, launch.first_rank + launch.local_ranks)
+        """This node's TP ranks (all of them on one node)."""
+        self.rendezvous: Rendezvous | None = None
         self.ready = threading.Event()
         self.http_up = False
         self.plan: StartupPlan | None = None
@@ -135,8 +144,9 @@ class SimServer:
     # -- dying ----------------------------------------------------------------------------------------------
     def _oom_message(self, phase: str, detail: OomDetail, rank: int) -> str:
         """The traceback a rank logs after ``Scheduler hit an exception: `` for an OOM in ``phase``."""
-        gpu = self.gpus[rank] if rank < len(self.gpus) else rank
-        text = oom_text(detail, gpu=rank, others=self.gpu_memory.others.get(gpu, []))
+        local = rank - self.launch.first_rank
+        gpu = self.gpus[local] if local < len(self.gpus) else local
+        text = oom_text(detail, gpu=local, others=self.gpu_memory.others.get(gpu, []))
         arch = self.profile.model.architecture
         if phase != "cuda_graph":
             return traceback(phase, arch, f"torch.OutOfMemoryError: {text}")
@@ -155,7 +165,7 @@ class SimServer:
     def _die(self, messages: list[str], running: bool) -> None:
         """Log each rank's scheduler exception, the main process's SIGQUIT handling, then SIGKILL itself."""
         self._dying.acquire(blocking=False)
-        for rank, message in enumerate(messages):
+        for rank, message in zip(self.ranks, messages, strict=False):
             self.log.line(f"Scheduler hit an exception: {message}", rank=rank, level="error")
         self.log.line(texts.sigquit_line(self.v, running=running), level="error")
         if self.v >= (0, 5, 13):
@@ -166,7 +176,7 @@ class SimServer:
         time.sleep(60)  # not reached: SIGKILL cannot be caught
 
     def _die_startup(self, failure: Failure) -> None:
-        ranks = range(self.launch.tp_size)
+        ranks = self.ranks
         if failure.oom is not None and failure.stage != "prefill_graph":
             messages = [self._oom_message(failure.phase, failure.oom, r) for r in ranks]
         else:
@@ -177,7 +187,7 @@ class SimServer:
         """NCCL's own ``NCCL WARN`` line per rank, printed when ``NCCL_DEBUG`` asks for warnings."""
         if plan.nccl.warn and self.launch.env.get("NCCL_DEBUG", "").upper() in ("WARN", "INFO", "TRACE"):
             host = socket.gethostname()
-            for rank in range(self.launch.tp_size):
+            for rank in self.ranks:
                 self.log.raw(f"{host}:{self.pid}:{self.pid} [{rank}] NCCL WARN {plan.nccl.warn}")
 
     def die_first_forward(self, failure: Failure) -> None:
@@ -185,11 +195,11 @@ class SimServer:
         assert self.plan is not None
         self._nccl_warn(self.plan)
         arch = self.profile.model.architecture
-        self._die([traceback("warmup", arch, failure.message) for _ in range(self.launch.tp_size)], running=True)
+        self._die([traceback("warmup", arch, failure.message) for _ in self.ranks], running=True)
 
     def die_runtime(self, batch: Batch) -> None:
         assert batch.oom is not None
-        self._die([self._oom_message(batch.phase, batch.oom, r) for r in range(self.launch.tp_size)], running=True)
+        self._die([self._oom_message(batch.phase, batch.oom, r) for r in self.ranks], running=True)
 
     # -- start-up -------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -204,12 +214,77 @@ class SimServer:
         assert r is not None
         self.context_len = r.context_len
         fail = self._start_init(plan, r, fail)
+        plan = self.plan  # a server spanning nodes plans again once the nodes met (the world's free memory)
+        r = plan.resolved
+        assert r is not None
         self._start_weights(plan, fail)
         pool_used = self._start_kv_pool(plan, r, fail)
         self._start_decode_graphs(plan, fail, pool_used)
         self._start_prefill_graphs(plan, fail, pool_used)
+        if self.rendezvous is not None:
+            self.rendezvous.started()  # the head's start-up collectives need every node
         self._start_summary(plan, r, fail, pool_used)
+        if launch.node_rank >= 1:
+            return self._serve_worker()
         return self._serve(plan)
+
+    # -- multi-node -----------------------------------------------------------------------------------------
+    def _meet(self, plan: StartupPlan) -> StartupPlan:
+        """Meet the other nodes at ``--dist-init-addr`` (dying as torch does when one does not come within
+        ``--dist-timeout``), watch them from then on, and plan again with the world's free memory."""
+        launch = self.launch
+        arch = self.profile.model.architecture
+        if not launch.dist_init_addr:
+            self._die([traceback("init", arch, "AssertionError: please provide --dist-init-addr as host:port of "
+                                 "head node") for _ in self.ranks], running=False)
+        timeout = launch.dist_timeout if launch.dist_timeout is not None else DEFAULT_DIST_TIMEOUT_S
+        assert launch.dist_init_addr is not None
+        meeting = Rendezvous(addr=launch.dist_init_addr, nnodes=launch.nnodes, rank=launch.node_rank,
+                             ranks_per_node=launch.local_ranks, timeout_s=timeout / self.speed,
+                             shown_timeout_s=timeout)
+        try:
+            world = meeting.join(max(self.gpu_memory.other_used_gib()))
+        except RendezvousError as exc:
+            self._die([traceback("init", arch, str(exc)) for _ in self.ranks], running=False)
+        self.rendezvous = meeting
+        meeting.watch(self._peer_lost)
+        self.plan = plan_startup(self.profile, launch, other_used_gib=self.gpu_memory.other_used_gib(),
+                                 seed=self.seed, world_other_used_gib=world)
+        return self.plan
+
+    def _peer_lost(self) -> None:
+        """Another node's process died: this node's ranks wait in their next collective until the watchdog
+        (``--watchdog-timeout``) gives up, then die of NCCL's remote error."""
+        self.sleep_sim(self.launch.watchdog_timeout)
+        if self.http_up:
+            self.log.line(f"Watchdog timeout (self.watchdog_timeout={self.launch.watchdog_timeout!r})", rank=0,
+                          level="error")
+        phase = "decode" if self.http_up else "init"
+        arch = self.profile.model.architecture
+        text = texts.nccl_remote_error(self.profile.host.nccl_version)
+        self._die([traceback(phase, arch, text) for _ in self.ranks], running=self.http_up)
+
+    def _serve_worker(self) -> int:
+        """A rank >= 1 of a multi-node server: no HTTP server of its own, SGLang's dummy health check on
+        ``--host``/``--port`` (a background thread from 0.5.5, sglang#12297), then wait for the schedulers."""
+        launch, log = self.launch, self.log
+        try:
+            self.httpd = dummy_health_server(launch.host, launch.port, ping=self.v >= (0, 5, 5))
+        except OSError as exc:
+            log.line(f"Dummy health check server failed to start: [Errno {exc.errno}] error while attempting to "
+                     f"bind on address ({launch.host!r}, {launch.port}): {(exc.strerror or str(exc)).lower()}",
+                     level="error")
+            self.gpu_memory.withdraw()
+            return 1
+        self.gpu_memory.publish_in_background()
+        threading.Thread(target=self.httpd.serve_forever, name="sim-health", daemon=True).start()
+        if self.v >= (0, 5, 5):
+            log.line(f"Dummy health check server started in background thread at {launch.host}:{launch.port}")
+        else:
+            log.line(f"Starting dummy health check server at {launch.host}:{launch.port}")
+        self.ready.set()
+        while True:
+            time.sleep(1.0)
 
     def _start_init(self, plan: StartupPlan, r: ResolvedArgs, fail: Failure | None) -> Failure | None:
         """The server-args line, torch distributed / NCCL init; return the start-up failure (the device
@@ -219,15 +294,21 @@ class SimServer:
         for w in launch.warnings:
             log.line(w, level="warning")
         log.line(server_args_line(v, r.server_args))
-        if len(self.gpus) < launch.tp_size * launch.dp_size:
+        if len(self.gpus) < launch.local_ranks:
             fail = Failure(kind="error", phase="init", message="RuntimeError: CUDA error: invalid device ordinal")
         log.ranks("Init torch distributed begin.")
+        if launch.nnodes > 1:
+            ordinal = fail if fail is not None and "invalid device ordinal" in fail.message else None
+            plan = self._meet(plan)
+            fail = ordinal or plan.failure
         self.sleep_sim(plan.durations.get("dist_init", 0.0))
         if fail is not None and fail.phase == "init":
             if fail.kind == "nccl_error":
                 self._nccl_warn(plan)
             self._die_startup(fail)
-        if plan.nccl.custom_allreduce_disabled_warning:
+        if launch.nnodes > 1 and plan.resolved is not None and plan.resolved.tp_size > 1:
+            log.ranks("Custom allreduce is disabled because this process group spans across nodes.", level="warning")
+        elif plan.nccl.custom_allreduce_disabled_warning:
             log.ranks(
                 "Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs. "
                 "To silence this warning, specify disable_custom_all_reduce=True explicitly.",
@@ -361,6 +442,8 @@ class SimServer:
         assert mem.graph_gib is not None and mem.free_after_capture_gib is not None
         self.gpu_memory.set_used(pool_used + mem.graph_gib)
         assert mem.max_total_num_tokens is not None and mem.max_running_requests is not None
+        if self.launch.node_rank:
+            return  # TP rank 0's scheduler prints the summary
         self.log.line(
             texts.pool_summary(
                 tokens=mem.max_total_num_tokens,

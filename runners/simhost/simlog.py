@@ -15,9 +15,13 @@ SG_SOURCE = "/usr/local/lib/python3.12/dist-packages/sglang/srt"
 class SimLog:
     """SGLang's ``[%Y-%m-%d %H:%M:%S TPn] message`` lines on stderr, flushed one by one."""
 
-    def __init__(self, tp_size: int, log_level: str, http_level: str | None) -> None:
+    def __init__(self, tp_size: int, log_level: str, http_level: str | None, *, first_rank: int = 0,
+                 local_ranks: int | None = None) -> None:
         self._lock = threading.Lock()
         self.tp_size = tp_size
+        self.first_rank = first_rank
+        """This node's first TP rank (a server spanning nodes: node R prints ranks R x local .. on)."""
+        self.local_ranks = tp_size if local_ranks is None else local_ranks
         self._quiet = log_level.lower() in ("warning", "error", "critical")
         self._http_quiet = (http_level or log_level).lower() in ("warning", "error", "critical")
 
@@ -37,7 +41,7 @@ class SimLog:
         self._write(f"{prefix} {message}\n")
 
     def ranks(self, message: str, level: str = "info") -> None:
-        for rank in range(self.tp_size):
+        for rank in range(self.first_rank, self.first_rank + self.local_ranks):
             self.line(message, rank=rank, level=level)
 
     def uvicorn(self, message: str, level: str = "INFO") -> None:

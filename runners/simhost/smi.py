@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from runners.simhost.hog import HIDDEN
 from runners.simhost.state import HostState, ProcEntry, default_state_dir, live_procs, read_host
 
 __all__ = ["main", "render"]
@@ -175,7 +176,8 @@ def _table(gpus: list[_Gpu], procs: Sequence[ProcEntry], host: HostState) -> str
             )
         )
     out += [rule, row(" Processes:"), row("  GPU   PID        Type   Process name                              Memory")]
-    rows = sorted(((i, p) for p in procs for i in p.used_mib if p.used_mib[i] > 0), key=lambda r: (r[0], r[1].pid))
+    rows = sorted(((i, p) for p in procs for i in p.used_mib if p.used_mib[i] > 0 and p.kind != HIDDEN),
+                  key=lambda r: (r[0], r[1].pid))
     if not rows:
         out.append(row("  No running processes found"))
     for i, p in rows:
@@ -211,7 +213,10 @@ def render(argv: Sequence[str], state_dir: Path) -> tuple[str, int]:
             fields = [f.strip() for f in opts["query-apps"].split(",") if f.strip()]
             by_index = {g.index: g for g in gpus}
             rows: list[_AppRow] = [
-                (p, p.used_mib[i], by_index[i]) for i in sorted(by_index) for p in procs if p.used_mib.get(i, 0) > 0
+                (p, p.used_mib[i], by_index[i])
+                for i in sorted(by_index)
+                for p in procs
+                if p.used_mib.get(i, 0) > 0 and p.kind != HIDDEN
             ]
             return _csv(fields, _APP_FIELDS, rows, fmt), 0
         return _table(gpus, procs, host), 0

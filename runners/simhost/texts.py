@@ -21,6 +21,7 @@ __all__ = [
     "kv_allocated",
     "kv_too_small",
     "load_weight_end",
+    "nccl_remote_error",
     "pool_summary",
     "prefill_batch",
     "sigquit_line",
@@ -322,4 +323,15 @@ def nccl_exception(reason: str, version: str) -> str:
         "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
         "Last error:\n"
         f"{reason}"
+    )
+
+
+def nccl_remote_error(nccl_version: str) -> str:
+    """What a rank's collective raises when a rank on another node died (torch's ``ProcessGroupNCCL``:
+    ``ncclRemoteError``)."""
+    return (
+        "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+        "ProcessGroupNCCL.cpp:3356, remote process exited or there was a network error, NCCL version "
+        f"{nccl_version}\nncclRemoteError: A call failed possibly due to a network error or a remote process "
+        "exiting prematurely.\nLast error:\nsocket.c:538 NCCL WARN Net : Connection closed by remote peer"
     )

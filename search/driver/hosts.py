@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runners.errors import ConfigError
-from runners.host import ANY_FREE_PORT, DEFAULT_HOST_DIR, Host
-from runners.inventory import HostSpec, load_inventory, open_host
+from runners.host import ANY_FREE_PORT, DEFAULT_HOST_DIR, Host, HostGroup
+from runners.inventory import HostSpec, load_inventory, open_host, read_inventory
 from runners.transport import LocalTransport
 from spaces.schema import Space
 
@@ -85,3 +85,12 @@ def host_names(host_args: Sequence[str], inventory: Path | None) -> list[str]:
     specs = list(load_inventory(inventory)) if inventory is not None else []
     specs += [HostSpec.parse(arg) for arg in host_args]
     return [s.name for s in specs]
+
+
+def build_groups(inventory: Path | None, hosts: Sequence[Host]) -> list[HostGroup]:
+    """The inventory's groups (``groups:``) over the opened ``hosts``: the hosts a server spanning nodes takes
+    together, head first."""
+    if inventory is None:
+        return []
+    by_name = {h.name: h for h in hosts}
+    return [HostGroup(g.name, tuple(by_name[name] for name in g.hosts)) for g in read_inventory(inventory).groups]

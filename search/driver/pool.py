@@ -1,5 +1,8 @@
 """The hosts a controller owns: one trial per host at a time, flapping hosts set aside for a while.
 
+A slot is one host, or a group of hosts a server spanning nodes takes together (:class:`~runners.host.HostGroup`:
+the head and its workers, handed out and claimed as one).
+
 ``acquire()`` hands out a free host (blocking); ``release(slot, infra_failure=...)`` gives it back after a
 trial, ``put_back(slot)`` without one. A host that fails ``max_consecutive_failures`` trials in a row
 (infrastructure failures only: OOMs are the config's fault, not the host's) is set aside for ``cooldown``
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from runners.errors import ServetuneError
-from runners.host import Host
+from runners.host import Host, HostGroup
 
 
 class HostState(StrEnum):
@@ -65,6 +68,11 @@ class NoHostsLeft(ServetuneError):
 @dataclass
 class HostSlot:
     host: Host
+    """The host a trial runs on; of a group, its head (rank 0)."""
+    workers: tuple[Host, ...] = ()
+    """Of a group: the other hosts, in rank order (rank 1 first); claimed with the head, all or nothing."""
+    group: str = ""
+    """Of a group: its name, which is the slot's name."""
     busy: bool = False
     consecutive_failures: int = 0
     set_aside_until: float = 0.0
@@ -81,15 +89,21 @@ class HostSlot:
 
     @property
     def name(self) -> str:
-        return self.host.name
+        return self.group or self.host.name
+
+    @property
+    def hosts(self) -> tuple[Host, ...]:
+        """Every host of the slot, head first."""
+        return (self.host, *self.workers)
 
 
 class HostPool:
-    def __init__(self, hosts: Sequence[Host], *, max_consecutive_failures: int = 3,
+    def __init__(self, hosts: Sequence[Host | HostGroup], *, max_consecutive_failures: int = 3,
                  cooldown: float = 300.0, max_set_asides: int = 3) -> None:
         if not hosts:
             raise ValueError("a host pool needs at least one host")
-        self.slots = [HostSlot(h) for h in hosts]
+        self.slots = [HostSlot(h.hosts[0], h.hosts[1:], h.name) if isinstance(h, HostGroup) else HostSlot(h)
+                      for h in hosts]
         self.max_failures = max_consecutive_failures
         self.cooldown = cooldown
         self.max_set_asides = max_set_asides

@@ -28,8 +28,8 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
-from runners.errors import HostMisconfigured, RunnerError, ServetuneError, StudyError, first_line
-from runners.host import Host, HostInfo, Lease, new_controller_id
+from runners.errors import ConfigError, HostMisconfigured, RunnerError, ServetuneError, StudyError, first_line
+from runners.host import Host, HostGroup, HostInfo, Lease, new_controller_id
 from runners.telemetry import FailureKind
 from search._optuna_compat import enter_optimize_loop, study_id, trial_id
 from search.driver.budget import Budget, StudyLock
@@ -230,18 +230,30 @@ class _Run:
         """Claim the host for a trial: True. Held by another live controller: False, and the host is handed
         back for a moment (no failure). The host cannot be reached: the error (the trial is then FAIL
         ``host_unreachable`` without a launch, and counts towards setting the host aside, as before)."""
-        if self.leases is not None:
-            self.leases.ensure(slot.host)
-        try:
-            claim = slot.host.claim()
-        except RunnerError as exc:
-            return exc
-        if not claim.ok:
-            if slot.held_by != claim.reason:
-                log.warning("%s; waiting for it", claim.reason)
-            self.pool.hold_off(slot, HELD_POLL, claim.reason)
-            return False
+        claimed: list[Host] = []
+        for host in slot.hosts:  # a group's hosts are claimed all or none
+            if self.leases is not None:
+                self.leases.ensure(host)
+            try:
+                claim = host.claim()
+            except RunnerError as exc:
+                self._give_back(claimed, slot)
+                return exc
+            if not claim.ok:
+                self._give_back(claimed, slot)
+                if slot.held_by != claim.reason:
+                    log.warning("%s; waiting for it", claim.reason)
+                self.pool.hold_off(slot, HELD_POLL, claim.reason)
+                return False
+            claimed.append(host)
         return True
+
+    def _give_back(self, hosts: Sequence[Host], slot: HostSlot) -> None:
+        for host in hosts:
+            try:
+                host.release_claim()
+            except RunnerError as exc:  # the claim is broken by others once our lease has expired
+                log.warning("could not give back the claim on %s (%s): %s", host.name, slot.name, exc)
 
     def _unreachable(self, trial: optuna.Trial, slot: HostSlot, exc: RunnerError) -> None:
         """FAIL ``trial`` for a host that could not even be claimed; nothing was launched."""
@@ -261,10 +273,7 @@ class _Run:
     def _unclaim(self, slot: HostSlot, claimed: bool | RunnerError = True) -> None:
         if claimed is not True:
             return
-        try:
-            slot.host.release_claim()
-        except RunnerError as exc:  # the claim is broken by others once our lease has expired
-            log.warning("could not give back the claim on %s: %s", slot.name, exc)
+        self._give_back(slot.hosts, slot)
 
     def _callbacks(self, frozen: FrozenTrial) -> None:
         """Call the study callbacks with one fresh view of the study."""
@@ -321,21 +330,36 @@ class _Run:
             self.end(StopReason.ARTIFACTS)
 
 
-def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunSummary:
+def run_search(space: Space, hosts: Sequence[Host], options: RunOptions, *,
+               groups: Sequence[HostGroup] = ()) -> RunSummary:
     """Run (or resume) the study for ``space`` on ``hosts`` until the budget, timeout or a signal.
+
+    ``groups`` (of ``hosts``): the hosts a server spanning nodes takes together; a space with ``nodes`` above 1
+    runs its trials on them (each group one slot), and needs one large enough.
 
     Raises ConfigError for an unsafe study name (before anything is touched) and StudyError, one line, when
     the study storage stops taking writes (a full disk under SQLite): every trial told before is kept.
     """
     study_name(options.study_name)  # it names directories on the hosts and here: refuse unsafe ones first
+    check_groups(space, groups)
     try:
-        return _run_search(space, hosts, options)
+        return _run_search(space, hosts, options, groups)
     except STORAGE_ERRORS as exc:
         raise StudyError(f"study storage {redact(options.storage_url)}: {_storage_error(exc)}; the run stopped"
                          ) from None
 
 
-def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunSummary:
+def check_groups(space: Space, groups: Sequence[HostGroup]) -> None:
+    """ConfigError, one line, when a space spanning nodes has no host group large enough."""
+    need = space.max_nodes
+    if need > 1 and not any(len(g.hosts) >= need for g in groups):
+        sizes = ", ".join(f"{g.name} ({len(g.hosts)})" for g in groups) or "none"
+        raise ConfigError(f"the space spans up to {need} nodes: give an inventory group (groups:) of at least "
+                          f"{need} hosts; groups given: {sizes}")
+
+
+def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions,
+                groups: Sequence[HostGroup] = ()) -> RunSummary:
     storage = open_storage(options.storage_url, heartbeat_interval=options.heartbeat_interval,
                            grace_period=options.grace_period, retry=options.storage_retry)
     sampler = make_sampler(options.seed, options.n_trials)
@@ -365,16 +389,22 @@ def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> Run
     leases = Leases(hosts, Lease.of_this_process(controller, options.study_name, redact(options.storage_url),
                                                  options.lease_ttl))
     try:
-        return _run_with_leases(space, hosts, options, study, storage, env, leases, abort, stop)
+        return _run_with_leases(space, hosts, options, study, storage, env, leases, abort, stop, groups)
     finally:
         leases.close()
 
 
 def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, study: optuna.Study,
                      storage: RDBStorage, env: TrialEnv, leases: Leases, abort: threading.Event,
-                     stop: threading.Event) -> RunSummary:
+                     stop: threading.Event, groups: Sequence[HostGroup] = ()) -> RunSummary:
     hosts, dropped = _usable_hosts(space, hosts, env, leases)
-    pool = HostPool(list(hosts), max_consecutive_failures=space.budget.max_consecutive_failures,
+    members: list[Host | HostGroup] = list(hosts)
+    if space.max_nodes > 1:
+        # Each group is one slot; a group that lost a host to the preflight cannot run a trial.
+        members = [g for g in groups if len(g.hosts) >= space.max_nodes and all(h in hosts for h in g.hosts)]
+        if not members:
+            raise HostMisconfigured("no host group is left whole after the preflight: " + "; ".join(dropped))
+    pool = HostPool(members, max_consecutive_failures=space.budget.max_consecutive_failures,
                     cooldown=options.cooldown, max_set_asides=options.max_set_asides)
     lock = StudyLock(storage, study_id(study), options.storage_url)
     found = [env.preflight_cache[h.name] for h in hosts if h.name in env.preflight_cache]

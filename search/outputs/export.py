@@ -21,7 +21,8 @@ import optuna
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
-from runners.engines import engine_for, get_engine
+from runners.engines import Engine, engine_for, get_engine
+from runners.engines.nodes import render_node_script
 from runners.engines.script import render_script
 from runners.errors import ConfigError, validation_line
 from search.files import write_file
@@ -77,12 +78,20 @@ def export_script(view: StudyView, *, trial: int | None = None, min_free_gib: fl
     header = [terminal_safe(line, one_line=True)
               for line in _header(view, rec, version, bar, now or datetime.now(UTC), rule=rule)]
     if engine is None:
-        return render_script(engine_for(launch), launch, version, header=header)
+        return _script(engine_for(launch), launch, version, header)
     if deploy is None:
         deploy = stored_deploy(study)
     served, served_version = deployment(launch, version, engine=engine, deploy=deploy, trial=rec.number)
-    return render_script(get_engine(engine), served, served_version,
-                         header=_deploy_header(header, rec, launch, served, served_version))
+    return _script(get_engine(engine), served, served_version,
+                   _deploy_header(header, rec, launch, served, served_version))
+
+
+def _script(engine: Engine, launch: LaunchConfig, version: str, header: list[str]) -> str:
+    """The launch script: one server's, or for a server spanning nodes one script every node runs with its rank
+    (:func:`runners.engines.nodes.render_node_script`)."""
+    if launch.nodes > 1:
+        return render_node_script(engine, launch, version, launch.nodes, header=header)
+    return render_script(engine, launch, version, header=header)
 
 
 def stored_deploy(study: optuna.Study) -> Deploy:
@@ -129,7 +138,7 @@ def deployment(launch: LaunchConfig, version: str, *, engine: str, deploy: Deplo
     if python is None:
         raise ConfigError(f"trial {trial} ran on the simulated host, whose python is servetune's own: name the GPU "
                           "box's engine python in the space (deploy: {python: /path/to/python}) or with --python")
-    tp = engine_for(launch).tp_size(launch.fixed_args)
+    tp = engine_for(launch).tp_size(launch.fixed_args) // launch.nodes  # the GPUs of one node
     if deploy.gpus is not None:
         if len(deploy.gpus) != tp:
             raise ConfigError(f"deploy.gpus names {len(deploy.gpus)} GPU(s) {deploy.gpus} for a TP size of {tp}: "
@@ -144,6 +153,7 @@ def deployment(launch: LaunchConfig, version: str, *, engine: str, deploy: Deplo
     served = LaunchConfig(
         engine=engine, python=python, model_path=deploy.model_path or launch.model_path, host=deploy.host,
         port=deploy.port or launch.port, knobs=launch.knobs, fixed_args=launch.fixed_args, env=env,
+        nodes=launch.nodes,
     )
     return served, deploy.version or version
 

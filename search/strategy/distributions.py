@@ -13,7 +13,7 @@ import optuna
 
 from runners.engines import get_engine
 from search.trial.records import FLOAT_DIGITS
-from spaces.launch import engine_options
+from spaces.launch import NODES_PARAM, engine_options
 from spaces.schema import BoolChoices, FloatRange, IntChoices, Space
 
 
@@ -43,6 +43,8 @@ def distributions(space: Space) -> dict[str, optuna.distributions.BaseDistributi
             out[name] = optuna.distributions.CategoricalDistribution(list(spec.choices))
         else:
             out[name] = optuna.distributions.CategoricalDistribution(list(spec))
+    if len(space.node_counts) > 1:
+        out[NODES_PARAM] = optuna.distributions.CategoricalDistribution(space.node_counts)
     return out
 
 

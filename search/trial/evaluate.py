@@ -35,6 +35,12 @@ class Slot(Protocol):
     def host(self) -> Host: ...
 
     @property
+    def workers(self) -> tuple[Host, ...]:
+        """The other hosts of a group, in rank order (empty for one host): a server spanning nodes runs its
+        rank 0 on :attr:`host` and rank R on ``workers[R - 1]``."""
+        ...
+
+    @property
     def name(self) -> str: ...
 
     last_server_stop: float

@@ -46,11 +46,17 @@ def preflight(host: Host, space: Space, engine: Engine | None = None) -> HostInf
     info = host.preflight(space.engine.kind, python, engine.version_command(python),
                           gpus=space.engine.device == "gpu",
                           model_path=None if engine.simulated else space.model_path,  # the simulator reads none
-                          gpus_needed=engine.tp_size(space.fixed_args) if space.engine.device == "gpu" else 0)
+                          gpus_needed=gpus_per_node(space, engine) if space.engine.device == "gpu" else 0)
     info.nccl_version = host_nccl(host, engine, python)
     check_nccl_on(host, space, info.nccl_version)
     host.gpu_dir()  # where the host's leases and claim live: a host_dir that cannot be made drops the host
     return info
+
+
+def gpus_per_node(space: Space, engine: Engine) -> int:
+    """The GPUs each host must have: the tensor parallel size over the most nodes the space spans (``--tp`` is
+    the total over the nodes)."""
+    return -(-engine.tp_size(space.fixed_args) // space.max_nodes)
 
 
 def host_nccl(host: Host, engine: Engine, python: str) -> str | None:

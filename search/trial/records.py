@@ -51,6 +51,7 @@ __all__ = [
     "LevelResult",
     "MemoryFacts",
     "Outcome",
+    "RankFacts",
     "RateStepFacts",
     "TrialFacts",
     "mark_interrupted",
@@ -231,6 +232,21 @@ class MemoryFacts(BaseModel):
         return bool(self.figures())
 
 
+class RankFacts(BaseModel):
+    """One rank (node) of a server spanning nodes: where it ran, how it ended, its memory ladder."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rank: int
+    host: str
+    outcome: Outcome | None = None
+    """How this rank ended (None: it lived until servetune stopped it)."""
+    phase: Phase | None = None
+    reason: str = ""
+    exit_code: int | None = None
+    memory: MemoryFacts = Field(default_factory=MemoryFacts)
+
+
 class TrialFacts(BaseModel):
     """What servetune knows about one trial.
 
@@ -302,6 +318,12 @@ class TrialFacts(BaseModel):
         return [(step, by_rate.get(step.rate)) for step in self.slo_rate_search]
     duplicate_of: int | None = None
     """Set when the configuration was already measured by that trial and its result reused."""
+    nodes: int = 1
+    """The nodes the server spanned (one rank per node)."""
+    ranks: list[RankFacts] = Field(default_factory=list)
+    """A server spanning nodes: each rank's host, end and memory ladder (rank 0 first); empty on one node."""
+    died_first: int | None = None
+    """A server spanning nodes that died: the rank that died first (the verdict is its death)."""
     startup_s: float | None = None
     bench_s: float | None = None
     stop_method: str | None = None

@@ -14,22 +14,24 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optuna
 from optuna.artifacts import upload_artifact
 
 from runners.engines import Engine, engine_for
-from runners.engines.script import render
-from runners.errors import RunnerError
-from runners.host import HostInfo
+from runners.engines.nodes import render_nodes
+from runners.engines.script import RenderedLaunch, render
+from runners.errors import ConfigError, RunnerError
+from runners.host import Host, HostInfo
+from runners.nodes import NodeSession
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
 from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
 from search.trial.evaluate import Slot, level_order
 from search.trial.objective import Benchmarking, Ended, HostChosen, TrialEnv, TrialFailed, emit, run_folder
 from search.trial.preflight import preflight
-from search.trial.records import LevelResult, MemoryFacts, RateStepFacts, TrialFacts
+from search.trial.records import LevelResult, MemoryFacts, RankFacts, RateStepFacts, TrialFacts
 from search.trial.slo import find_max_rate
 from search.trial.workload import bench_plan, run_files
 from spaces.launch import LaunchConfig
@@ -46,10 +48,11 @@ class ServerEvaluator:
     def __init__(self, env: TrialEnv) -> None:
         self.env = env
 
-    def _preflight(self, slot: Slot, engine: Engine) -> HostInfo:
-        """Stop orphans, check the host is reachable, the engine present and the GPUs free."""
+    def _preflight(self, slot: Slot, engine: Engine, host: Host | None = None) -> HostInfo:
+        """Stop orphans, check the host (``slot``'s, or one of its group's) is reachable, the engine present and
+        the GPUs free."""
         env = self.env
-        host = slot.host
+        host = slot.host if host is None else host
         orphans = host.cleanup_orphans(grace=env.space.budget.stop_grace)
         cached = env.preflight_cache.get(host.name)
         if cached is None:
@@ -83,30 +86,7 @@ class ServerEvaluator:
         emit(self.env, trial, HostChosen(slot.name))
         facts.host = slot.name
         engine = engine_for(launch)  # resolved once per trial and passed on
-        try:
-            info = self._preflight(slot, engine)
-        except RunnerError as exc:
-            self._fail(trial, facts, Failure(kind_of_error(exc), None, str(exc)))
-        version = space.engine.version or info.engine_version
-        facts.engine_version = version
-        facts.gpu_name = info.gpu_name
-        facts.gpu_count = len(info.gpus)
-        header = [f"servetune trial {trial.number} of study {env.study_name}"]
-        rendered = render(engine, launch, version, header=header)
-        script = rendered.script
-        facts.argv = list(rendered.argv)
-        facts.env = dict(rendered.env)
-        run_id = f"{env.study_name}-{trial.number}-{uuid.uuid4().hex[:8]}"
-        run_dir = slot.host.run_dir(run_folder(env), str(trial.number))
-        facts.run_id = run_id
-
-        session = ServerSession(
-            slot.host, engine, launch, script=script, run_dir=run_dir, run_id=run_id,
-            python=launch.python, stop_grace=space.budget.stop_grace,
-            smi_interval=env.smi_interval if space.engine.device == "gpu" else 0.0,
-            on_event=lambda event: emit(self.env, trial, event),
-            memory_limit_bytes=space.memory_limit_bytes, files=run_files(space),
-        )
+        session, script = self._prepare(trial, slot, launch, engine, facts)
         failure: Failure | None = None
         levels: list[dict[str, Any]] = []
         started = time.monotonic()
@@ -135,6 +115,10 @@ class ServerEvaluator:
                 if stop is not None:
                     facts.stop_method = stop.method
                     facts.stop_s = round(stop.seconds, 3)
+                if isinstance(session, NodeSession) and space.engine.device == "gpu":
+                    held = session.check_gpus_free()  # every node's GPUs, at once
+                    if held:
+                        facts.stop_error = "GPU memory still held after the stop: " + "; ".join(held)
             except RunnerError as exc:
                 facts.stop_error = str(exc)
             self._record(trial, facts, session, levels, script)
@@ -145,7 +129,68 @@ class ServerEvaluator:
         self._fail(trial, facts, failure)
         raise AssertionError("unreachable")
 
-    def _wait_ready(self, session: ServerSession) -> Failure | None:
+    def _prepare(self, trial: optuna.Trial, slot: Slot, launch: LaunchConfig, engine: Engine,
+                 facts: TrialFacts) -> tuple[ServerSession | NodeSession, str]:
+        """Preflight the trial's host (every node's), render its command (one per rank) and make its session;
+        the launch script the trial records. Fails or prunes the trial when it cannot be launched."""
+        env = self.env
+        space = env.space
+        hosts = [slot.host, *slot.workers][:launch.nodes] if launch.nodes > 1 else [slot.host]
+        facts.nodes = launch.nodes
+        if len(hosts) < launch.nodes:
+            self._fail(trial, facts, Failure(FailureKind.HOST_CONFIG, None,
+                                             f"a server of {launch.nodes} nodes needs a host group of "
+                                             f"{launch.nodes}; {slot.name} has {len(hosts)} host(s)"))
+        try:
+            infos = [self._preflight(slot, engine, host) for host in hosts]  # every node's GPUs free
+        except RunnerError as exc:
+            self._fail(trial, facts, Failure(kind_of_error(exc), None, str(exc)))
+        info = infos[0]
+        version = space.engine.version or info.engine_version
+        facts.engine_version = version
+        facts.gpu_name = info.gpu_name
+        facts.gpu_count = sum(len(i.gpus) for i in infos)
+        header = [f"servetune trial {trial.number} of study {env.study_name}"]
+        run_id = f"{env.study_name}-{trial.number}-{uuid.uuid4().hex[:8]}"
+        facts.run_id = run_id
+        try:
+            scripts = self._render(engine, launch, version, hosts, header)
+        except ConfigError as exc:  # e.g. a TP size that does not divide over the nodes: the configuration's
+            self._prune(trial, facts, Failure(FailureKind.BAD_FLAG, Phase.STARTING, str(exc)))
+        except RunnerError as exc:
+            self._fail(trial, facts, Failure(kind_of_error(exc), Phase.STARTING, str(exc)))
+        facts.argv = list(scripts[0][1].argv)
+        facts.env = dict(scripts[0][1].env)
+        sessions = [
+            ServerSession(
+                host, engine, ranked, script=rendered.script, run_dir=host.run_dir(run_folder(env), str(trial.number)),
+                run_id=run_id if rank == 0 else f"{run_id}-rank{rank}",
+                python=launch.python, stop_grace=space.budget.stop_grace,
+                smi_interval=env.smi_interval if space.engine.device == "gpu" else 0.0,
+                on_event=(lambda event: emit(self.env, trial, event)) if rank == 0 else None,
+                memory_limit_bytes=space.memory_limit_bytes, files=run_files(space) if rank == 0 else None,
+            )
+            for rank, (host, (ranked, rendered)) in enumerate(zip(hosts, scripts, strict=True))
+        ]
+        if len(sessions) == 1:
+            return sessions[0], scripts[0][1].script
+        facts.host = f"{slot.name} ({', '.join(h.name for h in hosts)})"
+        return NodeSession(sessions), "\n".join(r.script for _, r in scripts)
+
+    def _render(self, engine: Engine, launch: LaunchConfig, version: str, hosts: Sequence[Host],
+                header: Sequence[str]) -> list[tuple[LaunchConfig, RenderedLaunch]]:
+        """Each rank's launch (its host's port) and rendered command: one for one node; for a server spanning
+        nodes, :func:`runners.engines.nodes.render_nodes` with the dist-init port picked free on the head."""
+        if len(hosts) == 1:
+            return [(launch, render(engine, launch, version, header=header))]
+        ports = [launch.port if h is hosts[0] else (h.launch_port() or launch.port) for h in hosts]
+        head = hosts[0]
+        dist_port = head.free_port(launch.python, head.node_address)
+        rendered = render_nodes(engine, launch, version, [h.node_address for h in hosts], dist_port, ports=ports,
+                                header=header)
+        return [(launch.model_copy(update={"port": p}), r) for p, r in zip(ports, rendered, strict=True)]
+
+    def _wait_ready(self, session: ServerSession | NodeSession) -> Failure | None:
         space = self.env.space
         deadline = time.monotonic() + space.budget.startup_timeout
         while True:
@@ -162,7 +207,7 @@ class ServerEvaluator:
                                    f"(last phase: {session.parser.phase.value})")
                 return failure
 
-    def _benchmark(self, session: ServerSession, plan: BenchPlan) -> BenchResult:
+    def _benchmark(self, session: ServerSession | NodeSession, plan: BenchPlan) -> BenchResult:
         # The abort event is honoured by running the sweep in a thread and stopping the server.
         result: dict[str, Any] = {}
 
@@ -181,7 +226,8 @@ class ServerEvaluator:
                 return BenchResult(levels, Failure(FailureKind.INTERRUPTED, session.parser.phase, "interrupted"))
         return result["bench"]
 
-    def _rate_search(self, session: ServerSession, api: str, model: str, facts: TrialFacts) -> BenchResult:
+    def _rate_search(self, session: ServerSession | NodeSession, api: str, model: str,
+                     facts: TrialFacts) -> BenchResult:
         """``max_rate_under_slo``: the highest request rate (Poisson arrivals, at most the target level in
         flight) at which the SLO holds, by :func:`search.trial.slo.find_max_rate`; every step is one load generator
         run at one rate, kept as a level of the trial. A death ends the search (the trial is then PRUNED)."""
@@ -210,9 +256,26 @@ class ServerEvaluator:
 
     # ---- recording -----------------------------------------------------------------------------
 
-    def _record(self, trial: optuna.Trial, facts: TrialFacts, session: ServerSession,
+    def _record_ranks(self, facts: TrialFacts, session: NodeSession) -> None:
+        """Each rank's host, end and memory ladder, and which rank died first (its death is the verdict)."""
+        facts.died_first = session.first_dead()
+        ranks = []
+        for rank, (s, failure) in enumerate(zip(session.sessions, session.rank_failures(), strict=True)):
+            memory = merge_smi_peak(s)
+            memory.pop("simulated", None)
+            ranks.append(RankFacts(
+                rank=rank, host=s.host.name, outcome=failure.kind if failure else None,
+                phase=failure.phase if failure else None, reason=failure.reason if failure else "",
+                exit_code=s.exit_code if failure else None,
+                memory=MemoryFacts.model_validate(
+                    {k: v for k, v in memory.items() if isinstance(v, int | float | str | bool)})))
+        facts.ranks = ranks
+
+    def _record(self, trial: optuna.Trial, facts: TrialFacts, session: ServerSession | NodeSession,
                 levels: list[dict[str, Any]], script: str) -> None:
         env = self.env
+        if isinstance(session, NodeSession):
+            self._record_ranks(facts, session)
         memory = merge_smi_peak(session)
         facts.simulated = bool(memory.pop("simulated", False))
         facts.memory = MemoryFacts.model_validate(
@@ -236,7 +299,7 @@ class ServerEvaluator:
         out = env.artifacts_dir / env.study_name / str(trial.number)
         files = {
             "server.log": session.log_text(),
-            "launch.sh": script,
+            "launch.sh": script,  # a server spanning nodes: every rank's script, rank 0 first
             "bench.json": json.dumps(levels, indent=2),
             "nvidia-smi.csv": session.smi_csv(),
         }

@@ -20,6 +20,7 @@ from runners import loadgen
 from runners.engines import engine_names, get_engine
 from runners.engines.base import Engine, LogParser
 from runners.engines.common import LogParserBase
+from runners.engines.nodes import render_node_script, render_nodes
 from runners.engines.script import render, render_script
 from runners.errors import ConfigError
 from runners.simhost.launch import build_parser
@@ -122,6 +123,50 @@ def test_rendered_script_is_runnable_bash(engine: Engine, tmp_path: Path) -> Non
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)], check=False).returncode == 0
     assert "export NCCL_ALGO=allreduce:tree" in script
+
+
+def test_two_nodes_render_one_command_per_rank_with_the_total_tp(engine: Engine) -> None:
+    """Every engine spans nodes the same way through :func:`render_nodes`: one command per rank, the head's
+    address and the dist-init port on every rank, the rank's own port, the TP size left the total."""
+    tp = engine.tp_flags[0]
+    launch = _launch(engine, {}).model_copy(update={"fixed_args": (tp, "16"), "nodes": 2})
+    version = VERSIONS[engine.name][-1]
+    ranks = render_nodes(engine, launch, version, ["127.0.0.2", "127.0.0.3"], 29511, ports=[30000, 30001])
+    assert len(ranks) == 2
+    for rank, node in enumerate(ranks):
+        argv = node.argv
+        assert argv[argv.index(tp) + 1] == "16"
+        assert argv[argv.index("--nnodes") + 1] == "2"
+        assert argv[argv.index("--node-rank") + 1] == str(rank)
+        assert argv[argv.index("--port") + 1] == str(30000 + rank)
+        assert "127.0.0.2" in " ".join(argv) and "29511" in " ".join(argv)
+        assert "127.0.0.3" not in " ".join(argv)
+    one = render_nodes(engine, launch, version, ["127.0.0.2"], 29511)
+    assert one[0].argv == render(engine, launch, version).argv  # one node: the single-host command
+    with pytest.raises(ConfigError, match="does not divide over 3 nodes"):
+        render_nodes(engine, launch, version, ["127.0.0.2", "127.0.0.3", "127.0.0.4"], 29511)
+    clash = launch.model_copy(update={"fixed_args": (tp, "16", "--nnodes", "2")})
+    with pytest.raises(ConfigError, match="--nnodes"):
+        render_nodes(engine, clash, version, ["127.0.0.2", "127.0.0.3"], 29511)
+
+
+def test_the_per_node_script_takes_the_rank_and_runs_each_ranks_command(engine: Engine, tmp_path: Path) -> None:
+    """The exported script of a two-node server: ``serve.sh RANK HEAD [PORT]`` execs exactly the command
+    :func:`render_nodes` gives that rank (checked by running it with ``exec`` replaced by ``echo``)."""
+    tp = engine.tp_flags[0]
+    launch = _launch(engine, {}).model_copy(update={"fixed_args": (tp, "16"), "nodes": 2,
+                                                    "env": {"NCCL_ALGO": "Ring"}})
+    version = VERSIONS[engine.name][-1]
+    path = tmp_path / "serve.sh"
+    path.write_text(render_node_script(engine, launch, version, 2, header=["contract"]).replace(
+        "\nexec ", "\nprintf '%s\\n' "))
+    for rank in (0, 1):
+        out = subprocess.run(["bash", str(path), str(rank), "10.0.0.1", "29511"], capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+        want = render_nodes(engine, launch, version, ["10.0.0.1", "10.0.0.1"], 29511)[rank].argv
+        assert out == want
+    bad = subprocess.run(["bash", str(path), "2", "10.0.0.1"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "RANK must be 0-1" in bad.stderr
 
 
 def test_inert_knobs_are_knobs_with_a_reason(engine: Engine) -> None:

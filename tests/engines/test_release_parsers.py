@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
+from runners.engines.nodes import render_nodes
 from runners.engines.sglang import SGLangEngine
-from runners.engines.vllm import VLLMEngine
+from runners.engines.vllm import MULTI_NODE_SINCE, VLLMEngine
 from spaces.launch import LaunchConfig
 from spaces.schema import BoolChoices, FloatRange, IntChoices, Space, load_space
 
@@ -171,9 +172,20 @@ def rendered(engine: SGLangEngine | VLLMEngine, kinds: set[str], version: str) -
     return out
 
 
+def rendered_nodes(engine: SGLangEngine | VLLMEngine, version: str, tp_flag: str) -> list[tuple[str, list[str]]]:
+    """(what it is, argv after the module, ``serve`` dropped) for each rank of a two-node server."""
+    launch = LaunchConfig(engine=engine.name, python="python3", model_path="/models/m", port=30000, knobs={},
+                          fixed_args=(tp_flag, "16"), nodes=2)
+    out = []
+    for rank, node in enumerate(render_nodes(engine, launch, version, ["127.0.0.2", "127.0.0.3"], 29500)):
+        argv = node.argv[3:]
+        out.append((f"two nodes, rank {rank}", argv[1:] if argv[:1] == ["serve"] else argv))
+    return out
+
+
 @pytest.mark.parametrize("version", SGLANG_RELEASES)
 def test_sglang_release_parses_every_rendered_command(version: str, parser_python: Path) -> None:
-    commands = rendered(SGLangEngine(), {"sglang", "sim"}, version)
+    commands = rendered(SGLangEngine(), {"sglang", "sim"}, version) + rendered_nodes(SGLangEngine(), version, "--tp")
     assert commands
     v = tuple(int(x) for x in version.split("."))
     refused = (["--model-path", "/models/m", "--cuda-graph-max-bs", "32"] if v >= (0, 5, 20) else
@@ -189,6 +201,8 @@ def test_sglang_release_parses_every_rendered_command(version: str, parser_pytho
 @pytest.mark.parametrize("version", VLLM_RELEASES)
 def test_vllm_release_parses_every_rendered_command(version: str, parser_python: Path) -> None:
     commands = rendered(VLLMEngine(), {"vllm"}, version)
+    if tuple(int(x) for x in version.split(".")) >= MULTI_NODE_SINCE:
+        commands += rendered_nodes(VLLMEngine(), version, "--tensor-parallel-size")
     assert commands
     v = tuple(int(x) for x in version.split("."))
     refused = (["--model", "/models/m", "--max-cudagraph-capture-size", "64"] if v < (0, 11, 1) else

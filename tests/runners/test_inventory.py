@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 from runners.errors import ConfigError
-from runners.inventory import HostSpec, load_inventory, open_host, parse_inventory
+from runners.inventory import HostSpec, load_inventory, open_host, parse_inventory, parse_inventory_file
 from runners.ssh import SSHTransport
 from runners.transport import LocalTransport
 
@@ -70,7 +70,7 @@ def test_load_inventory(tmp_path: Path) -> None:
     ("text", "needle"),
     [
         ("hosts:\n  - {name: a, colour: red}\n", "unknown key 'colour' in hosts[0] (allowed: name, address"),
-        ("hosts: []\nextra: 1\n", "unknown key 'extra' (allowed: hosts)"),
+        ("hosts: []\nextra: 1\n", "unknown key 'extra' (allowed: hosts, groups)"),
         ("hosts:\n  - a\n  - a\n", "two hosts are named 'a'"),
         ("hosts:\n  - {name: a, port: 0}\n", "hosts[0].port"),
         ("hosts:\n  - 'a:x'\n", "port 'x' is not a number"),
@@ -110,3 +110,25 @@ def test_open_host_picks_the_transport() -> None:
 def test_parse_inventory_accepts_specs_as_strings() -> None:
     hosts = parse_inventory({"hosts": ["gpu-a", {"name": "gpu-b"}]})
     assert [h.address for h in hosts] == ["gpu-a", "gpu-b"]
+
+
+def test_a_group_takes_hosts_of_the_inventory_in_rank_order() -> None:
+    inv = parse_inventory_file({"hosts": [{"name": "a", "address": "127.0.0.2"},
+                                          {"name": "b", "address": "127.0.0.3", "node_address": "127.0.0.4"}],
+                                "groups": [{"name": "pair", "hosts": ["a", "b"]}]})
+    assert [g.name for g in inv.groups] == ["pair"] and inv.groups[0].hosts == ["a", "b"]
+    hosts = [open_host(spec, ssh_config=None) for spec in inv.hosts]
+    assert [h.node_address for h in hosts] == ["127.0.0.2", "127.0.0.4"]
+
+
+@pytest.mark.parametrize(("groups", "needle"), [
+    ([{"name": "pair", "hosts": ["a", "c"]}], "group 'pair' names 'c', which is not a host of the inventory"),
+    ([{"name": "p", "hosts": ["a", "b"]}, {"name": "q", "hosts": ["b", "a"]}], "host 'b' is in two groups ('p' and 'q')"),
+    ([{"name": "pair", "hosts": ["a"]}], "groups[0].hosts: List should have at least 2 items"),
+    ([{"name": "a", "hosts": ["a", "b"]}], "group 'a' has the name of a host"),
+    ([{"name": "pair", "hosts": ["a", "b"], "head": "a"}], "unknown key 'head' in groups[0] (allowed: name, hosts)"),
+])
+def test_group_mistakes_are_one_line(groups: list[dict[str, object]], needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_inventory_file({"hosts": ["a", "b"], "groups": groups})
+    assert needle in str(err.value) and "\n" not in str(err.value)

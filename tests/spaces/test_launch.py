@@ -12,6 +12,7 @@ import pytest
 
 from runners.engines import engine_for
 from runners.engines.script import render, render_script
+from search.strategy.distributions import distributions
 from spaces.launch import LaunchConfig
 from spaces.schema import Space
 
@@ -71,3 +72,23 @@ def test_script_is_quoted_runnable_bash(tmp_path: Path) -> None:
     assert last.startswith("exec ")
     assert shlex.split(last)[1:] == render(engine_for(launch), launch, "0.5.10").argv
     assert "'/models/My Model'" in last
+
+
+def test_nodes_fixed_or_searched_reach_the_launch_and_the_distributions() -> None:
+    fixed = SPACE.model_copy(update={"nodes": 2})
+    assert fixed.node_counts == [2] and fixed.max_nodes == 2
+    assert LaunchConfig.from_params(fixed, PARAMS).nodes == 2
+    assert "nodes" not in distributions(fixed)
+    searched = Space.model_validate({**SPACE.model_dump(exclude={"nodes"}), "nodes": {"choices": [1, 2]}})
+    assert searched.node_counts == [1, 2] and searched.max_nodes == 2
+    assert list(distributions(searched)["nodes"].choices) == [1, 2]
+    launch = LaunchConfig.from_params(searched, {**PARAMS, "nodes": 2})
+    assert launch.nodes == 2 and "nodes" not in launch.knobs
+    assert LaunchConfig.model_validate_json(launch.model_dump_json()) == launch
+    assert LaunchConfig.from_params(SPACE, PARAMS).nodes == 1
+
+
+@pytest.mark.parametrize("nodes", [0, 17, {"choices": [1, None]}])
+def test_a_bad_node_count_is_refused(nodes: object) -> None:
+    with pytest.raises(pydantic.ValidationError, match="nodes"):
+        Space.model_validate({**SPACE.model_dump(exclude={"nodes"}), "nodes": nodes})
