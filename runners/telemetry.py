@@ -47,6 +47,9 @@ class FailureKind(StrEnum):
     HOST_CONFIG = "host_config"
     PORT_IN_USE = "port_in_use"
     STOPPED_FROM_OUTSIDE = "stopped_from_outside"
+    SCHEDULER = "scheduler"
+    """The cluster's scheduler ended the job (a node failed, preemption, the time limit, a cancel servetune did
+    not send), or the job waited in the queue past its limit."""
     INTERRUPTED = "interrupted"
     INFRA = "infra"
     PREDICTED_OOM = "predicted_oom"
@@ -72,6 +75,7 @@ CONFIG_CAUSED: dict[FailureKind, bool] = {
     FailureKind.HOST_CONFIG: False,  # the host's set-up (no nvidia-smi, no SFTP, no engine)
     FailureKind.PORT_IN_USE: False,  # the server could not bind: someone else holds the port
     FailureKind.STOPPED_FROM_OUTSIDE: False,  # a signal servetune did not send, or an unasked exit 0
+    FailureKind.SCHEDULER: False,  # Slurm's own faults: node failure, preemption, time limit, outside cancel
     FailureKind.INTERRUPTED: False,
     FailureKind.INFRA: False,
     FailureKind.PREDICTED_OOM: True,  # PRUNED without a launch: the sampler learns the region is infeasible

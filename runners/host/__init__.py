@@ -7,7 +7,7 @@ from runners.host.gpu import HostInfo
 from runners.host.host import Host
 from runners.host.leases import CLAIM_DIR, LEASE_DIR, Claim, Lease, default_controller_id, new_controller_id
 from runners.host.ports import ANY_FREE_PORT
-from runners.host.runs import RUN_ID_VAR, RunRef, StopResult
+from runners.host.runs import RUN_ID_VAR, Resources, RunRef, StopResult
 
 __all__ = [
     "ANY_FREE_PORT",
@@ -18,6 +18,7 @@ __all__ = [
     "Host",
     "HostInfo",
     "Lease",
+    "Resources",
     "RunRef",
     "StopResult",
     "default_controller_id",

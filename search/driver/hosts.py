@@ -15,7 +15,7 @@ from pathlib import Path
 
 from runners.errors import ConfigError
 from runners.host import ANY_FREE_PORT, Host
-from runners.inventory import HostSpec, load_inventory, open_host
+from runners.inventory import HostSpec, load_inventory, open_hosts
 from runners.transport import LocalTransport
 from spaces.schema import Space
 
@@ -62,11 +62,11 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
         raise ConfigError(f"the same host is listed twice: {sorted(n for n in names if names.count(n) > 1)[0]}")
     hosts = []
     for spec in specs:
-        if spec.address == "local" and space.engine.simulated and not spec.env:
+        if spec.address == "local" and space.engine.simulated and not spec.env and spec.slurm is None:
             hosts.append(local_host(space, runs_root=spec.runs_root, sim_dir=sim_dir, name=spec.name,
                                     server_port=spec.server_port, python=spec.python))
         else:
-            hosts.append(open_host(spec))
+            hosts.extend(open_hosts(spec))  # a Slurm cluster: one host per job slot
     return hosts
 
 

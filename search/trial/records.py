@@ -299,6 +299,8 @@ class TrialFacts(BaseModel):
         return [(step, by_rate.get(step.rate)) for step in self.slo_rate_search]
     duplicate_of: int | None = None
     """Set when the configuration was already measured by that trial and its result reused."""
+    queue_s: float | None = None
+    """Seconds the trial's job waited in a cluster's queue before it ran (Slurm); not part of ``startup_s``."""
     startup_s: float | None = None
     bench_s: float | None = None
     stop_method: str | None = None
