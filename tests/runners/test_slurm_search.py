@@ -223,3 +223,17 @@ def test_a_controller_killed_with_sigkill_leaves_no_job_after_the_next_run(clust
     assert states.get(other) in ("RUNNING", "PENDING")
     cluster.run("scancel", other)
     assert [j for j, s, comment in cluster.jobs() if comment.startswith("servetune,") and s in ACTIVE] == []
+
+
+def test_a_directive_slurm_rejects_is_fail_and_retires_the_cluster(cluster: SlurmCluster, tmp_path: Path) -> None:
+    space_path = make_space(tmp_path)
+    inv = inventory(tmp_path, cluster, directives=["--constraint=no-such-feature"])
+
+    trials = search(tmp_path, space_path, inv, [SURVIVES], n_trials=2)
+
+    t = trials[0]
+    facts = TrialFacts.from_trial(t)
+    assert t.state == TrialState.FAIL and facts.outcome == "host_config"
+    assert "sbatch" in facts.reason and "fix: correct the slurm: settings" in facts.reason
+    assert len(trials) == 1  # the cluster is retired: waiting will not make Slurm accept it
+    assert not [j for j, s, comment in cluster.jobs() if comment.startswith("servetune,") and s in ACTIVE]
