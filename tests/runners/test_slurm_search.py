@@ -34,6 +34,7 @@ from tests.fixtures.slurm import SlurmCluster, start_slurm
 from tests.search.overnight_kit import BASE, DIES, SURVIVES, cli_env, start_cli
 from tests.search.overnight_kit import cli as kit_cli
 from tests.search.overnight_kit import make_space as kit_make_space
+from tests.search.overnight_kit import trials as kit_trials
 from tests.search.overnight_kit import wait_for as kit_wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -69,8 +70,8 @@ def cluster(slurm: SlurmCluster) -> Iterator[SlurmCluster]:
     assert not left, f"jobs left behind: {left}"
 
 
-def make_space(wd: Path, *, workload: dict[str, Any] | None = None) -> Path:
-    return kit_make_space(wd / "space.yaml", speed=100, workload=workload or SMALL, safe=False,
+def make_space(wd: Path, *, workload: dict[str, Any] | None = None, speed: float = 100) -> Path:
+    return kit_make_space(wd / "space.yaml", speed=speed, workload=workload or SMALL, safe=False,
                           knobs={"nccl": {"NCCL_PROTO": ["unset", "LL"], "NCCL_ALGO": ["unset", "Ring"]}},
                           base_budget=BUDGET)
 
@@ -237,3 +238,27 @@ def test_a_directive_slurm_rejects_is_fail_and_retires_the_cluster(cluster: Slur
     assert "sbatch" in facts.reason and "fix: correct the slurm: settings" in facts.reason
     assert len(trials) == 1  # the cluster is retired: waiting will not make Slurm accept it
     assert not [j for j, s, comment in cluster.jobs() if comment.startswith("servetune,") and s in ACTIVE]
+
+
+def test_ctrl_c_twice_leaves_no_job_running_or_queued(cluster: SlurmCluster, tmp_path: Path) -> None:
+    space_path = make_space(tmp_path, workload=SEED003, speed=20)  # trials long enough to be interrupted
+    inv = inventory(tmp_path, cluster, max_jobs=3)
+    storage = f"sqlite:///{tmp_path}/servetune.db"
+    args = ("run", str(space_path), "--study", "slurm", "--storage", storage, "--no-mlflow", "--no-live",
+            "--inventory", str(inv), "--n-trials", "6", "--seed", "1")
+    ctl = start_cli(*args, cwd=tmp_path, log="ctl.log")
+
+    def ours() -> dict[str, str]:
+        return {j: s for j, s, comment in cluster.jobs() if comment.startswith("servetune,") and s in ACTIVE}
+
+    # Two jobs run (8 GPUs, TP 4 each) and a third waits in the queue.
+    kit_wait_for("two jobs running and one queued", lambda: sorted(ours().values()) == ["PENDING", "RUNNING",
+                                                                                         "RUNNING"], timeout=90)
+    ctl.proc.send_signal(signal.SIGINT)
+    kit_wait_for("the first SIGINT noted", lambda: "SIGINT: finishing the running trials" in ctl.output())
+    ctl.proc.send_signal(signal.SIGINT)  # the second aborts the running trials and the queued one
+    assert ctl.finish(90) == 130, ctl.output()
+    assert ours() == {}
+    assert "stoppedby:aborted" in "".join(ctl.output().split())
+    outcomes = {TrialFacts.from_trial(t).outcome for t in kit_trials(storage, "slurm")}
+    assert outcomes == {"interrupted"}
