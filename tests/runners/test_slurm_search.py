@@ -62,7 +62,7 @@ def slurm() -> Iterator[SlurmCluster]:
 def cluster(slurm: SlurmCluster) -> Iterator[SlurmCluster]:
     """The module's cluster, its node back to idle and no job left after each test."""
     yield slurm
-    left = [job for job in slurm.jobs() if job[1] in ACTIVE]
+    left = [job for job in slurm.jobs() if job[1] in ACTIVE and job[2].startswith("servetune,")]
     for job_id, _, _ in left:
         slurm.run("scancel", job_id, check=False)
     if slurm.node_state("node1") != "idle":
@@ -223,6 +223,7 @@ def test_a_controller_killed_with_sigkill_leaves_no_job_after_the_next_run(clust
     assert states.get(job) == "CANCELLED"  # the orphan was cancelled by the recovery
     assert states.get(other) in ("RUNNING", "PENDING")
     cluster.run("scancel", other)
+    kit_wait_for("the other job gone", lambda: other not in {j for j, s, _ in cluster.jobs() if s in ACTIVE})
     assert [j for j, s, comment in cluster.jobs() if comment.startswith("servetune,") and s in ACTIVE] == []
 
 
