@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # Test prerequisites from Debian's packages: OpenSSH server (real sshd on 127.0.0.1), PostgreSQL
-# (throwaway clusters in temp dirs) and Chromium (the browser test). Installed only when missing.
+# (throwaway clusters in temp dirs), Chromium (the browser test) and Slurm with munge (a throwaway cluster on
+# loopback). Installed only when missing.
 system-deps:
 	@bash .ci/system-deps.sh
 

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the test suite starts for real: sshd, PostgreSQL and Chromium (the browser
-# test drives it through Playwright). Idempotent: only what is missing.
+# Installs the Debian packages the test suite starts for real: sshd, PostgreSQL, Chromium (the browser
+# test drives it through Playwright) and Slurm with munge (a throwaway cluster on loopback). Idempotent: only
+# what is missing.
 set -euo pipefail
 need=()
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 [ -x /usr/bin/chromium ] || need+=(chromium)
+[ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
+[ -x /usr/sbin/slurmd ] || need+=(slurmd)
+command -v sbatch >/dev/null 2>&1 || need+=(slurm-client)
+[ -x /usr/sbin/munged ] || need+=(munge)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "system-deps: need ${need[*]} (run as root or install them)" >&2

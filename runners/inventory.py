@@ -17,9 +17,14 @@ an inventory file::
     groups:                      # hosts taken together by a server that spans nodes (space: nodes: 2)
       - name: pair
         hosts: [gpu-a:2222, gpu-b]   # rank order: the first is the head
+      - name: cluster-a          # a Slurm cluster, reached through its login node
+        address: login.cluster-a
+        runs_root: /shared/scratch/me/servetune   # on the filesystem the compute nodes share
+        slurm: {partition: gpu, account: proj1, time_limit: "02:00:00", max_jobs: 4}
 
 :func:`open_host` turns a spec into a :class:`runners.host.Host` on an SSH transport, or on the local
-transport when ``address`` is the literal ``local``.
+transport when ``address`` is the literal ``local``; :func:`open_hosts` turns a Slurm entry into its
+``max_jobs`` job slots (:class:`runners.slurm.SlurmHost`).
 """
 
 from __future__ import annotations
@@ -34,11 +39,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from runners.errors import ConfigError, did_you_mean
 from runners.host import DEFAULT_HOST_DIR, Host
+from runners.slurm import SlurmHost, SlurmSpec
 from runners.ssh import DEFAULT_SSH_CONFIG, SSHTransport
 from runners.transport import LocalTransport, Transport
 
-__all__ = ["LOCAL", "GroupSpec", "HostSpec", "Inventory", "load_inventory", "open_host", "parse_inventory",
-           "parse_inventory_file", "read_inventory"]
+__all__ = ["LOCAL", "GroupSpec", "HostSpec", "Inventory", "load_inventory", "open_host", "open_hosts",
+           "parse_inventory", "parse_inventory_file", "read_inventory"]
 
 LOCAL = "local"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -71,6 +77,8 @@ class HostSpec(BaseModel):
     node_address: str | None = Field(
         default=None, description="the address the other nodes of a group reach this host at (the head's is the "
         "dist-init address); None: `address`, or 127.0.0.1 for `local`")
+    slurm: SlurmSpec | None = Field(default=None, description="this host is a Slurm cluster reached through "
+                                    "this login node: each trial is one batch job (see the Slurm page)")
 
     @model_validator(mode="before")
     @classmethod
@@ -229,19 +237,41 @@ def read_inventory(path: str | Path) -> Inventory:
     return parse_inventory_file(data, source=str(path))
 
 
+def open_hosts(
+    spec: HostSpec, *, ssh_config: str | None = DEFAULT_SSH_CONFIG, connect_timeout: float = 10.0,
+    host_dir: str = DEFAULT_HOST_DIR,
+) -> list[Host]:
+    """The hosts of one inventory entry: the host itself, or a Slurm cluster's ``max_jobs`` job slots
+    (``name#1``, ``name#2``, ...; each its own connection to the login node)."""
+    if spec.slurm is None:
+        return [open_host(spec, ssh_config=ssh_config, connect_timeout=connect_timeout, host_dir=host_dir)]
+    return [SlurmHost(_transport(spec, f"{spec.name}#{i}", ssh_config, connect_timeout), spec.slurm,
+                      cluster=spec.name, slot=i, runs_root=spec.runs_root, env=spec.env, python=spec.python)
+            for i in range(1, spec.slurm.max_jobs + 1)]
+
+
 def open_host(
     spec: HostSpec, *, ssh_config: str | None = DEFAULT_SSH_CONFIG, connect_timeout: float = 10.0,
     host_dir: str = DEFAULT_HOST_DIR,
 ) -> Host:
     """A :class:`Host` for ``spec``; nothing connects until the first command. ``host_dir`` is used unless
-    the spec names its own."""
+    the spec names its own. A Slurm entry: its first job slot (:func:`open_hosts` gives them all)."""
+    if spec.slurm is not None:
+        return open_hosts(spec, ssh_config=ssh_config, connect_timeout=connect_timeout)[0]
+    transport = _transport(spec, spec.name, ssh_config, connect_timeout)
+    node_address = spec.node_address or ("127.0.0.1" if spec.is_local else spec.address)
+    return Host(transport, runs_root=spec.runs_root, env=spec.env, server_port=spec.server_port,
+                python=spec.python, host_dir=spec.host_dir or host_dir, node_address=node_address)
+
+
+def _transport(spec: HostSpec, name: str, ssh_config: str | None, connect_timeout: float) -> Transport:
     transport: Transport
     if spec.is_local:
-        transport = LocalTransport(name=spec.name)
+        transport = LocalTransport(name=name)
     else:
         transport = SSHTransport(
             spec.address,
-            name=spec.name,
+            name=name,
             port=spec.port,
             user=spec.user,
             key_file=spec.key_file,
@@ -250,9 +280,7 @@ def open_host(
             accept_new_host_key=spec.accept_new_host_key,
             connect_timeout=connect_timeout,
         )
-    node_address = spec.node_address or ("127.0.0.1" if spec.is_local else spec.address)
-    return Host(transport, runs_root=spec.runs_root, env=spec.env, server_port=spec.server_port,
-                python=spec.python, host_dir=spec.host_dir or host_dir, node_address=node_address)
+    return transport
 
 
 _M = TypeVar("_M", bound=BaseModel)

@@ -76,6 +76,20 @@ class NodeSession:
             self.stop()
             raise errors[0]
 
+    def wait_scheduled(self, abort: threading.Event, *, timeout: float | None = None) -> Failure | None:
+        """Wait until every rank holds its resources (plain hosts: at once); the first failure ends the wait."""
+        for session in self.sessions:
+            failure = session.wait_scheduled(abort, timeout=timeout)
+            if failure is not None:
+                return failure
+        return None
+
+    @property
+    def queued_s(self) -> float | None:
+        """The longest wait of a rank for its resources; None when none waited."""
+        waits = [s.queued_s for s in self.sessions if s.queued_s is not None]
+        return max(waits) if waits else None
+
     def stop(self) -> StopResult | None:
         """Stop every rank in parallel and verify each is gone. Idempotent. The result is the slowest stop
         (the hardest method, the longest time, every survivor)."""

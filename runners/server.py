@@ -30,7 +30,8 @@ from typing import Any, Protocol
 from runners.engines.base import Engine, LaunchLike, LogParser
 from runners.errors import HostUnreachable, RunnerError
 from runners.events import EventSink, FatalSeen, LevelDone, PhaseReached, ServerEvent, ServerReady
-from runners.host import Host, RunRef, StopResult
+from runners.host import Host, Resources, RunRef, StopResult
+from runners.host.shell import Shell
 from runners.smi import GpuStatus
 from runners.telemetry import Failure, FailureKind, Phase
 from runners.transport import LineStream
@@ -116,8 +117,10 @@ class ServerSession:
         on_event: EventSink | None = None,
         memory_limit_bytes: int | None = None,
         files: Mapping[str, str] | None = None,
+        resources: Resources | None = None,
     ) -> None:
         self.host = host
+        self.resources = resources
         self.files = dict(files or {})
         self.engine = engine
         self.launch = launch
@@ -147,6 +150,8 @@ class ServerSession:
         self._threads: list[threading.Thread] = []
         self._fatal_seen_at: float | None = None
         self._died_at: float | None = None
+        self.queued_s: float | None = None
+        """Seconds the server waited for its resources (a cluster job in the queue); None on a plain host."""
 
     # ---- lifetime ------------------------------------------------------------------------------
 
@@ -163,10 +168,25 @@ class ServerSession:
         self.ref = self.host.start(self.run_dir, self.script, self.run_id,
                                    files={"loadgen.py": loadgen_source().decode(), **self.files},
                                    scratch_vars=self.engine.scratch_vars,
-                                   memory_limit_bytes=self.memory_limit_bytes)
+                                   memory_limit_bytes=self.memory_limit_bytes, resources=self.resources)
         self._spawn(self._follow, "follow")
         if self.smi_interval > 0:
             self._spawn(self._sample_smi, "smi")
+
+    def wait_scheduled(self, abort: threading.Event, *, timeout: float | None = None) -> Failure | None:
+        """Wait until the server holds its resources (a Slurm job has left the queue), apart from its start-up
+        time; the wait is kept in :attr:`queued_s`. A plain host: None at once."""
+        assert self.ref is not None
+        began = time.monotonic()
+        failure = self.host.wait_scheduled(self.ref, stop=abort, timeout=timeout)
+        waited = time.monotonic() - began
+        if waited >= 0.05 or failure is not None:
+            self.queued_s = round(waited, 3)
+        return failure
+
+    def _beside(self) -> Shell:
+        """Where the load generator and ``/health`` run: the server's own machine."""
+        return self.host.beside(self.ref) if self.ref is not None else self.host
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         t = threading.Thread(target=target, name=f"{name}-{self.run_id}", daemon=True)
@@ -323,6 +343,11 @@ class ServerSession:
 
     def failure(self) -> Failure:
         """Classify the death from the parsed log, the exit code, the log tail and the host's OOM evidence."""
+        if self.ref is not None:
+            with contextlib.suppress(RunnerError):
+                ended = self.host.scheduler_end(self.ref)
+                if ended is not None:
+                    return Failure(ended.kind, ended.phase or self.parser.phase, ended.reason, self.exit_code)
         with self._lock:
             tail = "\n".join(self.lines[-400:])
         evidence = self.oom_evidence()
@@ -404,7 +429,8 @@ class ServerSession:
 
     def http_get(self, path: str, *, timeout: float = 10.0) -> tuple[int, str]:
         """GET ``path`` from the server *on the host* (bash /dev/tcp), so it works behind SSH too."""
-        res = self.host.run_script("http_get.sh", int(self.launch.port), path, f"{timeout:g}", timeout=timeout + 10)
+        res = self._beside().run_script("http_get.sh", int(self.launch.port), path, f"{timeout:g}",
+                                        timeout=timeout + 10)
         if res.rc == 7 or not res.stdout:
             return 0, ""
         head, _, body = res.stdout.partition("\r\n\r\n")
@@ -525,7 +551,7 @@ class ServerSession:
         cmd = f"cd {shlex.quote(self.ref.run_dir)} && exec " + " ".join(shlex.quote(a) for a in args)
         result = BenchResult()
         try:
-            stream = self.host.stream(cmd)
+            stream = self._beside().stream(cmd)
         except RunnerError as exc:
             result.failure = Failure(FailureKind.HOST_UNREACHABLE, Phase.SERVING, str(exc))
             return result

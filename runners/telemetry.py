@@ -47,6 +47,9 @@ class FailureKind(StrEnum):
     HOST_CONFIG = "host_config"
     PORT_IN_USE = "port_in_use"
     STOPPED_FROM_OUTSIDE = "stopped_from_outside"
+    SCHEDULER = "scheduler"
+    """The cluster's scheduler ended the job (a node failed, preemption, the time limit, a cancel servetune did
+    not send), or the job waited in the queue past its limit."""
     INTERRUPTED = "interrupted"
     INFRA = "infra"
     DIST_INIT_TIMEOUT = "dist_init_timeout"
@@ -76,6 +79,7 @@ CONFIG_CAUSED: dict[FailureKind, bool] = {
     FailureKind.HOST_CONFIG: False,  # the host's set-up (no nvidia-smi, no SFTP, no engine)
     FailureKind.PORT_IN_USE: False,  # the server could not bind: someone else holds the port
     FailureKind.STOPPED_FROM_OUTSIDE: False,  # a signal servetune did not send, or an unasked exit 0
+    FailureKind.SCHEDULER: False,  # Slurm's own faults: node failure, preemption, time limit, outside cancel
     FailureKind.INTERRUPTED: False,
     FailureKind.INFRA: False,
     FailureKind.DIST_INIT_TIMEOUT: False,  # a node that never joined: the hosts or the network, not the knobs

@@ -8,7 +8,7 @@ from runners.host.group import HostGroup
 from runners.host.host import Host
 from runners.host.leases import CLAIM_DIR, LEASE_DIR, Claim, Lease, default_controller_id, new_controller_id
 from runners.host.ports import ANY_FREE_PORT
-from runners.host.runs import RUN_ID_VAR, RunRef, StopResult
+from runners.host.runs import RUN_ID_VAR, Resources, RunRef, StopResult
 from runners.host.shell import DEFAULT_HOST_DIR
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "HostGroup",
     "HostInfo",
     "Lease",
+    "Resources",
     "RunRef",
     "StopResult",
     "default_controller_id",

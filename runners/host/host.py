@@ -18,6 +18,7 @@ Nothing here ever kills by name. Every host-side script is plain bash + coreutil
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 
@@ -31,9 +32,10 @@ from runners.errors import HostBusy
 from runners.host.gpu import HostInfo
 from runners.host.leases import Claim, Lease, default_controller_id
 from runners.host.ports import Holder
-from runners.host.runs import RunRef, StopResult
+from runners.host.runs import Resources, RunRef, StopResult
 from runners.host.shell import DEFAULT_HOST_DIR, Shell
 from runners.smi import ComputeApp, GpuStatus
+from runners.telemetry import Failure
 from runners.transport import LineStream, Transport
 
 
@@ -134,8 +136,11 @@ class Host(Shell):
 
     def start(self, run_dir: str, launch_script: str, run_id: str, *, files: Mapping[str, str] | None = None,
               scratch_vars: tuple[str, ...] = ("TMPDIR",), memory_limit_bytes: int | None = None,
-              timeout: float = 30.0) -> RunRef:
+              timeout: float = 30.0, resources: Resources | None = None) -> RunRef:
         """Start ``launch_script`` detached in ``run_dir`` (created fresh) and return its reference.
+
+        ``resources`` (nodes, GPUs per node) is what a cluster's scheduler is asked for
+        (:class:`runners.slurm.SlurmHost`); a plain host runs the server on itself and needs no request.
 
         Each variable in ``scratch_vars`` points at its own directory under ``run_dir/scratch`` for the
         server's whole process tree; :meth:`remove_scratch` deletes them once the server is stopped.
@@ -144,6 +149,21 @@ class Host(Shell):
         """
         return runs.start(self, run_dir, launch_script, run_id, controller=self.controller_id, files=files,
                           scratch_vars=scratch_vars, memory_limit_bytes=memory_limit_bytes, timeout=timeout)
+
+    def wait_scheduled(self, ref: RunRef, *, stop: threading.Event, timeout: float | None = None) -> Failure | None:
+        """Wait until ``ref``'s server holds its resources (a cluster job has left the queue); why it never
+        will (a Failure), or None. A plain host runs the server at once: None at once."""
+        return None
+
+    def beside(self, ref: RunRef) -> Shell:
+        """The command line of the machine ``ref``'s server runs on (the load generator and ``/health`` run
+        there): this host itself; a Slurm job's head node through ``srun --overlap``."""
+        return self
+
+    def scheduler_end(self, ref: RunRef) -> Failure | None:
+        """How a cluster's scheduler ended ``ref``'s run (a node failure, preemption, a time limit, a cancel
+        servetune did not send), or None: a plain host has no scheduler."""
+        return None
 
     def follow(self, ref: RunRef) -> LineStream:
         """Stream the server log from its start; the stream ends once the server has exited."""

@@ -37,6 +37,15 @@ class RunRef:
 
 
 @dataclass(frozen=True)
+class Resources:
+    """What one server asks of a host: its nodes and GPUs per node. A plain host gives a server the host itself
+    (one node, the GPUs the launch names); a cluster's scheduler allocates exactly this."""
+
+    nodes: int = 1
+    gpus_per_node: int = 0
+
+
+@dataclass(frozen=True)
 class StopResult:
     """How a stop went: ``gone`` (already dead), ``term`` or ``kill``; survivors must be empty.
 

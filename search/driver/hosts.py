@@ -15,7 +15,7 @@ from pathlib import Path
 
 from runners.errors import ConfigError
 from runners.host import ANY_FREE_PORT, DEFAULT_HOST_DIR, Host, HostGroup
-from runners.inventory import HostSpec, load_inventory, open_host, read_inventory
+from runners.inventory import HostSpec, load_inventory, open_hosts, read_inventory
 from runners.transport import LocalTransport
 from spaces.schema import Space
 
@@ -66,12 +66,12 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
         raise ConfigError(f"the same host is listed twice: {sorted(n for n in names if names.count(n) > 1)[0]}")
     hosts = []
     for spec in specs:
-        if spec.address == "local" and space.engine.simulated and not spec.env:
+        if spec.address == "local" and space.engine.simulated and not spec.env and spec.slurm is None:
             hosts.append(local_host(space, runs_root=spec.runs_root, sim_dir=sim_dir, name=spec.name,
                                     server_port=spec.server_port, python=spec.python,
                                     host_dir=spec.host_dir or host_dir))
         else:
-            hosts.append(open_host(spec, host_dir=host_dir))
+            hosts.extend(open_hosts(spec, host_dir=host_dir))  # a Slurm cluster: one host per job slot
     return hosts
 
 

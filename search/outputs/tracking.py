@@ -576,8 +576,8 @@ def _metrics(rec: TrialFacts) -> list[tuple[str, float, int]]:
         if _number(value):
             out.append((MEM_PREFIX + key, float(value), 0))
     out += _objective_metrics(rec)
-    for key, figure in (("level_reached", rec.level_reached), ("startup_s", rec.startup_s),
-                        ("stop_s", rec.stop_s)):
+    for key, figure in (("level_reached", rec.level_reached), ("queue_s", rec.queue_s),
+                        ("startup_s", rec.startup_s), ("stop_s", rec.stop_s)):
         if _number(figure):
             out.append((key, float(figure), 0))
     if rec.duration_s is not None:

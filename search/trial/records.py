@@ -324,6 +324,8 @@ class TrialFacts(BaseModel):
     """A server spanning nodes: each rank's host, end and memory ladder (rank 0 first); empty on one node."""
     died_first: int | None = None
     """A server spanning nodes that died: the rank that died first (the verdict is its death)."""
+    queue_s: float | None = None
+    """Seconds the trial's job waited in a cluster's queue before it ran (Slurm); not part of ``startup_s``."""
     startup_s: float | None = None
     bench_s: float | None = None
     stop_method: str | None = None

@@ -24,7 +24,7 @@ from runners.engines import Engine, engine_for
 from runners.engines.nodes import render_nodes
 from runners.engines.script import RenderedLaunch, render
 from runners.errors import ConfigError, RunnerError
-from runners.host import Host, HostInfo
+from runners.host import Host, HostInfo, Resources
 from runners.nodes import NodeSession
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
 from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
@@ -95,7 +95,12 @@ class ServerEvaluator:
         except RunnerError as exc:
             self._fail(trial, facts, Failure(kind_of_error(exc), Phase.STARTING, str(exc)))
         try:
-            failure = self._wait_ready(session)
+            # A cluster job waits in the queue first: that wait is the trial's queue_s, not its start-up.
+            failure = session.wait_scheduled(env.abort)
+            facts.queue_s = session.queued_s
+            started = time.monotonic()
+            if failure is None:
+                failure = self._wait_ready(session)
             facts.startup_s = round(time.monotonic() - started, 3)
             if failure is None:
                 emit(self.env, trial, Benchmarking())
@@ -169,6 +174,8 @@ class ServerEvaluator:
                 smi_interval=env.smi_interval if space.engine.device == "gpu" else 0.0,
                 on_event=(lambda event: emit(self.env, trial, event)) if rank == 0 else None,
                 memory_limit_bytes=space.memory_limit_bytes, files=run_files(space) if rank == 0 else None,
+                resources=_resources(engine, launch, gpu=space.engine.device == "gpu") if len(hosts) == 1
+                else Resources(),
             )
             for rank, (host, (ranked, rendered)) in enumerate(zip(hosts, scripts, strict=True))
         ]
@@ -377,6 +384,13 @@ class ServerEvaluator:
     def _fail(self, trial: optuna.Trial, facts: TrialFacts, failure: Failure) -> None:
         self._set_failure(trial, facts, failure)
         raise TrialFailed(failure)
+
+
+def _resources(engine: Engine, launch: LaunchConfig, *, gpu: bool) -> Resources:
+    """What the trial's server asks of a cluster: its nodes, and its tensor parallel size spread over them."""
+    nodes = max(1, int(getattr(launch, "nodes", 1) or 1))  # a multi-node launch names its node count
+    gpus = -(-engine.tp_size(launch.fixed_args) // nodes) if gpu else 0
+    return Resources(nodes=nodes, gpus_per_node=gpus)
 
 
 def _fail_fast(plan: BenchPlan, target: int) -> BenchPlan:

@@ -22,6 +22,7 @@ from tests.fixtures.procs import gone, wait_for
 
 SCRIPT_DIR = Path(str(resources.files("runners.host").joinpath("scripts")))
 SIM_SHIM = Path(str(resources.files("runners.simhost").joinpath("scripts", "nvidia-smi")))
+SLURM_DIR = Path(str(resources.files("runners.slurm").joinpath("scripts")))
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -33,7 +34,8 @@ def _shellcheck() -> str:
 
 
 def _shipped() -> list[Path]:
-    return sorted(SCRIPT_DIR.glob("*.sh")) + sorted(SCRIPT_DIR.glob("lib/*.sh")) + [SIM_SHIM]
+    return sorted(SCRIPT_DIR.glob("*.sh")) + sorted(SCRIPT_DIR.glob("lib/*.sh")) + [SIM_SHIM] + sorted(
+        SLURM_DIR.glob("*.sh"))
 
 
 def test_every_script_in_the_packages_is_checked() -> None:
@@ -45,6 +47,7 @@ def test_the_scripts_are_shipped_as_package_data() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert '"runners.host" = ["scripts/*.sh", "scripts/lib/*.sh"]' in pyproject
     assert '"runners.simhost" = ["profiles/*.yaml", "scripts/nvidia-smi"]' in pyproject
+    assert '"runners.slurm" = ["scripts/*.sh"]' in pyproject
     assert {p.name for p in SCRIPT_DIR.glob("*.sh")} == set(shipped.names())
     assert "stop.sh" in shipped.names() and "run.sh" in shipped.names()
 

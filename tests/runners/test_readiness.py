@@ -136,8 +136,8 @@ def test_blame_goes_where_the_cause_is(host: Host, engine: str, script: str, kin
 EXPECTED = {
     "oom": True, "nccl_error": True, "bad_flag": True, "crash": True,
     "startup_timeout": False, "benchmark_timeout": False, "host_unreachable": False, "host_busy": False,
-    "host_config": False, "port_in_use": False, "stopped_from_outside": False, "interrupted": False,
-    "infra": False, "predicted_oom": True, "dist_init_timeout": False,
+    "host_config": False, "port_in_use": False, "stopped_from_outside": False, "scheduler": False,
+    "interrupted": False, "infra": False, "predicted_oom": True, "dist_init_timeout": False,
 }
 
 
