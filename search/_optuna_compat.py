@@ -17,6 +17,7 @@ import optuna
 # the protocol they share).
 from optuna.artifacts._protocol import ArtifactStore
 from optuna.storages import BaseStorage
+from optuna.study._frozen import FrozenStudy  # what storage.get_all_studies() lists; no public path
 from optuna.trial import FrozenTrial
 
 __all__ = [
@@ -70,6 +71,12 @@ def known_params(trial: FrozenTrial) -> dict[str, Any]:
 
 def study_id(study: optuna.Study) -> int:
     """The storage's id of a study (``_study_id``), the key of the study-wide budget lock."""
+    return int(_attr(study, "_study_id"))
+
+
+def study_id_of(study: FrozenStudy) -> int:
+    """The storage's id of a study listed by ``storage.get_all_studies()`` (``_study_id``): the id in
+    optuna-dashboard's URLs."""
     return int(_attr(study, "_study_id"))
 
 

@@ -236,16 +236,18 @@ def trials(
     storage: StorageOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List a study's trials: state, outcome, key telemetry, objective."""
+    """List a study's trials: state, outcome, role (probe, design, search, screening, final, skipped; the chosen
+    one marked), key telemetry, objective."""
     from search.cli.views import summary_table
-    from search.trial.records import records
+    from search.outputs.explain import trial_rows
+    from search.strategy.view import StudyView
 
-    st = _open(study, storage)
-    recs = records(st)
+    view = StudyView.of(_open(study, storage))
     if as_json:
-        safe_write(json.dumps([r.summary() for r in recs], indent=2, default=str) + "\n")
+        safe_write(json.dumps(trial_rows(view), indent=2, default=str) + "\n")
     else:
-        console.print(summary_table(recs, "objective", width=console.width))
+        chosen = view.choice.number if view.choice is not None else None
+        console.print(summary_table(view.records, "objective", width=console.width, chosen=chosen))
 
 
 @app.command()
@@ -361,12 +363,18 @@ def dashboard(
     """Start optuna-dashboard on the study storage and its artifact store."""
     import optuna_dashboard
 
+    from search._optuna_compat import study_id_of
     from search.storage import artifact_store, open_storage
 
     settings = _settings(storage=storage, artifacts_dir=artifacts_dir, dashboard_port=port)
     store = artifact_store(settings.artifacts_dir)
     rdb = open_storage(settings.storage, heartbeat=False, must_exist=True)
-    console.print(f"optuna-dashboard on http://{host}:{settings.dashboard_port} (Ctrl-C to stop)")
+    url = f"http://{host}:{settings.dashboard_port}"
+    console.print(f"optuna-dashboard on {url} (Ctrl-C to stop)")
+    for summary in rdb.get_all_studies():
+        # optuna-dashboard shows a study's note on its own page: servetune's choice and why are there.
+        console.print(f"  study {summary.study_name}: servetune's choice and why at "
+                      f"{url}/dashboard/studies/{study_id_of(summary)}/note", soft_wrap=True)
     try:
         optuna_dashboard.run_server(rdb, host=host, port=settings.dashboard_port, artifact_store=store)
     except OSError as exc:

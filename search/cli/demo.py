@@ -69,7 +69,8 @@ def demo(study: str, n_trials: int | None, console: Console, err_console: Consol
         what = "to serve with real SGLang on a GPU box" if path == sglang else "on the simulated host"
         print(f"\nexported the best configuration {what} to {path.relative_to(ROOT)} ({verdict})")
     print(f"\nlist the trials:  .venv/bin/servetune trials --study {study}")
-    print("browse the study: .venv/bin/servetune dashboard            # optuna-dashboard on http://127.0.0.1:8080")
+    print("browse the study: .venv/bin/servetune dashboard            # optuna-dashboard on http://127.0.0.1:8080;"
+          " servetune's choice and why: the study's Note page (the URL it prints)")
     print("MLflow UI:        .venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db "
           "--host 127.0.0.1 --port 5000")
     print("run it again to resume the study with 6 more trials: make demo")

@@ -283,7 +283,9 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
         err_console.print(f"mlflow: {summary.mlflow_error} (back-fill later with `servetune sync-mlflow`)")
     view = summary.view
     recs = view.records
-    console.print(summary_table(recs, " / ".join(space.objective.metric_names), width=min(console.width, 100)))
+    chosen = view.choice.number if view.choice is not None else None
+    console.print(summary_table(recs, " / ".join(space.objective.metric_names), width=min(console.width, 100),
+                                chosen=chosen))
     for orphan in summary.orphans_stopped:
         console.print(f"stopped an orphaned server: {orphan}")
     for line in summary.hosts_dropped:
@@ -342,22 +344,24 @@ def _print_best(console: Console, view: StudyView, space: Space) -> None:
                       f"at C={space.target_level}  {escape('[' + params + ']')}", soft_wrap=True)
 
 
-def summary_table(records: list[TrialFacts], metric: str, *, width: int = 100) -> Table:
+def summary_table(records: list[TrialFacts], metric: str, *, width: int = 100, chosen: int | None = None) -> Table:
     """One row per trial, one column per searched knob, laid out in ``width`` columns without breaking a word
-    (headers and outcomes wrap at their spaces; see :func:`_fit`)."""
+    (headers and outcomes wrap at their spaces; see :func:`_fit`). The role column says why each trial ran;
+    ``chosen`` (servetune's choice) reads ``<role> CHOSEN``."""
     knobs: list[str] = []
     for rec in records:
         knobs += [k for k in rec.params if k not in knobs]
     simulated = any(r.simulated for r in records)
     unit = OBJECTIVE_UNITS.get(metric)
-    headers = ["#", "state", "outcome", metric.replace("_", " ") + (f" ({unit})" if unit else ""),
+    headers = ["#", "state", "outcome", "role", metric.replace("_", " ") + (f" ({unit})" if unit else ""),
                *(_short(k) for k in knobs), "free after capture (GiB)"]
     rows: list[list[str]] = []
     styles: list[str] = []
     for rec in records:
         free = rec.free_after_capture_gib
         outcome = rec.label + (f" ({rec.phase.value})" if rec.phase and rec.state != TrialState.COMPLETE else "")
-        rows.append([str(rec.number), rec.state.name, outcome, value_text(rec),
+        role = rec.role + (" CHOSEN" if rec.number == chosen else "")
+        rows.append([str(rec.number), rec.state.name, outcome, role, value_text(rec),
                      *(_value(rec.params.get(k, "-")) for k in knobs), f"{free:.2f}" if free is not None else "-"])
         styles.append({TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow", TrialState.FAIL: "red"}.get(
             rec.state, ""))
@@ -374,7 +378,8 @@ def summary_table(records: list[TrialFacts], metric: str, *, width: int = 100) -
     for i, header in enumerate(headers):
         table.add_column(header, justify="right" if i == 0 else "left", width=widths[i], overflow="fold")
     for row, style in zip(rows, styles, strict=True):
-        table.add_row(row[0], Text(row[1], style=style), *row[2:])
+        table.add_row(row[0], Text(row[1], style=style), row[2],
+                      Text(row[3], style="bold" if row[3].endswith("CHOSEN") else ""), *row[4:])
     return table
 
 

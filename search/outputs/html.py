@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 from optuna.artifacts import upload_artifact
 
 from search.files import write_file
+from search.outputs.explain import CHOICE_FIGURE_ID, choice_figure
 from search.outputs.figures import Boundary, save_to_dashboard, study_figures
+from search.outputs.notes import write_choice_notes
 from search.outputs.report import report_markdown, report_parts
 from search.strategy.view import StudyView
 
@@ -42,7 +44,7 @@ def report_html(view: StudyView, *, figures: dict[str, go.Figure] | None = None,
     import markdown
     from plotly.offline import get_plotlyjs
 
-    figures = figures if figures is not None else study_figures(view, boundary=boundary)
+    figures = figures if figures is not None else _figures(view, boundary)
     head, body = report_parts(view)
 
     def render(lines: list[str]) -> str:
@@ -64,6 +66,11 @@ def report_html(view: StudyView, *, figures: dict[str, go.Figure] | None = None,
     ])
 
 
+def _figures(view: StudyView, boundary: Boundary | None) -> dict[str, go.Figure]:
+    """The screened configurations' figure first, then :func:`search.outputs.figures.study_figures`."""
+    return {CHOICE_FIGURE_ID: choice_figure(view), **study_figures(view, boundary=boundary)}
+
+
 @dataclass(frozen=True)
 class Published:
     """What :func:`publish` wrote: the two report files and the figures it drew."""
@@ -75,15 +82,18 @@ class Published:
 
 def publish(view: StudyView, directory: Path, *, artifact_store: ArtifactStore | None = None,
             boundary: Boundary | None = None) -> Published:
-    """Write ``report.md`` and ``report.html`` into ``directory``, refresh the dashboard figures, and (with
+    """Write ``report.md`` and ``report.html`` into ``directory``, refresh the dashboard figures (the
+    screened configurations first, :func:`~search.outputs.explain.choice_figure`), write the study's note
+    (servetune's choice and why) and the notes of the chosen trial and of the one Optuna calls best, and (with
     an ``artifact_store``) attach the HTML report to the study as an optuna-dashboard study artifact.
 
     Raises ConfigError when a file cannot be written (a full disk, a directory in the way)."""
-    figures = study_figures(view, boundary=boundary)
+    figures = _figures(view, boundary)
     md_path, html_path = directory / "report.md", directory / "report.html"
     write_file(md_path, report_markdown(view), parents=True)
     write_file(html_path, report_html(view, figures=figures))
     save_to_dashboard(view.study, figures)
+    write_choice_notes(view)
     if artifact_store is not None:
         upload_artifact(artifact_store=artifact_store, file_path=str(html_path), study_or_trial=view.study,
                         mimetype="text/html", encoding="utf-8")

@@ -15,11 +15,12 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from search._optuna_compat import note_target
-from search.outputs.text import THIN_HEADROOM_GIB, levels_table, memory_table
+from search.outputs.explain import optuna_best, study_note_markdown, why_not
+from search.outputs.text import THIN_HEADROOM_GIB, fmt, levels_table, memory_table
 from search.strategy.view import StudyView
 from search.trial.records import TrialFacts
 
-__all__ = ["NotesCallback", "note_markdown", "notes_callback", "oom_lines", "write_note"]
+__all__ = ["NotesCallback", "note_markdown", "notes_callback", "oom_lines", "write_choice_notes", "write_note"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,18 +30,39 @@ _OOM_LINE = re.compile(
     re.IGNORECASE,
 )
 _MAX_OOM_LINES = 20
+#: The study user attr that names servetune's choice in one line.
+CHOICE_ATTR = "servetune.choice"
 
 
-def write_note(study: optuna.Study, trial: FrozenTrial) -> None:
-    """Save (replace) the trial's dashboard note."""
+def write_note(study: optuna.Study, trial: FrozenTrial, view: StudyView | None = None) -> None:
+    """Save (replace) the trial's dashboard note (with ``view``: saying whether it is servetune's choice)."""
     # optuna_dashboard imports its web app (about a second): only when a note is written.
     from optuna_dashboard import save_note
 
-    save_note(note_target(study, trial), note_markdown(trial))
+    save_note(note_target(study, trial), note_markdown(trial, view))
 
 
-def note_markdown(trial: FrozenTrial) -> str:
-    """The note's Markdown for one trial."""
+def write_choice_notes(view: StudyView) -> None:
+    """Save the study's note (servetune's choice and why, :func:`~search.outputs.explain.study_note_markdown`)
+    and again the notes of the chosen trial and of the trial Optuna calls best, which then say which is the
+    choice and why the other is not."""
+    from optuna_dashboard import save_note
+
+    save_note(view.study, study_note_markdown(view))
+    choice = view.choice
+    if choice is not None:
+        # The study's user attributes are a table on the dashboard's study page: the choice in one line there.
+        view.study.set_user_attr(CHOICE_ATTR, f"trial {choice.number}: {fmt(choice.value)} "
+                                              f"({choice.why()}); why: the study's Note page")
+    numbers = {r.number for r in (view.choice.record if view.choice else None, optuna_best(view)) if r is not None}
+    for trial in view.study.get_trials(deepcopy=False):
+        if trial.number in numbers:
+            write_note(view.study, trial, view)
+
+
+def note_markdown(trial: FrozenTrial, view: StudyView | None = None) -> str:
+    """The note's Markdown for one trial; with the study's ``view``, a first section when it is servetune's
+    choice or the trial Optuna calls best without being the choice."""
     rec = TrialFacts.from_trial(trial)
     state = rec.state.name
     phase = rec.phase.value if rec.phase else None
@@ -48,6 +70,7 @@ def note_markdown(trial: FrozenTrial) -> str:
     if rec.label not in ("ok", state.lower()):
         title += f", {rec.label}" + (f" in {phase}" if phase else "")
     out = [title, ""]
+    out += _choice_section(rec, view)
     facts = [
         f"**outcome** `{rec.label}`",
         f"**phase** `{phase}`" if phase else "",
@@ -75,6 +98,21 @@ def note_markdown(trial: FrozenTrial) -> str:
     if lines:
         out += ["### OOM lines from the log tail", "", "```text", *lines, "```", ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _choice_section(rec: TrialFacts, view: StudyView | None) -> list[str]:
+    choice = view.choice if view is not None else None
+    if view is None or choice is None:
+        return []
+    if rec.number == choice.number:
+        return [f"**servetune's choice**: its configuration is the one servetune recommends, at "
+                f"{fmt(choice.value)} ({choice.why()}). See the study's note.", ""]
+    best = optuna_best(view)
+    if best is not None and best.number == rec.number:
+        reason = why_not(view, rec)
+        return [f"**Not servetune's choice** (Optuna calls it the best trial: its single value is the highest). "
+                f"servetune chose trial {choice.number} ({fmt(choice.value)}); this one is not it: {reason}", ""]
+    return []
 
 
 def oom_lines(log_tail: str) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from search.outputs.explain import screened_table
 from search.outputs.status import durations, seconds
 from search.outputs.text import (
     THIN_HEADROOM_GIB,
@@ -57,6 +58,7 @@ def report_parts(view: StudyView) -> tuple[list[str], list[str]]:
     if any(r.simulated for r in recs):
         head += ["> Figures marked simulated come from the simulated GPU host, not from real hardware.", ""]
     head += _verdict_section(view)
+    head += ["## How the winner was chosen", "", *screened_table(view), ""]
     body = _counts_section(recs)
     body += _front_section(view)
     body += _best_section(view)
@@ -122,7 +124,7 @@ def _verdict_section(view: StudyView) -> list[str]:
         confirmed = (f"{len(runs)} launches (trials {', '.join(f'#{r.number}' for r in runs)}), spread "
                      f"{chosen.spread:.1%}; the figure is {which}")
     if best.simulated:
-        confirmed += " of the simulated GPU host (not real hardware: confirm on a GPU before serving)"
+        confirmed += "; every launch ran on the simulated GPU host (not real hardware: confirm on a GPU before serving)"
     if same:
         confirmed += f"; trial(s) {', '.join(f'#{n}' for n in same)} asked for it again and reused that result"
     out.append(f"- **Confirmed by:** {confirmed}.")
@@ -137,16 +139,45 @@ def _verdict_section(view: StudyView) -> list[str]:
 
 
 def _bound_text(best: TrialFacts, recs: Sequence[TrialFacts]) -> str:
-    ooms = [r for r in recs if r.label == "oom" and r.launched]
-    if not ooms:
-        return "no trial ran out of memory, so no memory limit was reached within the searched space."
-    nearest = min(ooms, key=lambda r: _distance(best, r, recs))
-    phases = Counter(r.phase.value if r.phase else "unknown" for r in ooms)
-    by_phase = ", ".join(f"{p} x{n}" for p, n in phases.most_common())
-    where = nearest.phase.value if nearest.phase else ""
-    limit = LIMIT_WORDS.get(where, f"an OOM in {where or 'an unknown phase'}")
-    return (f"{limit}: the nearest configuration that died (trial {nearest.number}) died there. "
-            f"Deaths by phase: {by_phase}.")
+    """What limits the chosen configuration itself: the nearest configuration that pressed harder on memory
+    (at least its ``mem_fraction_static`` and graph batch size, more of one) and died or was skipped as a
+    predicted OOM; else that its limit was not reached, naming where the study's deaths were."""
+    mine_f, mine_g = best.knob(FRACTION_KNOBS), best.knob(GRAPH_KNOBS)
+    knobs = ", ".join(f"`{name}={fmt(value)}`" for name, value in (k for k in (mine_f, mine_g) if k))
+    dead = [r for r in recs if r.oom or r.predicted_oom]
+    harder = [r for r in dead if _presses_harder(r, mine_f, mine_g)]
+    free = best.free_after_capture_gib
+    room = f" with {free:.2f} GiB free after CUDA graph capture" if free is not None else ""
+    if harder:
+        nearest = min(harder, key=lambda r: _distance(best, r, recs))
+        phase = nearest.oom_phase or nearest.predicted_phase or (nearest.phase.value if nearest.phase else "")
+        limit = LIMIT_WORDS.get(phase, f"an OOM in {phase or 'an unknown phase'}")
+        how = "was predicted to die" if nearest.predicted_oom else "died"
+        theirs = ", ".join(f"`{m[0]}={fmt(nearest.knob_value(m[0]))}`" for m in (mine_f, mine_g) if m is not None)
+        return (f"{limit}: at {knobs or 'its settings'} it survived{room}; pressing harder on memory, trial "
+                f"{nearest.number} ({theirs}) {how} there.")
+    elsewhere = Counter((r.oom_phase or r.predicted_phase or "unknown") for r in dead)
+    where = ", ".join(f"{p} x{n}" for p, n in elsewhere.most_common())
+    tail = (f" The study's OOMs ({where}) were at settings it does not share (a lower graph batch size or a "
+            f"different memory fraction), so they do not bound it." if dead else
+            " No trial ran out of memory.")
+    return (f"no memory limit was reached: at {knobs or 'its settings'} it survived{room}, and no configuration "
+            f"pressing harder on memory than it (as much of each memory knob, more of one) died.{tail}")
+
+
+def _presses_harder(rec: TrialFacts, fraction: tuple[str, Any] | None, graph: tuple[str, Any] | None) -> bool:
+    """``rec`` holds at least the chosen ``fraction`` and ``graph`` values, and more of one of them."""
+    more = False
+    for mine in (fraction, graph):
+        if mine is None:
+            continue
+        theirs = rec.knob_value(mine[0])
+        if not (is_number(theirs) and is_number(mine[1])):
+            return False
+        if float(theirs) < float(mine[1]):
+            return False
+        more = more or float(theirs) > float(mine[1])
+    return more
 
 
 def _distance(a: TrialFacts, b: TrialFacts, recs: Sequence[TrialFacts]) -> float:

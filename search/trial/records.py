@@ -48,11 +48,13 @@ __all__ = [
     "FACTS_ATTR",
     "FLOAT_DIGITS",
     "QUEUED_TAGS",
+    "ROLES",
     "LevelResult",
     "MemoryFacts",
     "Outcome",
     "RankFacts",
     "RateStepFacts",
+    "Role",
     "TrialFacts",
     "mark_interrupted",
     "normal_params",
@@ -78,6 +80,18 @@ FLOAT_DIGITS = 6
 
 Outcome = FailureKind | Literal["ok"]
 """How a trial ended: ``ok`` or a :class:`~runners.telemetry.FailureKind`."""
+
+Role = Literal["probe", "design", "search", "screening", "final", "skipped"]
+"""Why a trial was run (:attr:`TrialFacts.role`)."""
+#: Each role in the words of a table's legend.
+ROLES: dict[str, str] = {
+    "probe": "the study's first launch, at the safe end of the memory knobs",
+    "design": "a start-up design point: one knob moved from the probe",
+    "search": "proposed by the sampler",
+    "screening": "a repeat of one of the best configurations, to choose among them on more than one launch",
+    "final": "a launch of the chosen configuration made after it was chosen: its figure is what is reported",
+    "skipped": "not launched: the memory model predicted an OOM",
+}
 
 
 class LevelResult(BaseModel):
@@ -426,6 +440,17 @@ class TrialFacts(BaseModel):
     @property
     def oom(self) -> bool:
         return self.outcome == FailureKind.OOM
+
+    @property
+    def role(self) -> Role:
+        """Why the trial was run (:data:`ROLES`): from the tags it was queued with, else ``search``."""
+        if self.predicted_oom:
+            return "skipped"
+        if self.confirmation_of is not None:
+            return "final" if self.final else "screening"
+        if self.probe:
+            return "probe"
+        return "design" if self.design else "search"
 
     @property
     def predicted_oom(self) -> bool:

@@ -14,6 +14,7 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 
+from search.outputs.explain import CHOICE_FIGURE_ID
 from search.outputs.figures import FIGURE_IDS
 from search.outputs.html import publish, report_html
 from search.outputs.report import report_markdown
@@ -37,8 +38,11 @@ def test_verdict(study: optuna.Study) -> None:
     assert "**Confirmed by:** one benchmark sweep on host `gpu-a`." in verdict
     assert "**Headroom:** 0.82 GiB free per GPU after CUDA graph capture (**thin**: below 2 GiB)." in verdict
     # Trial 2 (0.93, 256) is the nearest death to the best (0.88, 256): it died in graph capture.
-    assert "**What bound it:** the CUDA graph pool (graph capture ran out of memory): the nearest " \
-           "configuration that died (trial 2) died there. Deaths by phase: cuda_graph x1, decode x1." in verdict
+    # It describes the chosen configuration: what pressing harder on its own memory knobs did.
+    assert "**What bound it:** the CUDA graph pool (graph capture ran out of memory): at " \
+           "`mem_fraction_static=0.88`, `cuda_graph_max_bs=256` it survived with 0.82 GiB free after CUDA graph " \
+           "capture; pressing harder on memory, trial 2 (`mem_fraction_static=0.93`, `cuda_graph_max_bs=256`) " \
+           "died there." in verdict
 
 
 def test_skipped_and_all_trials(study: optuna.Study) -> None:
@@ -106,7 +110,7 @@ def test_publish_attaches_the_report_to_the_study_and_mlflow(tmp_path: Path,
     assert published.markdown.read_text() == report_markdown(StudyView.of(st))
     assert published.html.read_text().startswith("<!DOCTYPE html>")
     attrs = st._storage.get_study_system_attrs(st._study_id)
-    assert sorted(get_plotly_graph_objects(attrs)) == sorted(FIGURE_IDS)
+    assert sorted(get_plotly_graph_objects(attrs)) == sorted([CHOICE_FIGURE_ID, *FIGURE_IDS])
     assert [a["filename"] for a in list_study_artifacts(attrs)] == ["report.html"]
 
     tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}", str(tmp_path / "mlruns"))
@@ -116,7 +120,7 @@ def test_publish_attaches_the_report_to_the_study_and_mlflow(tmp_path: Path,
     experiment_id = tracker.experiment_id("r")
     parent = client.search_runs([experiment_id], "tags.`servetune.kind` = 'study'")[0]
     names = sorted(f.path for d in ("figures", "report") for f in client.list_artifacts(parent.info.run_id, d))
-    assert names == sorted([f"figures/{g}.html" for g in FIGURE_IDS] + ["report/report.html"])
+    assert names == sorted([f"figures/{g}.html" for g in (CHOICE_FIGURE_ID, *FIGURE_IDS)] + ["report/report.html"])
     figure_page = Path(client.download_artifacts(parent.info.run_id, "figures/servetune-oom-map.html",
                                                  str(tmp_path / "dl")))
     parser = _Resources()
