@@ -84,6 +84,12 @@ NO_FIGURES: dict[str, str] = {
     "kimi-k25-tp8-rtxpro6000": "calibrated on seed 001 (shared/seeds/); no public figure found",
     "llama31-8b-h100": "no public SGLang figure with full settings was found for Llama-3.1-8B on one H100",
     "qwen3-32b-b200": "no public SGLang figure with full settings was found for Qwen3-32B on B200",
+    "llama31-70b-tp4-h100": "no public SGLang figure with full settings (release, flags, lengths, concurrency) was "
+                            "found for Llama-3.1-70B TP4 on H100; its figures are first principles (see its note)",
+    "llama31-70b-tp2-h100-noisy8": "no public SGLang figure was found for Llama-3.1-70B at TP2 on H100 (a tight "
+                                   "landscape, first principles)",
+    "mixtral-8x22b-tp8-a100-40g-pcie": "no public SGLang figure was found for Mixtral-8x22B on A100 40GB PCIe (a "
+                                       "tight landscape, first principles)",
 }
 """Shipped profiles without a public figure, and why (their seeds are their calibration)."""
 

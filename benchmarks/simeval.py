@@ -18,8 +18,9 @@ from runners.engines.sglang import SGLangEngine
 from runners.simhost.model import LevelResult as SimLevel
 from runners.simhost.model import Outcome, Workload, noise_factor, predict_from_argv
 from runners.simhost.profile import SimProfile, load_profile
-from runners.telemetry import FailureKind, Phase
+from runners.telemetry import Failure, FailureKind, Phase
 from search.trial.evaluate import Slot, level_order
+from search.trial.objective import TrialFailed
 from search.trial.records import LevelResult, TrialFacts
 from spaces.launch import LaunchConfig
 from spaces.schema import Space
@@ -129,6 +130,13 @@ class SimEvaluator:
         objective = self.space.objective
         names = objective.metric_names if objective.kind == "pareto" else [objective.metric]
         missing = [m for m in names if row_t.get(m) is None]
+        if missing and not next(lv for lv in out.levels if lv.concurrency == target).ok:
+            # The server serves but the level's requests fail (the KV pool holds less than one request): as
+            # the server path does, no figure at the target is a FAIL (search.trial.server._complete).
+            error = next(lv.error for lv in out.levels if lv.concurrency == target)
+            facts.outcome, facts.phase = FailureKind.INFRA, Phase.SERVING
+            facts.reason = f"no {missing[0]} at concurrency {target}: {error or 'every request failed'}"
+            raise TrialFailed(Failure(FailureKind.INFRA, Phase.SERVING, facts.reason))
         if missing:
             raise ValueError(f"the simulated host's pure model reports no {missing[0]}; it reports "
                              f"{', '.join(k for k in row_t if k.endswith(('_ms', '_throughput')))}")

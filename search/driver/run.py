@@ -377,7 +377,8 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
     strategy = Strategy(space, options.n_trials, confirm_k=options.confirm_k,
                         confirm_repeats=options.confirm_repeats, confirm_final=options.confirm_final,
                         gpu_mem_mib=smallest_card_mib(found),
-                        engine_version=next((info.engine_version for info in found if info.engine_version), None))
+                        engine_version=next((info.engine_version for info in found if info.engine_version), None),
+                        checkpoint=next((info.checkpoint for info in found if info.checkpoint), None))
     budget = Budget(study, strategy, lock, storage)
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():

@@ -20,6 +20,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from runners.checkpoint import CheckpointFacts
 from runners.telemetry import FailureKind, Phase
 from search._optuna_compat import was_enqueued
 from search.strategy.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS, ConfirmLaunch, confirmation_plan
@@ -93,6 +94,8 @@ class Strategy:
     confirm_final: int = CONFIRM_FINAL
     gpu_mem_mib: float | None = None
     engine_version: str | None = None
+    checkpoint: CheckpointFacts | None = None
+    """The model's checkpoint as the preflight read it (weights' size, config.json): the probe's arithmetic."""
     memory_gate: bool = True
     start_design: bool = True
     """Queue the probe and the start-up design (else the sampler starts at once)."""
@@ -120,7 +123,8 @@ class Strategy:
         if self.start_design:
             model = view.memory_model if self.memory_gate else None
             point = start_point(self.space, view.records, model if isinstance(model, MemoryModel) else None,
-                                gpu_mem_mib=self.gpu_mem_mib, version=self.engine_version)
+                                gpu_mem_mib=self.gpu_mem_mib, version=self.engine_version,
+                                checkpoint=self.checkpoint)
             if point is not None:
                 params, tag = point
                 return Enqueue(params, {tag: True}, f"the start-up {tag}")
