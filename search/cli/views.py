@@ -274,6 +274,8 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
     console.print(summary_table(recs, " / ".join(space.objective.metric_names), width=min(console.width, 100)))
     for orphan in summary.orphans_stopped:
         console.print(f"stopped an orphaned server: {orphan}")
+    for line in summary.warm_start:
+        console.print(line, markup=False, soft_wrap=True)
     for line in summary.hosts_dropped:
         err_console.print(f"host dropped: {line}", markup=False, soft_wrap=True)
     set_aside = [f"{s.host} ({s.state}: {s.last_error})" for s in summary.host_states if s.state.out]
