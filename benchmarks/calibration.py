@@ -88,6 +88,12 @@ NO_FIGURES: dict[str, str] = {
     "qwen3-32b-b200": "no public SGLang figure with full settings was found for Qwen3-32B on B200",
     "deepseek-v3-tp16-2x8-h100": "not calibrated: no public SGLang figure for TP16 over 2x8 H100 was found; step "
                                  "times scaled from deepseek-v3-tp8-h200, cross-node all-reduce modelled",
+    "llama31-70b-tp4-h100": "no public SGLang figure with full settings (release, flags, lengths, concurrency) was "
+                            "found for Llama-3.1-70B TP4 on H100; its figures are first principles (see its note)",
+    "llama31-70b-tp2-h100-noisy8": "no public SGLang figure was found for Llama-3.1-70B at TP2 on H100 (a tight "
+                                   "landscape, first principles)",
+    "mixtral-8x22b-tp8-a100-40g-pcie": "no public SGLang figure was found for Mixtral-8x22B on A100 40GB PCIe (a "
+                                       "tight landscape, first principles)",
 }
 """Shipped profiles without a public figure, and why (their seeds are their calibration)."""
 

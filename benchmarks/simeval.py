@@ -18,11 +18,17 @@ from runners.engines.sglang import SGLangEngine
 from runners.simhost.model import LevelResult as SimLevel
 from runners.simhost.model import Outcome, Workload, noise_factor, predict_from_argv
 from runners.simhost.profile import SimProfile, load_profile
-from runners.telemetry import FailureKind, Phase
+from runners.telemetry import Failure, FailureKind, Phase
 from search.trial.evaluate import Slot, level_order
+from search.trial.objective import TrialFailed
 from search.trial.records import LevelResult, TrialFacts
 from spaces.launch import LaunchConfig
 from spaces.schema import Space
+
+#: The share of the target level's requests (and time) after which a clear loser stops.
+FIRST_SHARE = 0.25
+#: How far the first requests' figure strays from the whole level's (one sd, a share), beyond the run's noise.
+FIRST_REQUESTS_SD = 0.03
 
 # Simulator figure -> the telemetry name the SGLang log parser records it under.
 _SIM_MEM = {
@@ -58,6 +64,8 @@ class SimEvaluator:
     version: str | None = None
     profile: SimProfile = field(init=False)
     launches: list[tuple[int, float, bool]] = field(default_factory=list)
+    saved_seconds: float = 0.0
+    """Simulated seconds the early stops saved (each stopped launch: the whole benchmark less its part)."""
     _rng: random.Random = field(init=False)
     _cache: dict[tuple[str, ...], Outcome] = field(default_factory=dict)
 
@@ -109,9 +117,12 @@ class SimEvaluator:
         facts.memory = facts.memory.merged(_sim_memory(out))
         levels = [_sim_level(lv, factor) for lv in out.levels]
         facts.levels = [LevelResult.model_validate(row) for row in levels]
+        seconds = (out.startup_s or 0.0) * factor + sum(row.get("duration", 0.0) for row in levels)
+        if out.outcome == "ok" and facts.stop_bar is not None:
+            levels, seconds = self._early_stop(levels, seconds, facts)
+            facts.levels = [LevelResult.model_validate(row) for row in levels]
         done = [lv.max_concurrency for lv in facts.levels if lv.served]
         facts.level_reached = max(done) if done else 0
-        seconds = (out.startup_s or 0.0) * factor + sum(row.get("duration", 0.0) for row in levels)
         facts.sim_seconds = round(seconds, 3)
         died = out.outcome != "ok"
         self.launches.append((trial.number, seconds, died))
@@ -125,15 +136,44 @@ class SimEvaluator:
             raise optuna.TrialPruned(f"{out.outcome} in {out.phase or '?'}")
         target = self.space.target_level
         row_t = next(r for r in levels if r["max_concurrency"] == target)
-        facts.outcome, facts.phase, facts.reason = "ok", None, ""
+        facts.outcome, facts.phase, facts.reason = "ok", None, facts.stopped_early or ""
         objective = self.space.objective
         names = objective.metric_names if objective.kind == "pareto" else [objective.metric]
         missing = [m for m in names if row_t.get(m) is None]
+        if missing and not next(lv for lv in out.levels if lv.concurrency == target).ok:
+            # The server serves but the level's requests fail (the KV pool holds less than one request): as
+            # the server path does, no figure at the target is a FAIL (search.trial.server._complete).
+            error = next(lv.error for lv in out.levels if lv.concurrency == target)
+            facts.outcome, facts.phase = FailureKind.INFRA, Phase.SERVING
+            facts.reason = f"no {missing[0]} at concurrency {target}: {error or 'every request failed'}"
+            raise TrialFailed(Failure(FailureKind.INFRA, Phase.SERVING, facts.reason))
         if missing:
             raise ValueError(f"the simulated host's pure model reports no {missing[0]}; it reports "
                              f"{', '.join(k for k in row_t if k.endswith(('_ms', '_throughput')))}")
         values = [float(row_t[m]) for m in names]
         return values if objective.kind == "pareto" else values[0]
+
+
+    def _early_stop(self, levels: list[dict[str, Any]], seconds: float,
+                    facts: TrialFacts) -> tuple[list[dict[str, Any]], float]:
+        """The benchmark stopped after the target level's first requests when their figure is below the trial's
+        stop bar (``facts.stop_bar``): the levels and the simulated seconds that leaves. The target level runs
+        first (:func:`level_order`); its first requests' figure is the level's, with the run's noise, off by a
+        further :data:`FIRST_REQUESTS_SD` (one sd) for being a part of the level."""
+        target, metric = self.space.target_level, self.space.objective.metric
+        row = next((r for r in levels if r["max_concurrency"] == target), None)
+        if row is None or row.get(metric) is None or not row.get("duration") or facts.stop_bar is None:
+            return levels, seconds
+        first = float(row[metric]) * (1 + self._rng.gauss(0.0, FIRST_REQUESTS_SD))
+        if first >= facts.stop_bar:
+            return levels, seconds
+        part = {**row, metric: first, "duration": row["duration"] * FIRST_SHARE,
+                "completed": max(1, round(row["completed"] * FIRST_SHARE))}
+        cut = (seconds - sum(r.get("duration", 0.0) for r in levels)) + part["duration"]
+        self.saved_seconds += seconds - cut
+        facts.stopped_early = (f"stopped after the first {FIRST_SHARE:.0%} of concurrency {target}: {metric} "
+                               f"{first:.1f} is below {facts.stop_bar:.1f}, the best less the noise bound")
+        return [part], cut
 
 
 def _sim_memory(out: Outcome) -> dict[str, Any]:

@@ -130,6 +130,11 @@ class Engine(Protocol):
         (``2.27.3``); nothing when it loads none (a CPU build)."""
         ...
 
+    def checkpoint_command(self, python: str, model_path: str) -> str:
+        """Shell command that prints, as its last stdout line, the checkpoint's ``config.json`` and weights'
+        size as JSON (:func:`runners.checkpoint.parse_checkpoint` reads it); nothing without a config.json."""
+        ...
+
     def argv(self, launch: LaunchLike, version: str) -> list[str]:
         """The full command (python, ``-m``, module, flags) for this engine version."""
         ...

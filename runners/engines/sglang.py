@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
+from runners.checkpoint import checkpoint_command
 from runners.engines.base import BenchApi, LaunchLike, LogParser, MemoryFamily
 from runners.engines.common import (
     ARGPARSE_ERROR,
@@ -516,6 +517,9 @@ class SGLangEngine:
 
     def nccl_version_command(self, python: str) -> str:
         return torch_nccl_command(python)
+
+    def checkpoint_command(self, python: str, model_path: str) -> str:
+        return checkpoint_command(python, model_path)
 
     def _leading_args(self, launch: LaunchLike, version: str) -> list[str]:
         """Arguments between the module and the standard flags (none for SGLang)."""

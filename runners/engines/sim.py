@@ -51,6 +51,12 @@ class SimEngine(SGLangEngine):
                 "print(load_profile(sys.argv[1]).host.nccl_version)")
         return f"{shlex.quote(python)} -c {shlex.quote(code)} {shlex.quote(self.profile)}"
 
+    def checkpoint_command(self, python: str, model_path: str) -> str:
+        """The checkpoint its profile describes (the simulated host reads no model): a ``config.json`` and the
+        weights' size, as a real host's checkpoint gives them."""
+        return (f"{shlex.quote(python)} -m runners.simhost checkpoint --sim-profile {shlex.quote(self.profile)}"
+                f" --model-path {shlex.quote(model_path)}")
+
     def _leading_args(self, launch: LaunchLike, version: str) -> list[str]:
         args = ["--sim-profile", self.profile, "--sim-speed", repr(self.speed), "--sim-version", version]
         for key, value in self.extra.items():

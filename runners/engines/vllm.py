@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
+from runners.checkpoint import checkpoint_command
 from runners.engines.base import BenchApi, LaunchLike, LogParser, MemoryFamily
 from runners.engines.common import (
     ANSI,
@@ -550,6 +551,9 @@ class VLLMEngine:
 
     def nccl_version_command(self, python: str) -> str:
         return torch_nccl_command(python)
+
+    def checkpoint_command(self, python: str, model_path: str) -> str:
+        return checkpoint_command(python, model_path)
 
     def argv(self, launch: LaunchLike, version: str) -> list[str]:
         parsed = parse_version(version)

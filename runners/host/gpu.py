@@ -7,6 +7,7 @@ import shlex
 import time
 from dataclasses import dataclass, field
 
+from runners.checkpoint import CheckpointFacts
 from runners.errors import EngineMissing, HostBusy, HostMisconfigured, HostUnreachable
 from runners.host.shell import Shell
 from runners.printable import printable
@@ -40,6 +41,8 @@ class HostInfo:
     reason: str = ""
     nccl_version: str | None = None
     """The NCCL the engine's torch loads (None: not known, e.g. a CPU build)."""
+    checkpoint: CheckpointFacts | None = None
+    """The model's weights' size and config.json figures on this host (None: not read)."""
 
     @property
     def gpu_name(self) -> str:

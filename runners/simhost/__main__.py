@@ -30,7 +30,7 @@ from pathlib import Path
 
 from runners.simhost.launch import DEFAULT_VERSION, emulated_version
 from runners.simhost.model import Workload, predict_from_argv
-from runners.simhost.profile import ProfileError, load_profile
+from runners.simhost.profile import ProfileError, checkpoint_json, load_profile
 from runners.simhost.state import HostState, write_host
 
 __all__ = ["install_smi", "main"]
@@ -118,9 +118,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ins.add_argument("--sim-profile", required=True)
     ins.add_argument("--state-dir", required=True, type=Path)
     ins.add_argument("--bin-dir", required=True, type=Path)
+    ck = sub.add_parser("checkpoint", allow_abbrev=False,
+                        help="print the checkpoint the profile describes: config.json and weights' size, as JSON")
+    ck.add_argument("--sim-profile", required=True)
+    ck.add_argument("--model-path", default=None, help="the space's model path (the simulated host reads none)")
     args, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
     if args.command == "predict":
         return _predict(args, rest)
+    if args.command == "checkpoint" and not rest:
+        try:
+            print(json.dumps(checkpoint_json(load_profile(args.sim_profile))))
+        except ProfileError as exc:
+            sys.stderr.write(f"checkpoint: {exc}\n")
+            return 1
+        return 0
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:

@@ -118,6 +118,7 @@ __all__ = [
     "ProfileError",
     "SimProfile",
     "TimingSpec",
+    "checkpoint_json",
     "load_profile",
     "shipped_profile",
     "shipped_profiles",
@@ -274,6 +275,31 @@ class SimProfile(_Frozen):
     model: ModelSpec
     memory: MemorySpec
     timing: TimingSpec
+
+
+def checkpoint_json(profile: SimProfile) -> dict[str, object]:
+    """The checkpoint the simulated host serves for its model path: a ``config.json`` with the figures the
+    profile's memory arithmetic uses (layers; KV heads and head size that give its KV bytes per token, or MLA's
+    latent for ``attention: mla``) and the weights' size at the reference TP (every rank's share)."""
+    m = profile.model
+    layers = m.num_layers or 32
+    # config.json states the model's KV heads, not the KV dtype an engine picks: a reader counts 2 bytes a value
+    # (a profile whose default KV cache is fp8 holds half of that).
+    dtype_bytes = 2
+    total_kv = float(m.kv_bytes_per_token) * (m.reference_tp if m.attention == "mha" else 1) * (
+        2 if m.kv_cache_dtype_default.startswith("fp8") else 1)
+    config: dict[str, object] = {"architectures": [m.architecture], "num_hidden_layers": layers,
+                                 "max_position_embeddings": m.context_length, "torch_dtype": m.dtype}
+    if m.hidden_size:
+        config["hidden_size"] = m.hidden_size
+    if m.attention == "mha":
+        head_dim = 128
+        config |= {"head_dim": head_dim,
+                   "num_key_value_heads": max(1, round(total_kv / (2 * layers * head_dim * dtype_bytes)))}
+    else:
+        config |= {"kv_lora_rank": max(1, round(total_kv / (layers * dtype_bytes))), "qk_rope_head_dim": 0}
+    weights = m.weights_per_gpu(m.reference_tp) * m.reference_tp
+    return {"config": config, "weights_bytes": int(weights * (1 << 30))}
 
 
 def load_profile(path: str | Path) -> SimProfile:

@@ -113,6 +113,10 @@ def run(
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print the hosts and the first launches with their commands; launch nothing, "
                           "write nothing.")] = False,
+    warm_start: Annotated[list[str] | None, typer.Option(
+        "--warm-start", help="Start from an earlier study in the same storage (its memory figures and best "
+                             "configurations), if it ran on the same cards, model, engine version and fixed args; "
+                             "repeatable; 'auto': every such study.")] = None,
 ) -> None:
     """Run (or resume) a search: launch, benchmark and record one trial after another.
 
@@ -144,6 +148,7 @@ def run(
         progress=Progress(console, n_trials=None, metric=space.objective.scored_by, live=live,
                           simulated=space.engine.simulated),
         on_start=on_start, confirm_k=confirm_top, confirm_repeats=confirm_repeats, confirm_final=confirm_final,
+        warm_start=warm_start or (),
     )
     print_run(console, err_console, summary, space)
     name = summary.study.study_name

@@ -288,6 +288,8 @@ def print_run(console: Console, err_console: Console, summary: RunSummary, space
                                 chosen=chosen))
     for orphan in summary.orphans_stopped:
         console.print(f"stopped an orphaned server: {orphan}")
+    for line in summary.warm_start:
+        console.print(line, markup=False, soft_wrap=True)
     for line in summary.hosts_dropped:
         err_console.print(f"host dropped: {line}", markup=False, soft_wrap=True)
     set_aside = [f"{s.host} ({s.state}: {s.last_error})" for s in summary.host_states if s.state.out]

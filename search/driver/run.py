@@ -41,9 +41,10 @@ from search.storage import artifact_store, create_or_load, open_storage, redact,
 from search.strategy.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS
 from search.strategy.strategy import Strategy, make_sampler
 from search.strategy.view import StudyView
+from search.strategy.warm import WARM_ATTR, WARM_USED_ATTR, Prior, WarmKey, usable
 from search.trial.objective import Ended, HostChosen, Objective, ProgressHook, TrialEnv, TrialFailed
 from search.trial.preflight import preflight
-from search.trial.records import DEPLOY_ATTR, TrialFacts, mark_interrupted, note_controller, write_facts
+from search.trial.records import DEPLOY_ATTR, TrialFacts, mark_interrupted, note_controller, records, write_facts
 from search.trial.server import ServerEvaluator
 from spaces.schema import Space
 
@@ -87,6 +88,9 @@ class RunOptions:
     confirm_k: int = CONFIRM_K
     confirm_repeats: int = CONFIRM_REPEATS
     confirm_final: int = CONFIRM_FINAL
+    warm_start: tuple[str, ...] = ()
+    """Earlier studies (names in the same storage) to warm-start from; ``auto``: every study there stored on the
+    same host cards, model, engine version and fixed args (:mod:`search.strategy.warm`)."""
 
 
 class StopReason(StrEnum):
@@ -133,6 +137,8 @@ class RunSummary:
     """One line per host dropped by the preflight (host, fault, fix)."""
     space: Space | None = None
     """The run's space: its view has the study's memory model (the OOM map's predicted boundary)."""
+    warm_start: list[str] = field(default_factory=list)
+    """The warm start in lines: the studies used, and each study asked for but not used with why."""
 
     @cached_property
     def view(self) -> StudyView:
@@ -407,17 +413,13 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
     pool = HostPool(members, max_consecutive_failures=space.budget.max_consecutive_failures,
                     cooldown=options.cooldown, max_set_asides=options.max_set_asides)
     lock = StudyLock(storage, study_id(study), options.storage_url)
-    found = [env.preflight_cache[h.name] for h in hosts if h.name in env.preflight_cache]
-    strategy = Strategy(space, options.n_trials, confirm_k=options.confirm_k,
-                        confirm_repeats=options.confirm_repeats, confirm_final=options.confirm_final,
-                        gpu_mem_mib=smallest_card_mib(found),
-                        engine_version=next((info.engine_version for info in found if info.engine_version), None))
+    strategy, warm_lines = _strategy(space, hosts, options, study, storage, env)
     budget = Budget(study, strategy, lock, storage)
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():
         lock.close()
         return RunSummary(study, 0, StopReason.BUDGET_REACHED, pool.states(), orphans, hosts_dropped=dropped,
-                          space=space)
+                          space=space, warm_start=warm_lines)
 
     run = _Run(study, storage, pool, Objective(env, ServerEvaluator(env)), budget, options, stop, abort)
     run.leases = leases
@@ -447,7 +449,28 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
     else:
         stopped_by = run.reasons[0] if run.reasons else StopReason.BUDGET
     return RunSummary(study, run.ran, stopped_by, pool.states(), orphans,
-                      hosts_dropped=dropped, artifacts_error=env.artifacts_error or None, space=space)
+                      hosts_dropped=dropped, artifacts_error=env.artifacts_error or None, space=space,
+                      warm_start=warm_lines)
+
+
+def _strategy(space: Space, hosts: Sequence[Host], options: RunOptions, study: optuna.Study, storage: RDBStorage,
+              env: TrialEnv) -> tuple[Strategy, list[str]]:
+    """The run's strategy from what the preflight found on the hosts, with the warm start's priors (and the
+    warm start in lines: the studies used, each asked for but not used with why)."""
+    found = [env.preflight_cache[h.name] for h in hosts if h.name in env.preflight_cache]
+    key = warm_key(space, found)
+    priors, warm_lines = find_priors(storage, study, key, options.warm_start)
+    if key is not None:
+        study.set_user_attr(WARM_ATTR, key.stored())
+    if warm_lines:
+        study.set_user_attr(WARM_USED_ATTR, warm_lines)
+    strategy = Strategy(space, options.n_trials, confirm_k=options.confirm_k,
+                        confirm_repeats=options.confirm_repeats, confirm_final=options.confirm_final,
+                        gpu_mem_mib=smallest_card_mib(found),
+                        engine_version=next((info.engine_version for info in found if info.engine_version), None),
+                        checkpoint=next((info.checkpoint for info in found if info.checkpoint), None),
+                        priors=priors)
+    return strategy, warm_lines
 
 
 def _usable_hosts(space: Space, hosts: Sequence[Host], env: TrialEnv,
@@ -466,6 +489,51 @@ def _usable_hosts(space: Space, hosts: Sequence[Host], env: TrialEnv,
     for line in dropped:
         log.error("%s; the run goes on without it", line)
     return kept, dropped
+
+
+def warm_key(space: Space, infos: Sequence[HostInfo]) -> WarmKey | None:
+    """The facts an earlier study must share for a warm start (the smallest card the preflight found, the model,
+    the engine and its version, the fixed args); None before any host reported its cards and version."""
+    cards = [(g.total_mib, g.name) for info in infos for g in info.gpus if g.total_mib]
+    version = next((info.engine_version for info in infos if info.engine_version), None)
+    if not cards or version is None:
+        return None
+    total, name = min(cards)
+    return WarmKey(name, float(total), space.model_path, space.engine.kind, version, tuple(space.fixed_args))
+
+
+def find_priors(storage: RDBStorage, study: optuna.Study, key: WarmKey | None,
+                names: Sequence[str]) -> tuple[list[Prior], list[str]]:
+    """The earlier studies to warm-start from (``names`` in ``storage``; ``auto``: every other study there on
+    the same :class:`WarmKey`), and the lines that say which were used and which not, with why."""
+    if not names:
+        return [], []
+    wanted = set(names)
+    auto = "auto" in wanted
+    summaries = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    lines: list[str] = []
+    for name in sorted(wanted - {"auto"} - set(summaries)):
+        lines.append(f"not used: {name}: no such study in this storage")
+    priors: list[Prior] = []
+    for name, summary in sorted(summaries.items()):
+        if name == study.study_name or not (auto or name in wanted):
+            continue
+        theirs = WarmKey.read(summary.user_attrs.get(WARM_ATTR))
+        why = usable(name, key, theirs) if key is not None else f"{name}: this run's hosts reported no cards"
+        if why is not None:
+            if name in wanted:
+                lines.append(f"not used: {why}")
+            continue
+        earlier = optuna.load_study(study_name=name, storage=storage)
+        recs = tuple(records(earlier))
+        priors.append(Prior(name, earlier.directions[0], recs))
+        launched = sum(1 for r in recs if r.launched and r.outcome is not None)
+        lines.insert(0, f"warm start from {name}: {launched} launches (its memory figures and its best "
+                        f"configurations; same cards, model, engine version and fixed args)")
+    if auto and not priors:
+        lines.append("warm start: no earlier study in this storage on the same cards, model, engine version and "
+                     "fixed args")
+    return priors, lines
 
 
 def smallest_card_mib(infos: Iterable[HostInfo]) -> float | None:

@@ -34,6 +34,7 @@ from search.outputs.text import (
 from search.strategy.confirm import origin
 from search.strategy.front import Goal
 from search.strategy.view import StudyView
+from search.strategy.warm import WARM_USED_ATTR
 from search.trial.records import TrialFacts, value_text
 
 __all__ = ["LIMIT_WORDS", "report_markdown", "report_parts"]
@@ -59,7 +60,8 @@ def report_parts(view: StudyView) -> tuple[list[str], list[str]]:
         head += ["> Figures marked simulated come from the simulated GPU host, not from real hardware.", ""]
     head += _verdict_section(view)
     head += ["## How the winner was chosen", "", *screened_table(view), ""]
-    body = _counts_section(recs)
+    body = _warm_section(view)
+    body += _counts_section(recs)
     body += _front_section(view)
     body += _best_section(view)
     body += _rate_search_section(recs)
@@ -70,6 +72,21 @@ def report_parts(view: StudyView) -> tuple[list[str], list[str]]:
     body += _time_section(recs)
     # The output boundary: reasons, GPU names and hosts come from hosts; nothing in them acts on a terminal.
     return [terminal_safe(line) for line in head], [terminal_safe(line) for line in body]
+
+
+def _warm_section(view: StudyView) -> list[str]:
+    """Which earlier studies the run started from (``servetune run --warm-start``), and which it did not use."""
+    lines = view.study.user_attrs.get(WARM_USED_ATTR)
+    stopped = [r for r in view.records if r.stopped_early]
+    out: list[str] = []
+    if isinstance(lines, list) and lines:
+        out += ["## Warm start", "", *[f"- {line}" for line in lines], ""]
+    if stopped:
+        out += ["## Stopped early", "",
+                f"{len(stopped)} launch(es) stopped their benchmark after the target level's first requests: they "
+                "could not beat the best (the bound is the run-to-run noise).",
+                *[f"- trial {r.number}: {r.stopped_early}" for r in stopped], ""]
+    return out
 
 
 #: What bound a configuration, by the phase its neighbours died in.

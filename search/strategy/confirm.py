@@ -31,7 +31,7 @@ from spaces.schema import UNSET
 __all__ = ["CONFIRM_FINAL", "CONFIRM_K", "CONFIRM_REPEATS", "ConfirmLaunch", "Confirmed",
            "confirmation_launches",
            "confirmation_plan", "confirmed_best", "forced_settings",
-           "is_launch", "launches_of", "origin", "search_launches",
+           "is_launch", "launches_of", "noise_sd", "origin", "search_launches",
            "skip_summary"]
 
 CONFIRM_K = 3
@@ -206,6 +206,12 @@ def _noise_sd(trials: Sequence[TrialFacts], pooled: dict[int, float]) -> float |
              if t.number in pooled and t.value is not None and pooled[t.number]]
     dof = len(resid) - _columns(trials) - 1  # the fit's own parameters leave that many degrees of freedom
     return math.sqrt(sum(r * r for r in resid) / dof) if dof >= 3 else None
+
+
+def noise_sd(trials: Sequence[TrialFacts]) -> float | None:
+    """The run-to-run noise the study's launches show (one sd, a share of the value; None: not yet known)."""
+    search = [t for t in trials if not t.stopped_early]
+    return _noise_sd(search, pooled_estimates(search))
 
 
 def _columns(trials: Sequence[TrialFacts]) -> int:

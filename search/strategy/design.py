@@ -12,6 +12,7 @@ from typing import Any
 
 import optuna
 
+from runners.checkpoint import GIB, CheckpointFacts
 from runners.engines.sglang_memory import default_memory
 from runners.errors import ConfigError
 from search.spaces import engine_of
@@ -28,7 +29,8 @@ from spaces.schema import UNSET, Space
 PROBE_RESERVE_FACTOR = 2.0
 
 
-def probe_params(space: Space, gpu_mem_mib: float | None = None, version: str | None = None) -> dict[str, Any]:
+def probe_params(space: Space, gpu_mem_mib: float | None = None, version: str | None = None,
+                 checkpoint: CheckpointFacts | None = None) -> dict[str, Any]:
     """The study's first launch: safe memory settings, the engine's defaults elsewhere.
 
     ``--mem-fraction-static`` (SGLang and the simulated host, when the card's memory ``gpu_mem_mib`` is
@@ -39,6 +41,12 @@ def probe_params(space: Space, gpu_mem_mib: float | None = None, version: str | 
     leaves the most memory to graphs and activations. The largest graph batch size keeps the target
     level's decode in graphs (no eager step); NCCL variables unset; any other knob at its first choice.
     Survivors and deaths alike give the memory model its figures.
+
+    With the ``checkpoint``'s figures (the weights' size and config.json, read by the preflight) the probe
+    starts where the model fits (:func:`fit_fraction`): when the weights and the target level's KV cache
+    need more than that fraction, the probe takes what they need (up to what leaves the graphs room), and the
+    smallest graph batch size that still holds the target level (the graphs' pool is what such a card can
+    least spare).
     """
     params: dict[str, Any] = {}
     for name, dist in distributions(space).items():
@@ -53,10 +61,66 @@ def probe_params(space: Space, gpu_mem_mib: float | None = None, version: str | 
             params[name] = UNSET
         else:
             params[name] = choices[0]
-    mfs = _probe_memory(space, gpu_mem_mib, space.engine.version or version, params.get(GRAPH_KNOB))
+    version = space.engine.version or version
+    mfs = _probe_memory(space, gpu_mem_mib, version, params.get(GRAPH_KNOB))
+    fit = fit_fraction(space, gpu_mem_mib, version, checkpoint)
+    memory = distributions(space).get(MEMORY_KNOB)
+    if fit is not None and mfs is not None and fit > mfs and isinstance(memory, optuna.distributions.FloatDistribution):
+        above = [v for v in reversed(_memory_values(memory)) if v >= fit - 1e-9]
+        mfs = above[0] if above else round(memory.high, FLOAT_DIGITS)
+        graph = distributions(space).get(GRAPH_KNOB)
+        if isinstance(graph, optuna.distributions.CategoricalDistribution):
+            sizes = sorted(c for c in graph.choices if isinstance(c, int) and not isinstance(c, bool))
+            holding = [c for c in sizes if c >= space.target_level]
+            if holding:
+                params[GRAPH_KNOB] = holding[0]
     if mfs is not None:
         params[MEMORY_KNOB] = mfs
     return params
+
+
+#: Memory besides the weights and the KV pool the arithmetic of :func:`fit_fraction` counts before any launch
+#: (GiB per GPU): the CUDA context and NCCL's buffers, taken from the card before ``--mem-fraction-static``
+#: applies (SGLang's "avail mem" before the weights load).
+PRE_LOAD_OVERHEAD_GIB = 1.0
+#: The KV cache the probe sizes for: the target level's requests at full length, with this headroom.
+KV_HEADROOM = 1.1
+#: What :func:`fit_fraction` leaves out of the static pool at least: this many GiB, and a third of SGLang's
+#: own reserve (the graphs and activations of the largest graph batch).
+MIN_FREE_GIB = 3.0
+
+
+def fit_fraction(space: Space, gpu_mem_mib: float | None, version: str | None,
+                 checkpoint: CheckpointFacts | None) -> float | None:
+    """The ``--mem-fraction-static`` at which the checkpoint's weights and the KV cache of the target level's
+    requests at full length fit, from what the host and the model say before any launch (the card's memory
+    from nvidia-smi; the weights' size, layers and KV heads from the checkpoint)::
+
+        pre = card - PRE_LOAD_OVERHEAD_GIB
+        fit = (weights / tp + KV_HEADROOM * target * (input + output) * kv_bytes_per_token) / pre
+
+    capped where at least ``max(MIN_FREE_GIB, reserve / 3)`` stays outside the pool. None when a figure is
+    missing (no checkpoint, a dataset's prompts of unknown length, an engine without SGLang's arithmetic)."""
+    engine = engine_of(space)
+    wl = space.workload
+    if (checkpoint is None or gpu_mem_mib is None or gpu_mem_mib <= 0 or version is None
+            or engine.memory_family != "sglang" or wl.dataset or wl.input_len is None):
+        return None
+    tp = engine.tp_size(space.fixed_args)
+    per_token = checkpoint.kv_bytes_per_token(tp)
+    if per_token is None:
+        return None
+    card = gpu_mem_mib / 1024
+    pre = card - PRE_LOAD_OVERHEAD_GIB
+    prefix = wl.prefix.len if wl.prefix is not None else 0
+    tokens = space.target_level * (wl.input_len + prefix + (wl.output_len or 0))
+    need = checkpoint.weights_gib_per_gpu(tp) + KV_HEADROOM * tokens * per_token / GIB
+    try:
+        reserve = default_memory(version, gpu_mem_mib, tp, fixed_args=space.fixed_args).reserved_mib / 1024
+    except ConfigError:
+        return None
+    cap = 1 - max(MIN_FREE_GIB, reserve / 3) / pre
+    return min(need / pre, cap)
 
 
 def _probe_memory(space: Space, gpu_mem_mib: float | None, version: str | None, max_bs: Any) -> float | None:
@@ -172,7 +236,8 @@ def place_memory(space: Space, model: MemoryModel, params: Mapping[str, Any], *,
 
 
 def start_point(space: Space, trials: Sequence[TrialFacts], model: MemoryModel | None, *,
-                gpu_mem_mib: float | None = None, version: str | None = None) -> tuple[dict[str, Any], str] | None:
+                gpu_mem_mib: float | None = None, version: str | None = None,
+                checkpoint: CheckpointFacts | None = None) -> tuple[dict[str, Any], str] | None:
     """The study's next start-up launch as (params, tag), or None once they have all been asked for: the
     probe (tag ``probe``; ``gpu_mem_mib``, ``version``: the hosts' smallest card and the engine version found
     on them, see :func:`probe_params`) for a new study, then the points of :func:`startup_design` (``design``),
@@ -180,7 +245,7 @@ def start_point(space: Space, trials: Sequence[TrialFacts], model: MemoryModel |
     with a probe (a resumed study, or one whose first trials someone queued) and while something queued waits
     (it goes first): one point at a time, so that no backlog waits in the study."""
     if not trials:
-        return probe_params(space, gpu_mem_mib, version), "probe"
+        return probe_params(space, gpu_mem_mib, version, checkpoint), "probe"
     if not any(t.probe for t in trials):
         return None
     if any(t.state == optuna.trial.TrialState.WAITING for t in trials):

@@ -14,25 +14,36 @@ memory model lets it launch, and the memory margin its launch showed.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
+from runners.checkpoint import CheckpointFacts
 from runners.telemetry import FailureKind, Phase
 from search._optuna_compat import was_enqueued
-from search.strategy.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS, ConfirmLaunch, confirmation_plan
+from search.strategy.confirm import (
+    CONFIRM_FINAL,
+    CONFIRM_K,
+    CONFIRM_REPEATS,
+    ConfirmLaunch,
+    confirmation_plan,
+    noise_sd,
+)
 from search.strategy.design import start_point
 from search.strategy.distributions import sample
 from search.strategy.front import confirmation_plan as front_confirmation_plan
 from search.strategy.memory import MARGIN_CONSTRAINT, MemoryModel, VllmMemoryModel
 from search.strategy.view import StudyView
+from search.strategy.warm import Prior, prior_records, warm_point
 from search.trial.records import TrialFacts
 from spaces.schema import Space
 
 __all__ = ["MAX_SKIPS_IN_A_ROW", "MAX_TRIALS_PER_LAUNCH", "Action", "Done", "Enqueue", "Sample", "Strategy",
-           "TrialGate", "Wait", "apply", "make_sampler"]
+           "TrialGate", "Wait", "apply", "make_sampler", "stop_bar"]
 
 #: A study stops once it holds this many trials per launch of its budget (skips and reuses included).
 MAX_TRIALS_PER_LAUNCH = 20
@@ -93,14 +104,25 @@ class Strategy:
     confirm_final: int = CONFIRM_FINAL
     gpu_mem_mib: float | None = None
     engine_version: str | None = None
+    checkpoint: CheckpointFacts | None = None
+    """The model's checkpoint as the preflight read it (weights' size, config.json): the probe's arithmetic."""
     memory_gate: bool = True
     start_design: bool = True
     """Queue the probe and the start-up design (else the sampler starts at once)."""
+    early_stop: bool = True
+    """Give each search launch a stop bar (:func:`stop_bar`): a clear loser stops its benchmark early."""
+    priors: Sequence[Prior] = ()
+    """Earlier studies on the same host cards, model, engine version and fixed args (a warm start): their
+    launches fit the memory model, their best configurations replace the probe and the design."""
     _dists: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    _prior: list[TrialFacts] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._prior = prior_records(self.priors)
 
     def view(self, study: optuna.Study) -> StudyView:
         """One read of ``study`` as this strategy needs it."""
-        return StudyView.of(study, space=self.space)
+        return StudyView.of(study, space=self.space, prior=self._prior)
 
     def search_done(self, view: StudyView) -> bool:
         """The search proper has spent its budget (confirmations may still follow)."""
@@ -117,10 +139,21 @@ class Strategy:
             if counts.total >= self.n_trials * MAX_TRIALS_PER_LAUNCH:
                 return Done(f"{counts.total} trials for a budget of {self.n_trials}: the sampler keeps proposing "
                             "skips and measured configurations")
+        if self.start_design and self.priors:
+            model = view.memory_model if self.memory_gate else None
+            if any(t.state == TrialState.WAITING for t in view.records):
+                return Sample()
+            warm = warm_point(self.space, view.records, model if isinstance(model, MemoryModel) else None,
+                              self.priors)
+            if warm is not None:
+                return Enqueue(warm, {"design": True}, "a warm start from an earlier study's configuration")
+            if view.records:
+                return Sample()
         if self.start_design:
             model = view.memory_model if self.memory_gate else None
             point = start_point(self.space, view.records, model if isinstance(model, MemoryModel) else None,
-                                gpu_mem_mib=self.gpu_mem_mib, version=self.engine_version)
+                                gpu_mem_mib=self.gpu_mem_mib, version=self.engine_version,
+                                checkpoint=self.checkpoint)
             if point is not None:
                 params, tag = point
                 return Enqueue(params, {tag: True}, f"the start-up {tag}")
@@ -177,6 +210,8 @@ class TrialGate:
         """Skip (PRUNED ``predicted_oom``) a sampled configuration the model predicts dies, likely or for
         certain. A configuration someone queued (the probe, a retry, a repeat, a person's ``enqueue_trial``) is
         launched as asked; the start-up design's points are ours and the model may skip them."""
+        if self.strategy.early_stop and facts.confirmation_of is None:
+            facts.stop_bar = stop_bar(self.view)
         model = self.model
         if model is None or facts.confirmation_of is not None or (was_enqueued(trial) and not facts.design):
             return
@@ -214,6 +249,30 @@ class TrialGate:
                 break
             n += 1
         return n
+
+
+#: The first requests' figure of a level differs from the whole level's beyond the run-to-run noise (the batch
+#: fills, the first prefills): this share, one standard deviation.
+FIRST_REQUESTS_SD = 0.03
+#: The run-to-run noise assumed before the study has measured it (one sd, a share of the value).
+DEFAULT_NOISE_SD = 0.05
+#: How many standard deviations of the difference below the best a first-requests figure must be to stop.
+STOP_Z = 2.5
+
+
+def stop_bar(view: StudyView) -> float | None:
+    """The figure at the target level under which a launch's first requests show it cannot beat the study's best
+    (maximised single objectives only; None before a launch has a value): the best finished search launch less
+    ``STOP_Z`` standard deviations of a first-requests figure (the run-to-run noise measured from the study's
+    repeats, else :data:`DEFAULT_NOISE_SD`, with :data:`FIRST_REQUESTS_SD`)."""
+    if view.goal.pareto or view.direction != optuna.study.StudyDirection.MAXIMIZE:
+        return None
+    values = [float(t.value) for t in view.records if t.state == TrialState.COMPLETE and t.value is not None
+              and t.feasible and t.launched and not t.stopped_early]
+    if not values:
+        return None
+    sd = noise_sd(view.records) or DEFAULT_NOISE_SD
+    return max(values) * (1 - STOP_Z * math.sqrt(sd * sd + FIRST_REQUESTS_SD ** 2))
 
 
 def make_sampler(seed: int | None, n_trials: int | None) -> optuna.samplers.BaseSampler:

@@ -64,15 +64,19 @@ class StudyView:
     records: list[TrialFacts]
     goal: Goal
     space: Space | None = None
+    prior: list[TrialFacts] = field(default_factory=list)
+    """Earlier studies' launches a warm start fits the memory model on too (``search.strategy.warm``)."""
     _by_number: dict[int, TrialFacts] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._by_number = {r.number: r for r in self.records}
 
     @classmethod
-    def of(cls, study: optuna.Study, *, space: Space | None = None) -> StudyView:
-        """Read ``study`` once. ``space`` (the strategy's) gives the memory model its workload."""
-        return cls(study, records(study), Goal.of(study), space)
+    def of(cls, study: optuna.Study, *, space: Space | None = None,
+           prior: Sequence[TrialFacts] = ()) -> StudyView:
+        """Read ``study`` once. ``space`` (the strategy's) gives the memory model its workload; ``prior``: earlier
+        studies' launches for it (a warm start)."""
+        return cls(study, records(study), Goal.of(study), space, list(prior))
 
     @property
     def name(self) -> str:
@@ -131,4 +135,4 @@ class StudyView:
     @cached_property
     def memory_model(self) -> MemoryModel | VllmMemoryModel | None:
         """The memory model fitted to the study's finished launches (None without the strategy's space)."""
-        return study_model(self.space, self.records) if self.space is not None else None
+        return study_model(self.space, [*self.prior, *self.records]) if self.space is not None else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from runners.checkpoint import CheckpointFacts, parse_checkpoint
 from runners.engines import Engine
 from runners.errors import HostMisconfigured
 from runners.host import Host, HostInfo
@@ -48,6 +49,7 @@ def preflight(host: Host, space: Space, engine: Engine | None = None) -> HostInf
                           model_path=None if engine.simulated else space.model_path,  # the simulator reads none
                           gpus_needed=gpus_per_node(space, engine) if space.engine.device == "gpu" else 0)
     info.nccl_version = host_nccl(host, engine, python)
+    info.checkpoint = host_checkpoint(host, engine, python, space.model_path)
     check_nccl_on(host, space, info.nccl_version)
     host.gpu_dir()  # where the host's leases and claim live: a host_dir that cannot be made drops the host
     return info
@@ -68,6 +70,13 @@ def host_nccl(host: Host, engine: Engine, python: str) -> str | None:
     except ValueError:
         return None
     return line
+
+
+def host_checkpoint(host: Host, engine: Engine, python: str, model_path: str) -> CheckpointFacts | None:
+    """What the model's checkpoint on ``host`` says before any launch (its ``config.json`` and weights' size; the
+    simulated host's profile answers for it); None when the host gives nothing readable."""
+    res = host.run(engine.checkpoint_command(python, model_path), timeout=60)
+    return parse_checkpoint(res.stdout) if res.ok else None
 
 
 def check_nccl_on(host: Host, space: Space, nccl: str | None) -> None:

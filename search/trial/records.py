@@ -371,6 +371,12 @@ class TrialFacts(BaseModel):
     """The margin the launch showed (an OOM's deficit, else the headroom the model gives it)."""
     sim_seconds: float | None = None
     """Simulated GPU seconds of a launch evaluated in-process (the efficiency benchmark)."""
+    stop_bar: float | None = None
+    """The figure at the target level below which the launch's first requests show it cannot beat the study's
+    best (the best less a bound from the noise; ``search.strategy.strategy.EarlyStop``): an evaluator that reads
+    the first requests' figure stops the benchmark there."""
+    stopped_early: str | None = None
+    """Why the benchmark stopped after the target level's first requests (its value is their figure)."""
 
     # ---- reading ------------------------------------------------------------------------------------
 
