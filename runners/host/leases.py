@@ -188,6 +188,8 @@ def parse_lease(name: str, text: str) -> Lease:
         value = data.get(key, "")
         if not isinstance(value, str) or len(value) > 1000:
             raise ValueError(f"{key} is {type(value).__name__ if value is not None else 'null'}, not a short text")
+        if not value.isprintable():
+            raise ValueError(f"{key} holds control characters")
     controller = data["controller"]
     if controller != plain_name(controller) or f"{controller}.json" != name:
         raise ValueError(f"controller {controller[:80]!r} does not match the file's name")
@@ -278,9 +280,11 @@ def read_all(shell: Shell, *, timeout: float = 15.0) -> tuple[float, list[Lease]
 
 
 def _report(shell: Shell, key: str, line: str) -> None:
+    """Say ``line`` once per ``key`` on this host object; what came from the host (a file's name) is shown with
+    its control characters escaped, never sent to the terminal."""
     if key not in shell.reported:
         shell.reported.add(key)
-        log.warning("%s", " ".join(line.split()))
+        log.warning("%s", "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in line))
 
 
 def live(shell: Shell) -> list[Lease]:
