@@ -4,7 +4,8 @@ Two simulated 8x H100 nodes on this machine (each its own GPUs: its own state di
 together by an inventory group; DeepSeek-V3 with ``--tp 16`` over both (profile deepseek-v3-tp16-2x8-h100). Node
 1 has 900 MiB of each GPU held by a process nvidia-smi does not list (another container's). Prints the run's own
 lines, every trial (node count, hosts, outcome, verdict), the OOM trial's memory ladder per rank, and the exported
-per-node launch script, with the git revision. Every figure is simulated.
+per-node launch script (``export --engine sglang``: what each node of a real GPU pair runs), with the git
+revision. Every figure is simulated.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ SPACE = {
     "workload": {"input_len": 256, "output_len": 64, "concurrency": [1, 8], "requests_per_level": [2, 16],
                  "warmup_requests": 1},
     "objective": {"metric": "output_throughput", "level": 8},
+    "deploy": {"python": "/opt/sglang/bin/python", "model_path": "/models/DeepSeek-V3", "port": 30000},
     "budget": {"n_trials": 3, "startup_timeout": "120s", "benchmark_timeout": "120s", "stop_grace": "5s"},
 }
 LADDER = ("weights_gib", "kv_tokens", "kv_gib", "avail_after_kv_gib", "graph_gib", "free_after_capture_gib",
@@ -105,9 +107,10 @@ def main() -> int:
             figures = {k: rank.memory.figure(k) for k in LADDER if rank.memory.figure(k) is not None}
             end = f"{rank.outcome} in {rank.phase}" if rank.outcome else "alive until stopped"
             print(f"rank {rank.rank} ({rank.host}): {end}; {json.dumps(figures)}")
-    print("\n$ servetune export --study two-nodes -o serve.sh")
+    print("\n$ servetune export --study two-nodes --engine sglang -o serve.sh")
     out = wd / "serve.sh"
-    servetune("export", "--study", "two-nodes", "--storage", storage, "-o", str(out), "--min-free-gib", "0", cwd=wd)
+    servetune("export", "--study", "two-nodes", "--storage", storage, "-o", str(out), "--min-free-gib", "0",
+              "--engine", "sglang", cwd=wd)
     print(out.read_text().rstrip())
     return 0
 

@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from runners.engines.base import LogParser
-from runners.errors import RunnerError
 from runners.host import StopResult
 from runners.server import BenchPlan, BenchResult, ServerSession
 from runners.telemetry import Failure, FailureKind, Phase
@@ -107,7 +106,7 @@ class NodeSession:
                     survivors=tuple(p for r in found for p in r.survivors),
                     resent_term=any(r.resent_term for r in found),
                 )
-            errors = [r for r in results if isinstance(r, RunnerError)]
+            errors = [r for r in results if isinstance(r, BaseException)]
             if errors:
                 raise errors[0]
             return self.stop_result

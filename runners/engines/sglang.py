@@ -153,6 +153,10 @@ _RETRACT = re.compile(r"Decode out of memory happened\.|KV cache pool is full\. 
 # A negative profiled pool (ROCm 0.4.8: "max_total_tokens=131072 is larger than the profiled value -561981"):
 # the weights left no room for the KV pool.
 _NEGATIVE_POOL = re.compile(r"larger than the profiled value (-\d+)")
+# The health check a rank >= 1 of a multi-node server serves once its schedulers are up
+# (``launch_dummy_health_check_server``, srt/utils/common.py): 0.5.2-0.5.4 "Starting dummy health check server at",
+# 0.5.5+ "Dummy health check server started in background thread at" (sglang#12297).
+_DUMMY_HEALTH = re.compile(r"Starting dummy health check server at |Dummy health check server (?:started|scheduled)")
 _LOAD_SHARDS = re.compile(r"Loading (?:safetensors|pt) checkpoint shards|(?i:multi-thread loading shards)")
 
 # (pattern, explicit phase or None) -- any of these means the GPU ran out of memory.
@@ -373,6 +377,11 @@ class SGLangLogParser(LogParserBase):
     def _on_load_shards(self, m: re.Match[str], line: Line) -> None:
         self.advance(Phase.LOAD_WEIGHTS)
 
+    def _on_dummy_health(self, m: re.Match[str], line: Line) -> None:
+        # A rank >= 1 of a server spanning nodes has started and serves its part (it prints no ready line and
+        # no batch lines: the head's scheduler does).
+        self.advance(Phase.SERVING)
+
     RULES: ClassVar[Rules] = (
         (re.compile(r"server_args="), _on_server_args),
         (re.compile(re.escape(_READY)), _on_ready),
@@ -391,6 +400,7 @@ class SGLangLogParser(LogParserBase):
         (_RETRACT, _on_retract),
         (_NEGATIVE_POOL, _on_negative_pool),
         (_LOAD_SHARDS, _on_load_shards),
+        (_DUMMY_HEALTH, _on_dummy_health),
     )
 
     def _server_args(self, text: str) -> None:

@@ -62,7 +62,10 @@ def grid_size(space: Space) -> int | None:
     a continuous range."""
     searched = space.knobs.searched()
     total = 1
-    for name in distributions(space):
+    for name, dist in distributions(space).items():
+        if name not in searched:  # the node count (nodes: {choices: [...]}): a categorical of its own
+            total *= len(getattr(dist, "choices", ()))
+            continue
         count = knob_values(searched[name])[1]
         if count is None:
             return None
@@ -164,6 +167,11 @@ def describe_space(space: Space) -> list[str]:
         else:
             state = "live"
         lines.append(f"  {name}: {values} [{state}]")
+    if space.max_nodes > 1:
+        counts = space.node_counts
+        which = f"{counts[0]}" if len(counts) == 1 else f"searched over {', '.join(map(str, counts))}"
+        lines.append(f"nodes: {which}; one rank per node, the TP size in fixed_args is the total over the nodes; "
+                     "runs on an inventory group (groups:)")
     size = grid_size(space)
     lines.append("grid: " + (f"{size} configuration(s)" if size is not None
                              else "continuous (a float knob has no step), sampled"))

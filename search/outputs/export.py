@@ -163,13 +163,14 @@ def _deploy_header(tuned_header: list[str], rec: TrialFacts, tuned: LaunchConfig
     """The tuning header with its engine and GPU lines replaced by what the script serves with."""
     gpus = served.env["CUDA_VISIBLE_DEVICES"]
     count = len(gpus.split(","))
+    per_node = f" per node on {served.nodes} nodes" if served.nodes > 1 else ""
     sim = ", SIMULATED" if rec.simulated else ""
     lines = [
         tuned_header[0] + f", rendered to serve with {served.engine} {version} on a GPU box",
         tuned_header[1],
         f"engine: {served.engine} {version} (tuned on {tuned.engine} {rec.engine_version or '?'}{sim})",
-        f"GPU: {rec.gpu_name or 'unknown GPU'} x {count} (TP {engine_for(served).tp_size(served.fixed_args)}; "
-        f"CUDA_VISIBLE_DEVICES={gpus}); tuned on host {rec.host or 'unknown'}",
+        f"GPU: {rec.gpu_name or 'unknown GPU'} x {count}{per_node} (TP {engine_for(served).tp_size(served.fixed_args)}"
+        f"; CUDA_VISIBLE_DEVICES={gpus}); tuned on host {rec.host or 'unknown'}",
         f"serves on {served.host}:{served.port}, model {served.model_path}",
     ]
     # The rest (objective, launches, figures per level, headroom) is the tuning header's from the objective on.

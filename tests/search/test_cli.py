@@ -80,6 +80,17 @@ def test_validate_says_the_space_in_words(tmp_path: Path) -> None:
     assert argv[argv.index("--cuda-graph-max-bs") + 1] == "80"
 
 
+def test_validate_says_a_searched_node_count_and_counts_it_in_the_grid(tmp_path: Path) -> None:
+    path = demo_space(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["nodes"] = {"choices": [1, 2]}
+    path.write_text(yaml.safe_dump(data))
+    code, out = invoke("validate", str(path))
+    assert code == 0, out
+    assert "nodes: searched over 1, 2; one rank per node" in out
+    assert "grid: 3060 configuration(s)" in out  # the demo's 1530, at one node or two
+
+
 def test_validate_refuses_a_space_with_no_objective(tmp_path: Path) -> None:
     code, out = invoke("validate", str(demo_space(tmp_path, objective=None)))
     assert code == 1
