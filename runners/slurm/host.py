@@ -176,7 +176,8 @@ class SlurmHost(Host):
     def preflight(self, engine: str, python: str, version_command: str, *, timeout: float = 60.0,
                   gpus: bool = True, model_path: str | None = None, gpus_needed: int = 0) -> HostInfo:
         """Python, engine, file transfer and model path checked on the login node (the shared filesystem);
-        the partition's GPUs per node from ``sinfo``. A partition Slurm does not know, or fewer GPUs than
+        the partition's GPUs per node from ``sinfo`` (their memory from the inventory's ``gpu_memory_mib``). A
+        partition Slurm does not know, or fewer GPUs than
         ``gpus_needed``, raises HostMisconfigured."""
         per_node, nodes, kind = self._partition_gpus()
         info = gpu.preflight(self, engine, python, version_command, busy_mib=self.busy_mib, timeout=timeout,
@@ -186,7 +187,8 @@ class SlurmHost(Host):
                 f"{self.name}: the partition has {nodes} node(s) with {per_node} GPU(s) each, the space needs "
                 f"{gpus_needed}; fix: choose a partition with enough GPUs or lower the TP size",
                 host=self.name, fault="too_few_gpus")
-        self._gpus = [GpuStatus(i, kind, None, None, None, None) for i in range(per_node)] if gpus else []
+        total = self.spec.gpu_memory_mib
+        self._gpus = [GpuStatus(i, kind, total, None, total, None) for i in range(per_node)] if gpus else []
         info.gpus = list(self._gpus)
         return info
 

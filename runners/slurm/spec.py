@@ -36,6 +36,10 @@ class SlurmSpec(BaseModel):
                                         "before it is cancelled and its trial FAILs (None: as long as the run)")
     poll_interval: float = Field(default=2.0, gt=0, le=60, description="seconds between two looks at a job's "
                                  "state (squeue, scontrol) while it waits or runs")
+    gpu_memory_mib: float | None = Field(default=None, gt=0,
+                                         description="memory of one GPU of the partition, as nvidia-smi's "
+                                         "memory.total (MiB): sinfo does not say it, and the memory model sizes "
+                                         "SGLang's defaults by it (None: learnt from the trials alone)")
     server_port: int | None = Field(default=None, ge=1024, le=65000,
                                     description="the first port servers bind on the head node; job slot i binds "
                                     "this + i (None: a port in 20000-32767 picked for each launch)")

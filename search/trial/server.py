@@ -98,7 +98,8 @@ class ServerEvaluator:
             # A cluster job waits in the queue first: that wait is the trial's queue_s, not its start-up.
             failure = session.wait_scheduled(env.abort)
             facts.queue_s = session.queued_s
-            started = time.monotonic()
+            if session.queued_s is not None:
+                started = time.monotonic()
             if failure is None:
                 failure = self._wait_ready(session)
             facts.startup_s = round(time.monotonic() - started, 3)

@@ -5,12 +5,14 @@ job with SIGTERM and checks Slurm lists it as ended."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from runners.errors import HostMisconfigured
 from runners.host import Resources
 from runners.slurm import JobRef, SlurmHost, SlurmSpec
 from runners.transport import LocalTransport
@@ -75,3 +77,14 @@ def test_a_job_that_waits_past_queue_timeout_is_cancelled_and_fails(two_nodes: S
     assert "waited in the queue longer than 2s" in failure.reason and "cancelled" in failure.reason
     assert wait_for(lambda: not host.job(ref).active, timeout=30)
     assert host.scheduler_end(ref) is None  # cancelled by servetune itself: no outside cancel
+
+
+def test_the_preflight_reads_the_partitions_gpus_on_the_login_node(two_nodes: SlurmCluster, tmp_path: Path) -> None:
+    host = _host(two_nodes, tmp_path, partition="gpu", gpu_memory_mib=81559)
+    info = host.preflight("sim", sys.executable, f"{sys.executable} -c 'print(1)'", gpus_needed=4)
+    assert [(g.index, g.total_mib) for g in info.gpus] == [(0, 81559), (1, 81559)]  # per node
+    assert not info.busy  # Slurm hands a job free GPUs
+    with pytest.raises(HostMisconfigured, match="2 node\\(s\\) with 2 GPU\\(s\\) each, the space needs 8"):
+        host.preflight("sim", sys.executable, f"{sys.executable} -c 'print(1)'", gpus_needed=8)
+    with pytest.raises(HostMisconfigured, match="sinfo lists no nodes in partition 'nope'"):
+        _host(two_nodes, tmp_path, partition="nope").preflight("sim", sys.executable, "true")

@@ -2,11 +2,13 @@
 tests/fixtures/slurm.py), with the simulated GPU host as the server inside each job.
 
 One node with 8 GPUs declared by count; the simulated profile serves at TP 4, so two trials fit at once and a
-third waits in the queue. Covered: trials as parallel jobs (their comments, GPUs and the queue wait apart from
-the start-up); a job cancelled from outside (FAIL ``scheduler``, never PRUNED); the node set DOWN mid-trial
-(FAIL with Slurm's NODE_FAIL); a controller killed with SIGKILL and resumed (its job cancelled, none left); an
-OOM inside the job (PRUNED with its telemetry, as on any host). Every daemon is stopped by its PID; every job
-servetune left is checked gone through ``squeue``.
+third waits in the queue. Covered: trials as parallel jobs (their directives and comments, the queue wait apart
+from the start-up); a job cancelled from outside (FAIL ``scheduler``, never PRUNED); the node set DOWN mid-trial
+(FAIL with Slurm's NODE_FAIL); an OOM inside the job (PRUNED with its telemetry, as on any host); a directive
+Slurm rejects (FAIL ``host_config``, the cluster retired); a controller killed with SIGKILL and resumed (its job
+cancelled, a job of the same user without servetune's comment left alone); Ctrl-C twice (running and queued jobs
+gone); the login node reached over a real sshd. Every daemon is stopped by its PID; every job servetune left is
+checked gone through ``squeue``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from search.trial.objective import TrialEvent
 from search.trial.records import TrialFacts
 from spaces.schema import load_space
 from tests.fixtures.slurm import SlurmCluster, start_slurm
+from tests.fixtures.sshd import SshServer
 from tests.search.overnight_kit import BASE, DIES, SURVIVES, cli_env, start_cli
 from tests.search.overnight_kit import cli as kit_cli
 from tests.search.overnight_kit import make_space as kit_make_space
@@ -76,8 +79,10 @@ def make_space(wd: Path, *, workload: dict[str, Any] | None = None, speed: float
                           base_budget=BUDGET)
 
 
-def inventory(wd: Path, cluster: SlurmCluster, **slurm: Any) -> Path:
-    entry = {"name": "cluster", "address": "local", "runs_root": str(wd / "runs"), "env": cluster.env,
+def inventory(wd: Path, cluster: SlurmCluster, login: dict[str, Any] | None = None, **slurm: Any) -> Path:
+    """An inventory with the cluster as its one host; ``login``: how to reach the login node (this machine)."""
+    entry = {"name": "cluster", "address": "local", **(login or {}), "runs_root": str(wd / "runs"),
+             "env": cluster.env,
              "slurm": {"partition": "gpu", "time_limit": "00:10:00", "poll_interval": 0.5, **slurm}}
     path = wd / "inventory.yaml"
     path.write_text(yaml.safe_dump({"hosts": [entry]}))
@@ -90,7 +95,7 @@ def search(wd: Path, space_path: Path, inv: Path, enqueue: list[dict[str, Any]],
     st = create_or_load(open_storage(url), study)
     for params in enqueue:
         st.enqueue_trial(params)
-    hosts = [h for spec in load_inventory(inv) for h in open_hosts(spec)]
+    hosts = [h for spec in load_inventory(inv) for h in open_hosts(spec, ssh_config=None)]
     options = RunOptions(study_name=study, storage_url=url, artifacts_dir=wd / "artifacts", n_trials=n_trials,
                          timeout=None, seed=3, smi_interval=0.5, hook=hook, confirm_k=0)
     try:
@@ -263,3 +268,20 @@ def test_ctrl_c_twice_leaves_no_job_running_or_queued(cluster: SlurmCluster, tmp
     assert "stoppedby:aborted" in "".join(ctl.output().split())
     outcomes = {TrialFacts.from_trial(t).outcome for t in kit_trials(storage, "slurm")}
     assert outcomes == {"interrupted"}
+
+
+@pytest.mark.ssh
+def test_a_search_through_a_login_node_over_ssh(cluster: SlurmCluster, tmp_path: Path, sshd: SshServer,
+                                                 known_hosts: Path) -> None:
+    space_path = make_space(tmp_path)
+    login = sshd.spec(known_hosts).model_dump(include={"address", "port", "user", "key_file", "known_hosts"})
+    inv = inventory(tmp_path, cluster, login)
+    logins = sshd.log.read_text().count("Accepted publickey")
+
+    trials = search(tmp_path, space_path, inv, [SURVIVES], n_trials=1)
+
+    t = trials[0]
+    assert t.state == TrialState.COMPLETE, TrialFacts.from_trial(t).reason
+    assert TrialFacts.from_trial(t).stop_method == "term"
+    assert "#SBATCH --gres=gpu:4" in (tmp_path / "runs/slurm/0/job.sbatch").read_text()
+    assert sshd.log.read_text().count("Accepted publickey") > logins  # sbatch, srun, squeue went through sshd
