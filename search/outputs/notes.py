@@ -15,6 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from search._optuna_compat import note_target
+from search.outputs.dashboard import save_note
 from search.outputs.text import THIN_HEADROOM_GIB, levels_table, memory_table
 from search.strategy.view import StudyView
 from search.trial.records import TrialFacts
@@ -33,9 +34,6 @@ _MAX_OOM_LINES = 20
 
 def write_note(study: optuna.Study, trial: FrozenTrial) -> None:
     """Save (replace) the trial's dashboard note."""
-    # optuna_dashboard imports its web app (about a second): only when a note is written.
-    from optuna_dashboard import save_note
-
     save_note(note_target(study, trial), note_markdown(trial))
 
 
