@@ -7,25 +7,32 @@
   ``report``, ``export`` and ``sync-mlflow``;
 * a storage URL whose driver is not installed (``mysql://``) is one line in ``run``, ``trials`` and
   ``dashboard``, with the password left out;
-* a changed host key is a permanent fault: the host is dropped at once, never retried as transient.
+* a changed host key is a permanent fault: the host is dropped at once, never retried as transient;
+* a full runs root on a local host (a 1 MiB tmpfs in a private mount namespace) is one line, and the trial in
+  flight is FAIL ``host_config`` with the file system's reason.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from optuna.trial import TrialState
 
 from runners.errors import HostKeyError, HostMisconfigured
 from runners.host import Lease
 from runners.inventory import HostSpec, open_host
+from runners.telemetry import FailureKind
 from search.driver.run import RunOptions, run_search
+from search.trial.records import TrialFacts
 from spaces.schema import load_space
 from tests.fixtures.hog import start_hog, stop_hog
 from tests.fixtures.sshd import SshServer, make_key, public_line
-from tests.search.overnight_kit import cli, make_space, trials
+from tests.search.overnight_kit import cli, cli_env, make_space, trials
 
 
 def run_args(space: Path, study: str, storage: str, *extra: str) -> tuple[str, ...]:
@@ -119,3 +126,41 @@ def test_a_changed_host_key_drops_the_host_at_once(tmp_path: Path, sshd: SshServ
     with pytest.raises(HostMisconfigured, match=r"host key for .* has changed"):
         run_search(space, [host], opts)  # dropped by the preflight: the run has no host left
     assert trials(opts.storage_url, "rekeyed") == [], "no trial was failed and retried on it"
+
+
+# ---- a full runs root -----------------------------------------------------------------------------
+
+
+def _in_a_full_runs_root(tmp_path: Path, free_kib: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """``servetune ARGS`` with its runs root on a 1 MiB tmpfs holding ``free_kib`` KiB free, mounted in a
+    private user and mount namespace (``unshare``), so nothing needs root and the mount dies with it."""
+    runs = tmp_path / "runs"
+    runs.mkdir(exist_ok=True)
+    script = (f"mount -t tmpfs -o size=1m tmpfs {runs} && mkdir -p {runs}/.servetune && "
+              f"head -c {free_kib * 1024} /dev/zero > {runs}/reserve && "
+              f"(dd if=/dev/zero of={runs}/filler bs=4k 2>/dev/null; true) && rm {runs}/reserve && "
+              f'exec "$@"')
+    return subprocess.run(["unshare", "-Urm", "bash", "-c", script, "servetune", sys.executable, "-m", "search",
+                           *args], cwd=tmp_path, env=cli_env(tmp_path), capture_output=True, text=True, timeout=180,
+                          check=False)
+
+
+def test_a_full_runs_root_is_one_line_and_the_trial_in_flight_is_fail_with_its_reason(tmp_path: Path) -> None:
+    if subprocess.run(["unshare", "-Urm", "true"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("no unprivileged user namespaces here (unshare -Urm): cannot mount a small tmpfs")
+    space = make_space(tmp_path / "space.yaml", budget={"n_trials": 1})
+    storage = f"sqlite:///{tmp_path}/s.db"
+    # Full from the start: the preflight's test write fails, the host is dropped.
+    res = _in_a_full_runs_root(tmp_path, 0, *run_args(space, "full", storage))
+    assert res.returncode == 1
+    line = one_error_line(res.stderr)
+    assert "cannot write" in line and "No space left on device" in line and "fix:" in line
+    assert trials(storage, "full") == []
+    # 16 KiB free: the preflight passes, the trial's own files do not fit.
+    res = _in_a_full_runs_root(tmp_path, 16, *run_args(space, "nearly", storage))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "every host was retired" in one_error_line(res.stderr)
+    [trial] = trials(storage, "nearly")
+    facts = TrialFacts.from_trial(trial)
+    assert trial.state == TrialState.FAIL and facts.outcome == FailureKind.HOST_CONFIG
+    assert "No space left on device" in facts.reason
