@@ -10,13 +10,14 @@ catch servetune's errors only::
     └── RunnerError              infrastructure trouble: a trial that hits one is FAIL, never PRUNED
         ├── HostUnreachable      connect refused/timed out, DNS, SSH transport dropped
         │   └── CommandTimeout   a command on the host did not finish in time
-        ├── HostKeyError         unknown or changed host key (refused unless explicitly accepted)
         ├── AuthError            key rejected, no usable key
         ├── HostBusy             a foreign process holds GPU memory or the port, or another live
         │                        controller holds the host (its lease)
         ├── HostMisconfigured    the host's set-up is wrong and waiting will not fix it (no nvidia-smi, no
         │   │                    SFTP subsystem, model path missing, too few GPUs): the host is dropped
-        │   └── EngineMissing    the engine (or python) is not installed on the host
+        │   ├── EngineMissing    the engine (or python) is not installed on the host
+        │   └── HostKeyError     unknown or changed host key (refused unless explicitly accepted): a
+        │                        person must check the host, retrying cannot help
         └── NotOurProcess        refusing to signal a process group servetune did not start
 
 Outcomes of a *trial* (OOM, NCCL error, rejected flag) are values (:mod:`runners.telemetry`), not
@@ -57,10 +58,6 @@ class CommandTimeout(HostUnreachable):
     """A command on the host did not finish within its timeout."""
 
 
-class HostKeyError(RunnerError):
-    """The host's key is unknown or has changed."""
-
-
 class AuthError(RunnerError):
     """Authentication to the host failed."""
 
@@ -83,6 +80,13 @@ class EngineMissing(HostMisconfigured):
     """The serving engine or its python is missing on the host."""
 
     def __init__(self, message: str, *, host: str | None = None, fault: str = "engine_missing") -> None:
+        super().__init__(message, host=host, fault=fault)
+
+
+class HostKeyError(HostMisconfigured):
+    """The host's key is unknown or has changed: permanent (never retried as transient), the host dropped."""
+
+    def __init__(self, message: str, *, host: str | None = None, fault: str = "host_key") -> None:
         super().__init__(message, host=host, fault=fault)
 
 

@@ -32,6 +32,7 @@ from runners.errors import HostUnreachable, RunnerError
 from runners.events import EventSink, FatalSeen, LevelDone, PhaseReached, ServerEvent, ServerReady
 from runners.host import Host, Resources, RunRef, StopResult
 from runners.host.shell import Shell
+from runners.logkeep import LogKeep
 from runners.smi import GpuStatus
 from runners.telemetry import Failure, FailureKind, Phase
 from runners.transport import LineStream
@@ -135,7 +136,8 @@ class ServerSession:
         self.evidence: dict[str, Any] = {}
         self.parser = engine.parser()
         self.ref: RunRef | None = None
-        self.lines: list[str] = []
+        self.lines = LogKeep()
+        """The log's head and tail (:mod:`runners.logkeep`): the controller's memory stays flat."""
         self.exit_code: int | None = None
         self.server_info: dict[str, Any] = {}
         self.smi_samples: list[tuple[float, list[GpuStatus]]] = []
@@ -349,7 +351,7 @@ class ServerSession:
                 if ended is not None:
                     return Failure(ended.kind, ended.phase or self.parser.phase, ended.reason, self.exit_code)
         with self._lock:
-            tail = "\n".join(self.lines[-400:])
+            tail = "\n".join(self.lines.last(400))
         evidence = self.oom_evidence()
         failure = self.engine.classify(self.parser, self.exit_code, tail, evidence=evidence or None)
         failure = self._not_the_config(failure, tail)
@@ -400,11 +402,11 @@ class ServerSession:
 
     def log_text(self) -> str:
         with self._lock:
-            return "\n".join(self.lines) + ("\n" if self.lines else "")
+            return self.lines.text()
 
     def log_tail(self, n: int = 80) -> str:
         with self._lock:
-            return "\n".join(self.lines[-n:])
+            return "\n".join(self.lines.last(n))
 
     def smi_peak_mib(self) -> float | None:
         """Highest memory.used of any GPU over the load window (the samples taken since the benchmark

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from runners.errors import CommandTimeout
+from runners.errors import CommandTimeout, HostMisconfigured
 
 
 def command_timeout(host: str, timeout: float, command: str) -> CommandTimeout:
@@ -136,12 +136,20 @@ class LocalTransport:
         return _PopenStream(proc)
 
     def put(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        """Write ``data`` to ``path`` atomically. A file system that refuses (full, read-only, no permission)
+        raises HostMisconfigured, one line naming the file: waiting will not fix it, a person must."""
         path = os.path.expanduser(path)
         tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise HostMisconfigured(f"{self.name}: cannot write {path}: {exc.strerror or exc}; fix: free space "
+                                    "there or point runs_root elsewhere", host=self.name, fault="runs_root") from None
 
     def close(self) -> None:
         pass

@@ -24,7 +24,7 @@ from search.outputs.notes import notes_callback
 from search.outputs.tracking import MlflowCallback, MlflowTracker
 from search.settings import Settings
 from search.settings import study_name as check_study_name
-from search.storage import artifact_store
+from search.storage import artifact_store, redact
 from search.strategy.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS
 from search.strategy.view import StudyView
 from search.trial.objective import TrialEvent
@@ -111,7 +111,7 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
         warm_start=tuple(warm_start),
     )
     if on_start is not None:
-        on_start(RunPlan(name, [h.name for h in opened], settings.storage, budget, seconds, tuple(warnings)))
+        on_start(RunPlan(name, [h.name for h in opened], redact(settings.storage), budget, seconds, tuple(warnings)))
     try:
         if progress is not None:
             with progress:

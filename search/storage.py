@@ -239,10 +239,22 @@ def open_storage(url: str, *, heartbeat: bool = True, heartbeat_interval: int = 
         return storage
     except (ArgumentError, NoSuchModuleError) as exc:
         raise StudyError(f"storage {url!r} is not a usable SQLAlchemy URL: {first_line(exc)}") from None
+    except ImportError as exc:  # Optuna's "Failed to import DB access module": the URL's driver is missing
+        scheme = make_url(url).drivername if "://" in url else url
+        raise StudyError(f"storage {redact(url)}: the database driver for {scheme} is not installed "
+                         f"({first_line(exc.__cause__ or exc)}); fix: install it in servetune's environment, or "
+                         "use sqlite:///FILE or postgresql+psycopg://...") from None
     except OperationalError as exc:
         raise StudyError(f"storage {redact(url)} is unreachable: {first_line(exc.orig or exc)}") from None
     except SQLAlchemyError as exc:
         raise StudyError(f"storage {redact(url)} failed: {first_line(exc)}") from None
+
+
+def storage_error_line(exc: BaseException) -> str:
+    """One line for a storage that failed after it was opened (a corrupt SQLite file, a lost database): what
+    the database said; Optuna's ``StorageInternalError`` names no cause, so its cause's is used."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    return first_line(getattr(cause, "orig", None) or cause)
 
 
 def _create_storage(url: str, engine_kwargs: dict[str, object], kwargs: dict[str, Any]) -> _Storage:

@@ -13,7 +13,10 @@ nothing. The one cost would be a real engine flag that is itself a proper prefix
 
 :func:`fixed_args_problem` adds what else every trial would die of: an empty argument, a NUL byte (no
 argv can carry one), and a searched knob's own flag (the engine takes whichever comes last, so either the
-fixed value or the search is silently lost).
+fixed value or the search is silently lost), matched as argparse matches it: ``--mem-fraction 0.95`` is a
+unique prefix of ``--mem-fraction-static`` and sets it (the trial would record the searched value and run with
+0.95). Every prefix of a searched flag (three characters or more) is refused, as for the bind flags: a prefix
+that is ambiguous in the engine ends every trial in an argparse error anyway.
 """
 
 from __future__ import annotations
@@ -62,7 +65,14 @@ def fixed_args_problem(args: Iterable[str], knob_flags: Mapping[str, Iterable[st
                 owned, "the space's model_path")
             return f"fixed_args must not set {owned} ({arg!r} at [{i}]): it comes from {what}"
         flag = flag_of(arg)
-        if flag is not None and flag in searched:
+        if flag is None:
+            continue
+        if flag in searched:
             return (f"fixed_args[{i}] {arg!r} is the flag of knob {searched[flag]!r}, which the search "
                     "sets on every trial; remove it from fixed_args or the knob from knobs")
+        longer = sorted(full for full in searched if full.startswith(flag))
+        if longer:
+            return (f"fixed_args[{i}] {arg!r} is an abbreviation argparse expands to {longer[0]}, the flag of knob "
+                    f"{searched[longer[0]]!r}, which the search sets on every trial; remove it from fixed_args or "
+                    "the knob from knobs")
     return None

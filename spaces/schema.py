@@ -42,6 +42,7 @@ Sections with a job of their own live beside it, and every name stays importable
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,16 @@ MAX_NODES = 16
 
 # ---- knobs ---------------------------------------------------------------------------------------
 
+#: The most values one knob's grid may have: a step of 1e-12 over a memory fraction would be 3.5e11 values, which
+#: the design enumerates (a hang), and a step of 1e-6 makes every trial's planning slow; 1000 levels is a step
+#: of 0.00035 over 0.55-0.90, far below what a launch can tell apart.
+MAX_KNOB_LEVELS = 1000
+#: The most configurations the searched grid may hold (the product of every knob's values).
+MAX_GRID = 10_000_000
+#: The decode time per output token no engine beats (an optimistic floor, 1 ms): a benchmark that cannot finish
+#: in its timeout even at this speed is warned about by ``validate`` (:meth:`Space.warnings`).
+TPOT_FLOOR_S = 0.001
+
 
 class FloatRange(Strict):
     low: float
@@ -130,7 +141,19 @@ class FloatRange(Strict):
     def _ordered(self) -> FloatRange:
         if self.low > self.high:
             raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+        if self.step is not None:
+            levels = self.levels()
+            if levels is not None and levels > MAX_KNOB_LEVELS:
+                floor = (self.high - self.low) / (MAX_KNOB_LEVELS - 1)
+                raise ValueError(f"step {self.step:g} gives {levels:,} values over [{self.low:g}, {self.high:g}]; at "
+                                 f"most {MAX_KNOB_LEVELS} are allowed (a step of {floor:.2g} or more; 0.01 is usual)")
         return self
+
+    def levels(self) -> int | None:
+        """How many values the grid has (None: continuous, no step)."""
+        if self.step is None:
+            return None
+        return math.floor((self.high - self.low) / self.step + 1e-9) + 1
 
 
 class IntChoices(Strict):
@@ -192,6 +215,18 @@ class Knobs(Strict):
                 except ValueError as exc:
                     raise ValueError(f"{name}={value}: {exc}") from None
         return {k: [str(x) for x in vals] for k, vals in v.items()}
+
+    @model_validator(mode="after")
+    def _grid(self) -> Knobs:
+        total = 1
+        for spec in self.searched().values():
+            count = spec.levels() if isinstance(spec, FloatRange) else len(
+                spec.choices if isinstance(spec, IntChoices | BoolChoices) else spec)
+            total *= count or 1
+        if total > MAX_GRID:
+            raise ValueError(f"the searched grid holds {total:,} configurations; at most {MAX_GRID:,} are allowed "
+                             "(coarser steps or fewer choices)")
+        return self
 
     def searched(self) -> dict[str, Any]:
         """Knob name -> its spec, for the knobs present (NCCL variables as ``nccl.NAME``)."""
@@ -530,7 +565,26 @@ class Space(Strict):
 
     def warnings(self) -> list[str]:
         """What is legal but unsafe in this space, one line each (``servetune validate`` prints them)."""
-        return nccl_warnings(self.env, self.knobs.nccl)
+        return nccl_warnings(self.env, self.knobs.nccl) + self._timeout_warnings()
+
+    def min_benchmark_seconds(self) -> float:
+        """A lower bound on one trial's benchmark time: every level's rounds of ``concurrency`` requests, each
+        round ``output_len`` tokens at :data:`TPOT_FLOOR_S` (divided by the simulated host's speed)."""
+        w = self.workload
+        speed = self.engine.sim.speed if self.engine.sim is not None else 1.0
+        rounds = sum(math.ceil(n / c) for n, c in zip(w.requests(), w.concurrency, strict=True))
+        rounds += math.ceil(w.warmup_requests / w.concurrency[0]) if w.warmup_requests else 0
+        return rounds * w.output_len * TPOT_FLOOR_S / speed
+
+    def _timeout_warnings(self) -> list[str]:
+        least = self.min_benchmark_seconds()
+        timeout = self.budget.benchmark_timeout
+        if least <= timeout:
+            return []
+        return [f"budget.benchmark_timeout: the workload needs at least {least:,.0f} s per trial (its levels' "
+                f"requests at {TPOT_FLOOR_S * 1000:g} ms per output token, the fastest any engine decodes) but "
+                f"the benchmark timeout is {timeout:g} s: every trial would end as a benchmark timeout; fix: "
+                "fewer requests_per_level, a shorter output_len, or a longer benchmark_timeout"]
 
     @property
     def target_level(self) -> int:

@@ -331,7 +331,7 @@ class LogParserBase:
             return
         if "Traceback (most recent call last)" in text:
             self._frames = []
-        if warn := NCCL_WARN.match(text):
+        if (warn := NCCL_WARN.match(text)) and len(self.nccl_warnings) < 100:  # a flood of them stays bounded
             self.nccl_warnings.append(one_line(warn.group(1), 200))
         self._line_is_source = is_source_line(text)
         self._oom_pieces(text)

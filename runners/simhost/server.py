@@ -490,8 +490,20 @@ class SimServer:
             time.sleep(1.0)
 
     def _ready(self) -> None:
+        self._flood(float(os.environ.get("SERVETUNE_SIM_LOG_FLOOD_MB") or 0))
         self.ready.set()
         self.log.line("The server is fired up and ready to roll!")
+
+    def _flood(self, megabytes: float) -> None:
+        """A test knob (``SERVETUNE_SIM_LOG_FLOOD_MB`` in the server's environment): log this many MB of
+        warnings as fast as the disk takes them just before the ready line, as a server with a chatty
+        dependency does."""
+        if megabytes <= 0:
+            return
+        line = "WARNING: a chatty dependency says the same thing again (simulated log flood) " + "." * 40 + "\n"
+        block = line * (1024 * 1024 // len(line))
+        for _ in range(int(megabytes * 1024 * 1024 // len(block))):
+            self.log.raw(block)
 
     def _warmup(self) -> None:
         host = self.launch.host

@@ -160,6 +160,9 @@ def run(
         _line(f"servetune: {summary.report_error} (the study is stored: servetune report --study {name})")
     if summary.stopped_by.interrupted:
         raise typer.Exit(130)
+    if summary.no_progress is not None:
+        _line(f"servetune: error: {summary.no_progress}")
+        raise typer.Exit(1)
 
 
 app.command(name="worker", help="Join a (shared) study as one more controller; same options as run.")(run)
@@ -474,11 +477,21 @@ def _duration(flag: str, value: str) -> float:
 
 def main() -> None:
     import optuna
+    from optuna.exceptions import StorageInternalError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from search.storage import storage_error_line
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger().addHandler(SafeLogHandler())  # instead of the last-resort handler: escaped lines
     try:
         app()
+    except (StorageInternalError, SQLAlchemyError) as exc:
+        # The study storage broke after it was opened (a SQLite file with garbage in the middle, a database
+        # gone): every command says so in one line.
+        safe_write(f"servetune: error: the study storage failed: {' '.join(storage_error_line(exc).split())}; "
+                   "fix: restore the storage from a backup or point --storage at a good one\n", sys.stderr)
+        sys.exit(1)
     except ServetuneError as exc:
         safe_write(f"servetune: error: {' '.join(str(exc).split())}\n", sys.stderr)
         sys.exit(1)

@@ -34,6 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from runners.engines import engine_for
 from runners.telemetry import allocation_text
+from search.outputs.dashboard import save_plotly_graph_object
 from search.strategy.confirm import is_launch, origin
 from search.strategy.front import Goal, configurations, non_dominated
 from search.strategy.memory import SKIP_Z
@@ -778,9 +779,6 @@ def pareto_front(recs: Sequence[TrialFacts], goal: Goal, knee: TrialFacts | None
 
 def save_to_dashboard(study: optuna.Study, figures: dict[str, go.Figure]) -> None:
     """Store (replace) the figures in the study for optuna-dashboard, one graph object per id."""
-    # optuna_dashboard imports its web app (about a second): only when figures are saved.
-    from optuna_dashboard import save_plotly_graph_object
-
     for graph_id, figure in figures.items():
         save_plotly_graph_object(study, figure, graph_object_id=graph_id)
 

@@ -15,6 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from search._optuna_compat import note_target
+from search.outputs.dashboard import save_note
 from search.outputs.explain import optuna_best, study_note_markdown, why_not
 from search.outputs.text import THIN_HEADROOM_GIB, fmt, levels_table, memory_table
 from search.strategy.view import StudyView
@@ -36,9 +37,6 @@ CHOICE_ATTR = "servetune.choice"
 
 def write_note(study: optuna.Study, trial: FrozenTrial, view: StudyView | None = None) -> None:
     """Save (replace) the trial's dashboard note (with ``view``: saying whether it is servetune's choice)."""
-    # optuna_dashboard imports its web app (about a second): only when a note is written.
-    from optuna_dashboard import save_note
-
     save_note(note_target(study, trial), note_markdown(trial, view))
 
 

@@ -243,13 +243,22 @@ def start_point(space: Space, trials: Sequence[TrialFacts], model: MemoryModel |
     on them, see :func:`probe_params`) for a new study, then the points of :func:`startup_design` (``design``),
     placed by ``model`` (the memory model fitted to ``trials``). None as well when the study did not start
     with a probe (a resumed study, or one whose first trials someone queued) and while something queued waits
-    (it goes first): one point at a time, so that no backlog waits in the study."""
+    (it goes first): one point at a time, so that no backlog waits in the study.
+
+    A point whose launches all ended FAIL (the controller was interrupted, the host was busy or unreachable:
+    nothing was learnt about the configuration) is asked for again, the probe first; a retry Optuna queued for
+    a stale trial (``retried_from``) counts as the point's launch."""
     if not trials:
         return probe_params(space, gpu_mem_mib, version, checkpoint), "probe"
-    if not any(t.probe for t in trials):
+    probes = [t for t in trials if t.probe]
+    if not probes:
         return None
     if any(t.state == optuna.trial.TrialState.WAITING for t in trials):
         return None
+    if all(t.state == optuna.trial.TrialState.FAIL for t in probes):
+        params = normal_params(probes[0].params) or probe_params(space, gpu_mem_mib, version, checkpoint)
+        if not any(_stands_for(t) and normal_params(t.params) == params for t in trials):
+            return params, "probe"
     design = startup_design(space, model)
     # A point is asked once a design trial moved the same knobs: where the model places the memory knob
     # it is not compared (another host may have asked for the point before the probe's figures came in,
@@ -257,11 +266,17 @@ def start_point(space: Space, trials: Sequence[TrialFacts], model: MemoryModel |
     placed = model is not None and safe_memory(space, model, probe_params(space)) is not None
     # A design point another controller asked a moment ago counts by its queued params (the record's) even
     # before it has sampled them (else both controllers would launch it).
-    asked = [_design_key(t.params, placed) for t in trials if t.design]
+    asked = [_design_key(t.params, placed) for t in trials if (t.design or t.retried_from is not None)
+             and _stands_for(t)]
     for point in design:
         if _design_key(point, placed) not in asked:
             return point, "design"
     return None
+
+
+def _stands_for(trial: TrialFacts) -> bool:
+    """Does ``trial`` count as its point's launch: anything but FAIL (running, waiting, measured, pruned)."""
+    return trial.state != optuna.trial.TrialState.FAIL
 
 
 def _design_key(params: Mapping[str, Any], placed: bool) -> dict[str, Any]:

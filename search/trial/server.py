@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import threading
 import time
 import uuid
@@ -36,6 +37,8 @@ from search.trial.slo import find_max_rate
 from search.trial.workload import bench_plan, run_files
 from spaces.launch import LaunchConfig
 
+log = logging.getLogger(__name__)
+
 __all__ = ["RELEASE_WINDOW_S", "ServerEvaluator"]
 
 #: A host whose last server stopped less than this many seconds ago may still be releasing GPU memory.
@@ -54,6 +57,9 @@ class ServerEvaluator:
         env = self.env
         host = slot.host if host is None else host
         orphans = host.cleanup_orphans(grace=env.space.budget.stop_grace)
+        for ref in orphans:
+            log.warning("stopped an orphaned server on %s before the next trial (process group %d, %s)", host.name,
+                        ref.pgid, ref.run_dir)
         cached = env.preflight_cache.get(host.name)
         if cached is None:
             info = preflight(host, env.space, engine)

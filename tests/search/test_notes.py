@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import optuna
-import optuna_dashboard
 import pytest
 from optuna_dashboard._note import get_note_from_system_attrs
 
 from search._optuna_compat import storage_of, study_id, trial_id
+from search.outputs import notes
 from search.outputs.notes import note_markdown, notes_callback, oom_lines, write_note
 from search.strategy.view import StudyView
 from tests.fixtures.trials import OOM_CUDA_GRAPH_TAIL, optuna_callback
@@ -89,7 +91,7 @@ def test_callback_never_raises(study: optuna.Study, monkeypatch: pytest.MonkeyPa
     def broken(*_: object) -> None:
         raise RuntimeError("storage went away")
 
-    monkeypatch.setattr(optuna_dashboard, "save_note", broken)
+    monkeypatch.setattr(notes, "save_note", broken)
     callback = notes_callback()
     with caplog.at_level(logging.DEBUG, logger="search.outputs.notes"):
         callback(StudyView.of(study), study.trials[0])
@@ -97,3 +99,24 @@ def test_callback_never_raises(study: optuna.Study, monkeypatch: pytest.MonkeyPa
     assert callback.failures == 2
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "storage went away" in warnings[0].getMessage()
+
+
+def test_notes_and_figures_are_saved_without_the_dashboards_web_app(tmp_path: Path) -> None:
+    """``import optuna_dashboard`` loads its web app and scikit-learn (about 160 MB of the controller's memory):
+    a note and a figure are stored with the two modules that write them, loaded alone."""
+    code = (
+        "import sys, optuna, plotly.graph_objects as go\n"
+        "from search._optuna_compat import note_target\n"
+        "from search.outputs.dashboard import save_note, save_plotly_graph_object\n"
+        f"study = optuna.create_study(storage='sqlite:///{tmp_path}/s.db')\n"
+        "study.optimize(lambda t: t.suggest_float('x', 0, 1), n_trials=1)\n"
+        "save_note(note_target(study, study.trials[0]), 'a note')\n"
+        "save_plotly_graph_object(study, go.Figure(), graph_object_id='g')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('optuna_dashboard', 'sklearn'))))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+    stored = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path}/s.db")
+    attrs = storage_of(stored).get_study_system_attrs(study_id(stored))
+    assert any(key.startswith("dashboard:plot_data:") for key in attrs)
