@@ -21,6 +21,7 @@ from search.api import run_study
 from search.cli.safe import SafeConsole, safe_write
 from search.cli.views import Progress, print_plan, print_run
 from search.outputs.export import export_script, write_script
+from search.outputs.tracking import MlflowTracker, experiment_url
 from search.settings import Settings, load_settings, study_name
 from search.spaces import load_checked_space
 from search.storage import open_study
@@ -73,6 +74,12 @@ def demo(study: str, n_trials: int | None, console: Console, err_console: Consol
           " servetune's choice and why: the study's Note page (the URL it prints)")
     print("MLflow UI:        .venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db "
           "--host 127.0.0.1 --port 5000")
+    try:
+        experiment = MlflowTracker(settings.mlflow_uri).experiment_id(study)
+        print(f"  then open {experiment_url('http://127.0.0.1:5000', experiment)}  # the runs table, sorted by the "
+              "objective (MLflow 3 opens a plain experiment link on its GenAI overview)")
+    except ServetuneError as exc:
+        print(f"  (the study's MLflow experiment is not readable: {exc})")
     print("run it again to resume the study with 6 more trials: make demo")
     return 0 if all(check.returncode == 0 for check in checks.values()) else 1
 

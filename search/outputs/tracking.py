@@ -7,23 +7,48 @@ keeps a process-wide active run). mlflow is imported on first use: it takes a se
 What a child run holds (read from the trial record, :mod:`search.trial.records`):
 
 * params: every searched knob (the trial's params), ``fixed_args``, ``engine``, ``engine_version``, ``host``,
-  ``gpu_name``, ``gpu_count``, ``model_path``;
+  ``gpu_name``, ``gpu_count``, ``model_path``, the workload's settings (``workload.<name>``) and the memory
+  figures that are settings or constants (``mem.<name>``, :data:`MEM_PARAMS`);
 * metrics: each concurrency level's bench_serving figures named by their level (``c64.output_throughput``,
   ``c16.p99_tpot_ms``...; a level that served no request logs only ``cN.completed`` and ``cN.failed``), so
-  a row of the runs table never mixes levels; the numeric ``mem.*`` figures, ``objective`` (COMPLETE only;
+  a row of the runs table never mixes levels; the measured numeric ``mem.*`` figures, ``objective`` (COMPLETE only;
   again as ``Objective.c64.output_throughput_tok_s``, which MLflow's table shows first: :data:`OBJECTIVE_PREFIX`),
   ``level_reached``. Units are in the names (``_ms``, ``_gib``, ``_s``) or, for throughputs, in the
   experiment's description (:data:`METRIC_UNITS`);
-* tags: ``servetune.study``, ``servetune.trial``, ``servetune.state``, ``servetune.outcome``,
-  ``servetune.phase``, ``servetune.oom_phase``, ``engine``, ``servetune.simulated``, ``mlflow.parentRunId``;
+* tags: ``servetune.study``, ``servetune.trial``, ``servetune.state``, ``servetune.outcome``, ``servetune.role``,
+  ``servetune.phase``, ``servetune.oom_phase``, ``engine``, ``servetune.simulated`` (true for every trial of a
+  study on the simulated host, skips included), ``mlflow.parentRunId``, ``mlflow.note.content`` (the trial's
+  note, shown as the run's description);
 * artifacts: the files of the trial's ``artifacts_dir``, or, when that directory is gone, the same files
   fetched from Optuna's artifact store by the ids in ``artifact_ids``.
 
-The experiment is tagged ``mlflow.experimentKind = custom_model_development``: MLflow 3's UI then opens it
-in the classic runs view (with no such tag it guesses, and a study with no traces opens on an empty GenAI
-overview); and ``mlflow.experiment.primaryMetric.name`` names the objective (:data:`TAG_PRIMARY_METRIC`).
+How the MLflow 3 UI opens it. MLflow 3.17's UI decides between its GenAI view and its "Model training" view from
+the ``workflowType`` URL parameter, else the browser's stored choice, else GenAI: the experiment tag
+``mlflow.experimentKind`` is read only when the UI's workflow-based navigation is off, and in 3.17 it is
+hard-wired on (read in the UI bundle of the mlflow 3.17.2 wheel, ``mlflow/server/js/build/static/js/main.*.js``:
+the kind is derived from ``workflowType``, ``genai`` unless the URL or the browser says ``machine_learning``),
+so a study opened by its plain URL lands on an empty GenAI overview. :func:`experiment_url` is the link servetune
+prints: ``#/experiments/<id>/runs?viewStateShareKey=servetune&workflowType=machine_learning``. The share key
+names an experiment tag (``mlflow.sharedViewState.servetune``, :data:`SHARED_VIEW`) holding the runs table's
+view (the UI's own "share view" format): sorted by the objective, with the objective, the searched knobs, the
+outcome and the role as columns, so they show without opening the column picker. The experiment keeps
+``mlflow.experimentKind = custom_model_development`` for UIs that do read it, and
+``mlflow.experiment.primaryMetric.name`` names the objective (:data:`TAG_PRIMARY_METRIC`).
+
+Statuses: MLflow's run statuses are RUNNING, SCHEDULED, FINISHED, FAILED and KILLED; none says "pruned". A trial
+that ran and died (an OOM, an NCCL error: Optuna's PRUNED) or hit infrastructure trouble (FAIL) is FAILED; a
+COMPLETE trial and a configuration skipped as a predicted OOM (nothing was launched: the decision finished) are
+FINISHED. KILLED, which reads as "someone stopped it", is never used. What happened is in the run's name
+(``trial-14 oom``, ``trial-10 skipped``), the ``servetune.outcome`` and ``servetune.role`` tags (columns of the
+shared view) and its description (``mlflow.note.content``: the trial's dashboard note).
+
+Metrics are what a trial measured; what it was given (the workload's settings per level: ``burstiness``, ``seed``,
+``random_range_ratio``, ``time_scale``, the request rate; the memory figures that are settings or constants of
+the host and model: :data:`MEM_PARAMS`) are params, so MLflow's charts show only figures that can differ between
+trials.
 :meth:`MlflowTracker.finish_study` logs the study's figures (:mod:`search.outputs.figures`, plotly HTML with its
-JavaScript inlined, so they open offline) and the HTML report to the parent run.
+JavaScript inlined, so they open offline; the screened configurations' figure among them) and the HTML report to
+the parent run, and the chosen configuration as its params (with ``choice.trial``) and its description.
 
 Logging is idempotent: a trial's run is found by its ``servetune.trial`` tag and never logged twice, so the
 study callback may fail (MLflow down) and :meth:`MlflowTracker.sync` back-fills later. A run left RUNNING by
@@ -36,6 +61,7 @@ MLflow's errors (``MlflowException``, ``requests``, SQLAlchemy, ``OSError``) bec
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -53,9 +79,12 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 import optuna
 from optuna.artifacts import download_artifact
+from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from runners.errors import ServetuneError, StudyError, first_line
+from search.outputs.explain import study_note_markdown
+from search.outputs.notes import note_markdown
 from search.outputs.status import study_status
 from search.settings import DEFAULT_TRACKING_URI
 from search.storage import redact, sqlite_file
@@ -70,7 +99,8 @@ if TYPE_CHECKING:
 
     from search._optuna_compat import ArtifactStore
 
-__all__ = ["DEFAULT_ARTIFACT_ROOT", "DEFAULT_TRACKING_URI", "MlflowCallback", "MlflowTracker", "SyncResult"]
+__all__ = ["DEFAULT_ARTIFACT_ROOT", "DEFAULT_TRACKING_URI", "MlflowCallback", "MlflowTracker", "SyncResult",
+           "experiment_url", "run_name", "run_status", "shared_view", "simulated"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +154,17 @@ BEST_PREFIX = "Best"
 #: back-fills whatever was missed. Set only where the environment does not already say otherwise.
 HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
 
-_RUN_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
+#: The view :func:`experiment_url` opens (an experiment tag ``mlflow.sharedViewState.<key>``).
+SHARED_VIEW = "servetune"
+TAG_SHARED_VIEW = f"mlflow.sharedViewState.{SHARED_VIEW}"
+TAG_ROLE = "servetune.role"
+#: Level figures that describe the request rather than measure the server: params ``workload.<name>``.
+WORKLOAD_PARAMS = ("burstiness", "seed", "random_range_ratio", "time_scale", "request_rate", "dataset_name")
+#: Memory figures that are settings (as the engine resolved them) or constants of the host and model: params.
+MEM_PARAMS = ("gpu_total_gib", "mem_fraction_static", "cuda_graph_max_bs", "chunked_prefill_size", "context_len",
+              "avail_before_weights_gib", "weights_gib", "max_running_requests", "sim_speed")
+#: Engines whose every trial is simulated, skips included (a skip launched nothing, so its record says nothing).
+SIMULATED_ENGINES = ("sim",)
 _FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 _MAX_PARAM = 6000
 _MAX_TAG = 5000
@@ -159,6 +199,8 @@ class MlflowTracker:
         self._primary: set[str] = set()
         """Experiments whose primary metric this tracker has set."""
         self._parents: dict[str, str] = {}
+        self._views: set[str] = set()
+        """Experiments whose shared view this tracker has written."""
         self._lock = threading.RLock()
         self._callbacks: list[MlflowCallback] = []
 
@@ -251,10 +293,24 @@ class MlflowTracker:
             if best.free_after_capture_gib is not None:
                 metrics.append(Metric("best_free_after_capture_gib", best.free_after_capture_gib, now,
                                       finished))
+        choice = view.choice
+        chosen: dict[str, str] = {}
+        if choice is not None:
+            chosen = {"choice.trial": str(choice.number), **{k: _str(v) for k, v in choice.record.params.items()}}
+            tags.append(RunTag(TAG_DESCRIPTION, _note(study_note_markdown(view))))
+            if choice.value is not None and math.isfinite(choice.value):
+                # In the objective's column of the runs table, the parent's row shows the reported figure.
+                metrics.append(Metric(objective_key(choice.record), float(choice.value), now, finished))
         with self._lock, self._boundary(f"finishing study {name!r}"):
             client = self._client()
-            parent = self._parent_run_id(name, self._experiment_id(name))
+            experiment_id = self._experiment_id(name)
+            parent = self._parent_run_id(name, experiment_id)
             client.log_batch(parent, metrics=metrics, tags=tags)
+            if choice is not None:
+                client.update_run(parent, name=f"{name} (choice: trial {choice.number})")
+                client.set_experiment_tag(experiment_id, TAG_SHARED_VIEW, shared_view(
+                    choice.record, parent, maximize=view.direction == StudyDirection.MAXIMIZE))
+            self._log_choice_params(parent, chosen)
             for graph_id, figure in (figures or {}).items():
                 # NOTE: MLflow writes plotly HTML that loads plotly.js from a CDN by default; inlined, the
                 # figure also opens where the MLflow UI has no network.
@@ -263,6 +319,22 @@ class MlflowTracker:
             if report is not None:
                 client.log_artifact(parent, str(report), "report")
             client.set_terminated(parent, "FINISHED", end_time=now)
+
+    def _log_choice_params(self, parent: str, chosen: dict[str, str]) -> None:
+        """The chosen configuration as the parent run's params (the searched knobs' own names, so the runs table
+        shows them in the knob columns). MLflow never changes a param: a study resumed after a new choice keeps
+        the first one's and says so in the tag ``servetune.choice_params``."""
+        from mlflow.entities import Param, RunTag
+
+        client = self._client()
+        logged = client.get_run(parent).data.params
+        new = [Param(k, v[:_MAX_PARAM]) for k, v in chosen.items() if k not in logged]
+        stale = sorted(k for k, v in chosen.items() if k in logged and logged[k] != v[:_MAX_PARAM])
+        for i in range(0, len(new), 100):
+            client.log_batch(parent, params=new[i:i + 100])
+        note = (f"params of an earlier choice (trial {logged.get('choice.trial')}); now trial "
+                f"{chosen.get('choice.trial')}: see the description" if stale else "the current choice")
+        client.log_batch(parent, tags=[RunTag("servetune.choice_params", note)])
 
     def check(self, study_name: str) -> None:
         """Make sure MLflow can record ``study_name`` now: its experiment and parent run exist (created if
@@ -409,7 +481,11 @@ class MlflowTracker:
         end = _ms(trial.datetime_complete) or start
         tags = _tags(study_name, rec)
         tags[TAG_PARENT] = parent
-        run = client.create_run(experiment_id, start_time=start, tags=tags, run_name=f"trial-{trial.number}")
+        if experiment_id not in self._views:
+            client.set_experiment_tag(experiment_id, TAG_SHARED_VIEW, shared_view(rec, parent))
+            self._views.add(experiment_id)
+        tags[TAG_DESCRIPTION] = _note(note_markdown(trial))
+        run = client.create_run(experiment_id, start_time=start, tags=tags, run_name=run_name(rec))
         run_id = run.info.run_id
         try:
             params = [Param(k, v) for k, v in _params(rec).items()]
@@ -422,7 +498,7 @@ class MlflowTracker:
             note = self._log_artifacts(run_id, rec)
             if note:
                 client.log_batch(run_id, tags=[RunTag(TAG_ARTIFACTS, note)])
-            client.set_terminated(run_id, _RUN_STATUS[rec.state], end_time=end)
+            client.set_terminated(run_id, run_status(rec), end_time=end)
         except BaseException:
             # NOTE: a half-logged run would hide the trial from ``sync``; remove it (best effort), and if that
             # fails too, the run stays RUNNING, which the next log_trial/sync treats as missing.
@@ -541,6 +617,15 @@ def _params(rec: TrialFacts) -> dict[str, str]:
     for key, value in extra.items():
         if value is not None and key not in out:
             out[key] = _str(value)
+    for level in rec.levels[:1]:  # the workload's settings: the same at every level of a trial
+        for key in WORKLOAD_PARAMS:
+            value = level.figure(key)
+            if value is not None:
+                out[f"workload.{key}"] = _str(value)
+    for key in MEM_PARAMS:
+        value = rec.memory.figure(key)
+        if _number(value):
+            out[MEM_PREFIX + key] = _str(value)
     return {k: v[:_MAX_PARAM] for k, v in out.items()}
 
 
@@ -568,12 +653,12 @@ def _metrics(rec: TrialFacts) -> list[tuple[str, float, int]]:
         concurrency = level.max_concurrency
         served = (level.completed or 0) > 0
         for key, value in level.stored().items():
-            if key == "max_concurrency" or not _number(value):
+            if key == "max_concurrency" or key in WORKLOAD_PARAMS or not _number(value):
                 continue
             if served or key in ("completed", "failed"):
                 out.append((f"c{concurrency}.{key}", float(value), 0))
     for key, value in rec.memory.figures().items():
-        if _number(value):
+        if _number(value) and key not in MEM_PARAMS:
             out.append((MEM_PREFIX + key, float(value), 0))
     out += _objective_metrics(rec)
     for key, figure in (("level_reached", rec.level_reached), ("queue_s", rec.queue_s),
@@ -602,15 +687,71 @@ def _tags(study_name: str, rec: TrialFacts) -> dict[str, str]:
         TAG_TRIAL: str(rec.number),
         TAG_STATE: rec.state.name,
         TAG_OUTCOME: rec.label,
+        TAG_ROLE: rec.role,
         TAG_PHASE: rec.phase.value if rec.phase else None,
         TAG_OOM_PHASE: rec.oom_phase,
         TAG_REASON: rec.reason or None,
-        TAG_SIMULATED: "true" if rec.simulated else "false",
+        TAG_SIMULATED: "true" if simulated(rec) else "false",
         "engine": rec.engine or (rec.launch_config.engine if rec.launch_config is not None else None),
         "servetune.duplicate_of": rec.duplicate_of,
         "servetune.retried_from": rec.retried_from,
     }
     return {k: _str(v)[:_MAX_TAG] for k, v in tags.items() if v is not None and v != ""}
+
+
+def simulated(rec: TrialFacts) -> bool:
+    """The trial belongs to a study on the simulated host: it ran there, or it is a skip of such a study."""
+    engine = rec.engine or (rec.launch_config.engine if rec.launch_config is not None else None)
+    return rec.simulated or engine in SIMULATED_ENGINES
+
+
+def run_status(rec: TrialFacts) -> str:
+    """The MLflow status that reads as what happened (see the module docstring): FINISHED for a COMPLETE trial
+    and a skip, FAILED for a launch that died or infrastructure trouble; never KILLED."""
+    if rec.state == TrialState.COMPLETE or rec.predicted_oom:
+        return "FINISHED"
+    return "FAILED"
+
+
+def run_name(rec: TrialFacts) -> str:
+    """``trial-<n>``, with what happened when it was not ``ok`` (``trial-14 oom``, ``trial-10 skipped``)."""
+    if rec.predicted_oom:
+        return f"trial-{rec.number} skipped (predicted OOM)"
+    return f"trial-{rec.number}" + ("" if rec.ok else f" {rec.label}")
+
+
+def shared_view(rec: TrialFacts, parent_run_id: str, *, maximize: bool | None = None) -> str:
+    """The runs table's view that :func:`experiment_url` opens (JSON, the MLflow UI's shared-view format): sorted
+    by the objective (best first), its columns the objective, the searched knobs, the outcome and the role, the
+    parent run expanded."""
+    objective = f"metrics.`{objective_key(rec)}`"
+    columns = [objective, *(f"params.`{k}`" for k in rec.params), f"tags.`{TAG_OUTCOME}`", f"tags.`{TAG_ROLE}`",
+               f"metrics.`{MEM_PREFIX}free_after_capture_gib`"]
+    # Before the study's direction is at hand (the first trial's run), a latency objective is minimized.
+    direction_max = maximize if maximize is not None else not (rec.objective_metric or "").endswith("_ms")
+    state = {
+        "searchFilter": "", "orderByKey": objective, "orderByAsc": not direction_max, "startTime": "ALL",
+        "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
+        "selectedColumns": columns, "columnOrder": [], "columnWidths": {objective: 230},
+        "runsExpanded": {parent_run_id: True}, "runsPinned": [parent_run_id], "runsHidden": [],
+        "runsVisibilityMap": {}, "runsHiddenMode": "SHOW_ALL", "viewMaximized": False, "runListHidden": False,
+        "isAccordionReordered": False, "useGroupedValuesInCharts": True, "hideEmptyCharts": True, "groupBy": None,
+        "groupsExpanded": {}, "autoRefreshEnabled": True,
+    }
+    return json.dumps(state, separators=(",", ":"))
+
+
+def experiment_url(ui_url: str, experiment_id: str) -> str:
+    """The link to a study's runs table in MLflow 3's UI at ``ui_url``: the "Model training" view (not the GenAI
+    overview), with the objective and the searched knobs as columns (:func:`shared_view`)."""
+    return (f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?viewStateShareKey={SHARED_VIEW}"
+            "&workflowType=machine_learning")
+
+
+def _note(markdown: str) -> str:
+    if len(markdown) <= _MAX_TAG:
+        return markdown
+    return markdown[:_MAX_TAG - 80].rsplit("\n", 1)[0] + "\n\n(cut here: the whole note is in optuna-dashboard)\n"
 
 
 # ---- small helpers ---------------------------------------------------------------------------------

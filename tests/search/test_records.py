@@ -22,7 +22,7 @@ from search.strategy.choice import best_single_launch as best_record
 from search.strategy.view import StudyView
 from search.trial.records import FACTS_ATTR, LevelResult, TrialFacts, records
 from tests.data.make_stored_study import EXPORTED_AT, STUDY
-from tests.fixtures.release import release_metrics_by_level, without_added_sections
+from tests.fixtures.release import release_metrics_by_level, release_params, release_tags, without_added_sections
 from tests.fixtures.trials import make_trial, standard_trials, stored_attrs
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -107,8 +107,10 @@ def test_the_new_record_makes_what_the_old_attrs_made(rewritten: optuna.Study) -
     assert [note_markdown(t) for t in trials] == expected["notes"]
     recs = records(rewritten)
     assert json.loads(json.dumps([r.summary() for r in recs], default=str)) == expected["trials_json"]
-    assert [tracking._params(r) for r in recs] == expected["mlflow_params"]
+    assert [tracking._params(r) for r in recs] == [
+        release_params(p, m) for p, m in zip(expected["mlflow_params"], expected["mlflow_metrics"], strict=True)]
     assert [sorted([k, v, s] for k, v, s in tracking._metrics(r)) for r in recs] == [
         release_metrics_by_level(m, tracking.objective_key(r))
         for m, r in zip(expected["mlflow_metrics"], recs, strict=True)]
-    assert [tracking._tags(STUDY, r) for r in recs] == expected["mlflow_tags"]
+    assert [tracking._tags(STUDY, r) for r in recs] == [
+        release_tags(t, r.role) for t, r in zip(expected["mlflow_tags"], recs, strict=True)]

@@ -22,7 +22,13 @@ from search.outputs.report import report_markdown
 from search.strategy.view import StudyView
 from search.trial.records import TrialFacts, records
 from tests.data.make_stored_study import EXPORTED_AT, STUDY
-from tests.fixtures.release import ADDED_SECTIONS, release_metrics_by_level, without_added_sections
+from tests.fixtures.release import (
+    ADDED_SECTIONS,
+    release_metrics_by_level,
+    release_params,
+    release_tags,
+    without_added_sections,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -67,11 +73,13 @@ def test_trials_json_and_mlflow_content_are_those_of_the_release(study: optuna.S
                                                                   expected: dict[str, Any]) -> None:
     recs = [TrialFacts.from_trial(t) for t in study.get_trials()]
     assert json.loads(json.dumps([r.summary() for r in recs], default=str)) == expected["trials_json"]
-    assert [tracking._params(r) for r in recs] == expected["mlflow_params"]
+    assert [tracking._params(r) for r in recs] == [
+        release_params(p, m) for p, m in zip(expected["mlflow_params"], expected["mlflow_metrics"], strict=True)]
     metrics = [sorted([k, v, step] for k, v, step in tracking._metrics(r)) for r in recs]
     assert metrics == [release_metrics_by_level(m, tracking.objective_key(r))
                        for m, r in zip(expected["mlflow_metrics"], recs, strict=True)]
-    assert [tracking._tags(STUDY, r) for r in recs] == expected["mlflow_tags"]
+    assert [tracking._tags(STUDY, r) for r in recs] == [
+        release_tags(t, r.role) for t, r in zip(expected["mlflow_tags"], recs, strict=True)]
 
 
 # ---- a study stored at 19b29ef (before search/ was split into parts) ------------------------------

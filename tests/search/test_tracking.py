@@ -6,6 +6,7 @@ idempotent; a callback that cannot reach MLflow never stops the study, and ``syn
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -23,8 +24,19 @@ from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import TrialState
 
 from runners.errors import StudyError
-from search.outputs.tracking import HTTP_ENV_DEFAULTS, MlflowTracker, SyncResult
+from runners.telemetry import FailureKind
+from search.outputs.tracking import (
+    HTTP_ENV_DEFAULTS,
+    MlflowTracker,
+    SyncResult,
+    experiment_url,
+    run_name,
+    run_status,
+    shared_view,
+    simulated,
+)
 from search.strategy.view import StudyView
+from search.trial.records import TrialFacts
 from tests.fixtures.mlflow_server import MlflowServer
 from tests.fixtures.ports import free_port
 from tests.fixtures.trials import (
@@ -107,7 +119,11 @@ def test_one_child_run_per_trial(local: Local) -> None:
         "fixed_args": "--tp 4 --trust-remote-code --moe-runner-backend triton", "engine": "sglang",
         "engine_version": "0.5.10", "host": "gpu-a", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": "4",
         "model_path": "/models/Qwen3-30B-A3B",
+        # What the trial was given, not what it measured: params, so that MLflow draws no chart of a constant.
+        "mem.gpu_total_gib": "79.19", "mem.weights_gib": "15.3",
     }
+    assert not [k for k in ok.data.metrics if k in ("mem.gpu_total_gib", "mem.weights_gib")]
+    assert not [k for k in ok.data.metrics if k.endswith((".burstiness", ".seed", ".time_scale"))]
     tags = ok.data.tags
     assert tags["mlflow.parentRunId"] == parent_id
     assert {k: tags[k] for k in ("servetune.study", "servetune.trial", "servetune.state", "servetune.outcome",
@@ -115,6 +131,9 @@ def test_one_child_run_per_trial(local: Local) -> None:
         "servetune.study": "qwen-log", "servetune.trial": "0", "servetune.state": "COMPLETE",
         "servetune.outcome": "ok", "engine": "sglang", "servetune.simulated": "false"}
     assert "servetune.oom_phase" not in tags
+    assert tags["servetune.role"] == "search"
+    # The run's description is the trial's dashboard note.
+    assert tags["mlflow.note.content"].startswith("## Trial 0: COMPLETE")
     # Each level's figures under their own names: a row of the runs table never mixes levels.
     assert {k: v for k, v in ok.data.metrics.items() if k.endswith(("output_throughput", "p99_ttft_ms",
                                                                       "mean_tpot_ms"))} == {
@@ -133,7 +152,8 @@ def test_one_child_run_per_trial(local: Local) -> None:
     assert artifact_names(client, ok) == ARTIFACTS
 
     oom = runs[2]
-    assert oom.info.status == "KILLED"
+    # A launch that died is FAILED (MLflow's KILLED reads as "someone stopped it"); what happened is in its name.
+    assert oom.info.status == "FAILED" and oom.info.run_name == "trial-2 oom"
     assert oom.data.tags["servetune.state"] == "PRUNED"
     assert oom.data.tags["servetune.outcome"] == "oom"
     assert oom.data.tags["servetune.oom_phase"] == "cuda_graph"
@@ -165,6 +185,13 @@ def test_one_child_run_per_trial(local: Local) -> None:
     assert parent.data.metrics["Best.c16.output_throughput_tok_s"] == 2400.0
     assert parent.data.metrics["n_pruned"] == 2 and parent.data.metrics["n_failed"] == 1
     assert parent.data.metrics["n_complete"] == 2 and parent.data.metrics["n_running"] == 1
+    # The chosen configuration as the parent's params (the knobs' own names: the runs table's knob columns), its
+    # figure in the objective's column, servetune's study note as its description.
+    assert parent.data.params == {"choice.trial": "1", "mem_fraction_static": "0.88", "cuda_graph_max_bs": "256",
+                                  "nccl.NCCL_ALGO": "unset"}
+    assert parent.data.metrics["Objective.c16.output_throughput_tok_s"] == 2400.0
+    assert parent.info.run_name == "qwen-log (choice: trial 1)"
+    assert parent.data.tags["mlflow.note.content"].startswith("# servetune's choice for qwen-log")
 
 
 def test_artifacts_from_optuna_store_when_local_dir_is_gone(local: Local, tmp_path: Path) -> None:
@@ -308,3 +335,21 @@ def test_background_logging_drains_every_trial(local: Local) -> None:
     local.tracker.finish_study(StudyView.of(study))  # drains first
     finished = {t.number for t in study.trials if t.state.is_finished()}
     assert set(local.tracker.trial_runs("bg")) == finished
+
+
+def test_statuses_names_and_the_simulated_flag_read_as_what_happened() -> None:
+    ok = TrialFacts(number=1, state=TrialState.COMPLETE, value=10.0, outcome="ok", engine="sim", simulated=True,
+                    params={"mem_fraction_static": 0.8}, objective_metric="output_throughput", objective_level=64)
+    oom = TrialFacts(number=2, state=TrialState.PRUNED, outcome=FailureKind.OOM, engine="sglang")
+    # A skip launched nothing, so its record says nothing of a simulated run: its study's engine does.
+    skip = TrialFacts(number=3, state=TrialState.PRUNED, outcome=FailureKind.PREDICTED_OOM, engine="sim")
+    fail = TrialFacts(number=4, state=TrialState.FAIL, outcome=FailureKind.HOST_BUSY)
+    assert [run_status(r) for r in (ok, oom, skip, fail)] == ["FINISHED", "FAILED", "FINISHED", "FAILED"]
+    assert [run_name(r) for r in (ok, oom, skip)] == ["trial-1", "trial-2 oom", "trial-3 skipped (predicted OOM)"]
+    assert [simulated(r) for r in (ok, oom, skip)] == [True, False, True]
+    view = json.loads(shared_view(ok, "parent-id"))
+    assert view["selectedColumns"][:2] == ["metrics.`Objective.c64.output_throughput_tok_s`",
+                                           "params.`mem_fraction_static`"]
+    assert view["orderByKey"] == "metrics.`Objective.c64.output_throughput_tok_s`" and not view["orderByAsc"]
+    assert experiment_url("http://127.0.0.1:5000/", "7") == (
+        "http://127.0.0.1:5000/#/experiments/7/runs?viewStateShareKey=servetune&workflowType=machine_learning")
