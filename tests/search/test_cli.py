@@ -156,7 +156,12 @@ def test_dry_run_shows_the_first_launches_and_writes_nothing(tmp_path: Path) -> 
     assert labels == ["probe", "start-up 1", "start-up 2"]
     commands = [shlex.split(line) for line in out.splitlines() if line.startswith("  ")]
     assert len(commands) == 3 and all("runners.simhost.server" in c for c in commands)
-    assert "NCCL_ALGO=ring" in commands[1][0]
+    # the first start-up launch is the probe's configuration at the fraction the memory model places from the
+    # probe's figures: said so, never a placeholder value that would not run as shown
+    base = commands[1]
+    assert base[base.index("--mem-fraction-static") + 1] == "<set after the probe>"
+    assert "mem_fraction_static=<set after the probe>" in out and "None" not in out
+    assert "NCCL_ALGO=ring" in commands[2][0]
     assert not db.exists() and not (tmp_path / "artifacts").exists()
     assert "free loopback port" not in out
 
