@@ -12,6 +12,7 @@ from pathlib import Path
 
 from runners.engines import Engine, get_engine
 from runners.errors import ConfigError
+from runners.simhost.profile import ProfileError, load_profile
 from spaces.guards import fixed_args_problem
 from spaces.launch import engine_options
 from spaces.schema import Space, load_space
@@ -23,6 +24,17 @@ _SPELLING_VERSIONS = ("0.0.0", "999.0.0")
 def engine_of(space: Space) -> Engine:
     """The engine a space's trials run on, with the space's options (ask its traits; never compare its name)."""
     return get_engine(space.engine.kind, engine_options(space))
+
+
+def sim_calibration(space: Space) -> str | None:
+    """For a space on the simulated host, what its profile is calibrated to, in one line (None otherwise, or
+    when the profile cannot be read: the run says so itself)."""
+    if space.engine.sim is None:
+        return None
+    try:
+        return load_profile(Path(space.engine.sim.profile)).calibration_line
+    except (OSError, ProfileError):
+        return None
 
 
 def engine_problem(space: Space) -> str | None:

@@ -276,6 +276,14 @@ class SimProfile(_Frozen):
     memory: MemorySpec
     timing: TimingSpec
 
+    @property
+    def calibration_line(self) -> str:
+        """What the profile is calibrated to, in one line: the first clause of its ``calibration`` note (up to
+        the first ``;``), so a reader of absolute figures knows which incident or public figures set them."""
+        text = " ".join(self.calibration.split())
+        first = text.split(";", 1)[0].rstrip(". ")
+        return f"{self.name}: {first}" if first else self.name
+
 
 def checkpoint_json(profile: SimProfile) -> dict[str, object]:
     """The checkpoint the simulated host serves for its model path: a ``config.json`` with the figures the

@@ -319,7 +319,9 @@ def sync_mlflow(study: StudyOpt, storage: StorageOpt = None, mlflow_uri: MlflowO
 def report(
     study: StudyOpt,
     storage: StorageOpt = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "-o", "--output", help="Where to write it ('-': standard output) [default: Markdown to standard output; "
+                               "HTML to STUDY-report.html here].")] = None,
     fmt: Annotated[str, typer.Option("--format", help="md (Markdown) or html (one self-contained file, "
                                                       "with the figures).")] = "md",
 ) -> None:
@@ -332,11 +334,16 @@ def report(
         raise ConfigError(f"--format: {fmt!r} is not one of md, html")
     view = StudyView.of(_open(study, storage))
     text = report_html(view) if fmt == "html" else report_markdown(view)
-    if output is None:
+    if output is None and fmt == "html":
+        # Megabytes of inlined plotly.js are no terminal's business: a file, and its path.
+        output = Path(f"{view.name}-report.html")
+    if output is None or str(output) == "-":
         safe_write(text)
-    else:
-        write_file(output, text)
-        err_console.print(f"wrote {output}")
+        return
+    write_file(output, text)
+    err_console.print(f"wrote {output}")
+    if fmt == "html":
+        sys.stdout.write(f"{output.resolve()}\n")
 
 
 @app.command()

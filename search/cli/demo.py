@@ -23,7 +23,7 @@ from search.cli.views import Progress, print_plan, print_run
 from search.outputs.export import export_script, write_script
 from search.outputs.tracking import MlflowTracker, experiment_url
 from search.settings import Settings, load_settings, study_name
-from search.spaces import load_checked_space
+from search.spaces import load_checked_space, sim_calibration
 from search.storage import open_study
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +50,9 @@ def demo(study: str, n_trials: int | None, console: Console, err_console: Consol
     settings = load_settings()
     space = load_checked_space(ROOT / "spaces" / "demo-sim.yaml")
     budget = n_trials or _resume_budget(settings, study)
+    calibration = sim_calibration(space)
+    if calibration is not None:  # absolute figures read as broken unless one knows what set them
+        print(f"the simulated host is calibrated to {calibration}")
     summary = run_study(space, settings, study_name=study, n_trials=budget, seed=SEED,
                         progress=Progress(console, n_trials=None, metric=space.objective.scored_by, simulated=True),
                         on_start=lambda plan: print_plan(console, plan, simulated=True))

@@ -8,6 +8,7 @@ neither command launches anything or writes to a study.
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from runners.engines.script import render
 from runners.errors import ConfigError
 from runners.simhost.profile import load_profile
 from search.spaces import engine_of
-from search.strategy.design import probe_params, startup_design
+from search.strategy.design import MEMORY_KNOB, probe_params, startup_design
 from search.strategy.distributions import distributions, held_inert, inert_knobs
 from spaces.launch import LaunchConfig, engine_options
 from spaces.nccl import version_text
@@ -82,6 +83,21 @@ def sim_card_mib(space: Space) -> float | None:
         return float(load_profile(Path(space.engine.sim.profile)).host.memory_total_mib)
     except (OSError, ValueError):
         return None
+
+
+CARDS = "<set from the host's cards when the run starts>"
+AFTER_PROBE = "<set after the probe>"
+
+
+def _memory_placed_after_probe(space: Space) -> bool:
+    """The start-up launches' --mem-fraction-static is placed by the memory model from the probe's figures."""
+    return engine_of(space).memory_family == "sglang" and MEMORY_KNOB in distributions(space)
+
+
+def _unknown_memory(command: str, value: Any, words: str) -> str:
+    """``command`` with the memory flag's value replaced by ``words``."""
+    return re.sub(rf"(--mem-fraction-static[ =]){re.escape(str(value))}\b", lambda m: m.group(1) + shlex.quote(words),
+                  command)
 
 
 def _probe_follows_cards(space: Space) -> bool:
@@ -225,13 +241,27 @@ def dry_run(space: Space, *, study: str, hosts: Sequence[str], n_trials: int | N
     ``first - 1`` start-up launches (:func:`search.strategy.distributions.startup_design`), each with its command."""
     launches: list[tuple[str, dict[str, Any], str]] = []
     if existing_trials == 0:
-        plan = [("probe (its --mem-fraction-static is set from the host's cards when the run starts)"
-                 if _probe_follows_cards(space) else "probe", probe_params(space, sim_card_mib(space)))]
-        plan += [(f"start-up {i + 1}", p) for i, p in enumerate(startup_design(space)[:max(0, first - 1)])]
-        for label, params in plan:
+        # What the run sets only once it runs is shown as such, never as a placeholder value: the probe's
+        # memory fraction on a real SGLang host (from the host's cards), and the start-up launches' (placed
+        # by the memory model from the probe's figures).
+        later: list[str | None] = [CARDS if _probe_follows_cards(space) else None]
+        plan = [("probe", probe_params(space, sim_card_mib(space)))]
+        placed = _memory_placed_after_probe(space)
+        # With the memory model, the first start-up launch is the probe's configuration at the fraction the
+        # model places (the base), then one knob at a time from it (search.strategy.design.startup_design).
+        design = ([plan[0][1]] if placed else []) + [p for p in startup_design(space) if not placed
+                                                      or p != plan[0][1]]
+        design = design[:max(0, first - 1)]
+        plan += [(f"start-up {i + 1}", p) for i, p in enumerate(design)]
+        later += [AFTER_PROBE if placed else None] * len(design)
+        for (label, params), unknown in zip(plan, later, strict=True):
             command, env = example_command(space, params)
             exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-            launches.append((label, params, (f"{exports} " if exports else "") + command))
+            command = (f"{exports} " if exports else "") + command
+            if unknown is not None:
+                command = _unknown_memory(command, params[MEMORY_KNOB], unknown)
+                params = {**params, MEMORY_KNOB: unknown}
+            launches.append((label, params, command))
     return DryRun(study=study, hosts=list(hosts), n_trials=n_trials, timeout=timeout, launches=launches,
                   resumed=existing_trials,
                   version_unknown=not space.engine.version and not space.engine.simulated)

@@ -37,6 +37,7 @@ from search.driver.leases import LEASE_TTL, Leases
 from search.driver.pool import HostPool, HostSlot, HostStatus, NoHostsLeft
 from search.driver.signals import Heartbeat, Signals
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL, STORAGE_RETRY, study_name
+from search.spaces import sim_calibration
 from search.storage import artifact_store, create_or_load, open_storage, redact, study_uid
 from search.strategy.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS
 from search.strategy.strategy import Strategy, make_sampler
@@ -44,7 +45,15 @@ from search.strategy.view import StudyView
 from search.strategy.warm import WARM_ATTR, WARM_USED_ATTR, Prior, WarmKey, usable
 from search.trial.objective import Ended, HostChosen, Objective, ProgressHook, TrialEnv, TrialFailed
 from search.trial.preflight import preflight
-from search.trial.records import DEPLOY_ATTR, TrialFacts, mark_interrupted, note_controller, records, write_facts
+from search.trial.records import (
+    DEPLOY_ATTR,
+    SIM_CALIBRATION_ATTR,
+    TrialFacts,
+    mark_interrupted,
+    note_controller,
+    records,
+    write_facts,
+)
 from search.trial.server import ServerEvaluator
 from spaces.schema import Space
 
@@ -389,6 +398,9 @@ def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions,
                            metric_names=space.objective.metric_names)
     study.set_user_attr("space_name", space.name)
     study.set_user_attr("engine", space.engine.kind)
+    calibration = sim_calibration(space)
+    if calibration is not None:
+        study.set_user_attr(SIM_CALIBRATION_ATTR, calibration)
     # What `servetune export --engine` serves with (the GPU box's python, model path, address, port).
     study.set_user_attr(DEPLOY_ATTR, space.deploy.model_dump(mode="json", exclude_defaults=True))
     if options.n_trials is not None:

@@ -26,14 +26,15 @@ from runners.engines.nodes import render_node_script
 from runners.engines.script import render_script
 from runners.errors import ConfigError, validation_line
 from search.files import write_file
+from search.outputs.figures import gpus_used
 from search.outputs.text import THIN_HEADROOM_GIB, terminal_safe
-from search.strategy.choice import choose
+from search.strategy.choice import Choice, choose
 from search.strategy.confirm import origin
 from search.strategy.front import Goal, PickRule, front, parse_rule
 from search.strategy.view import StudyView
 from search.trial.records import DEPLOY_ATTR, LevelResult, TrialFacts
 from spaces.launch import LaunchConfig
-from spaces.schema import Deploy
+from spaces.schema import OBJECTIVE_UNITS, Deploy
 
 __all__ = ["deployment", "export_script", "overridden", "pick_record", "stored_deploy", "write_script"]
 
@@ -74,9 +75,12 @@ def export_script(view: StudyView, *, trial: int | None = None, min_free_gib: fl
         raise ConfigError(f"trial {rec.number} of study {study.study_name!r} has no stored {missing}: "
                           "it cannot be exported")
     bar = min_free_gib if min_free_gib is not None else THIN_HEADROOM_GIB
+    chosen = None if trial is not None else (view.choice if min_free_gib is None and rule is None else choose(
+        view.records, view.goal, min_free_gib=min_free_gib, rule=rule))
     # Comment lines of the script: one line each, nothing in them acts on a terminal that prints the script.
     header = [terminal_safe(line, one_line=True)
-              for line in _header(view, rec, version, bar, now or datetime.now(UTC), rule=rule)]
+              for line in _header(view, rec, version, bar, now or datetime.now(UTC), rule=rule, choice=chosen,
+                                  min_free_gib=min_free_gib)]
     if engine is None:
         return _script(engine_for(launch), launch, version, header)
     if deploy is None:
@@ -271,7 +275,8 @@ def _pareto_lines(view: StudyView, rec: TrialFacts, rule: PickRule | None) -> li
 
 
 def _header(view: StudyView, rec: TrialFacts, version: str, bar: float, now: datetime, *,
-            rule: PickRule | None = None) -> list[str]:
+            rule: PickRule | None = None, choice: Choice | None = None,
+            min_free_gib: float | None = None) -> list[str]:
     sim = " (SIMULATED)" if rec.simulated else ""
     lines = [
         f"servetune export: study {view.name}, trial {rec.number}",
@@ -279,8 +284,9 @@ def _header(view: StudyView, rec: TrialFacts, version: str, bar: float, now: dat
         f"engine: {rec.engine or (rec.launch_config.engine if rec.launch_config else '?')} {version}{sim}",
     ]
     gpu = rec.gpu_name or "unknown GPU"
-    count = rec.gpu_count
-    lines.append(f"GPU: {gpu}" + (f" x {count}" if count else "") + f" on host {rec.host or 'unknown'}")
+    used = gpus_used(rec)  # the GPUs the server held (its TP size), not the host's count
+    host_has = f"; the host has {rec.gpu_count}" if rec.gpu_count and rec.gpu_count != used else ""
+    lines.append(f"GPU: {gpu} x {used}{host_has} on host {rec.host or 'unknown'}")
     if rec.simulated:
         lines.append("NOTE: every figure below is SIMULATED (servetune's simulated GPU host), not measured "
                      "on real hardware")
@@ -292,8 +298,17 @@ def _header(view: StudyView, rec: TrialFacts, version: str, bar: float, now: dat
         level = rec.objective_level
         at = f" at concurrency {level}" if level is not None else ""
         value = f"{rec.value:.2f}" if rec.value is not None else "?"
-        lines.append(f"objective: {metric}{at} = {value} ({view.direction.name.lower()})")
-    lines.append(_launches_line(view, rec.number, goal.metrics[0] if goal.pareto else "objective"))
+        unit = OBJECTIVE_UNITS.get(metric, "")
+        # The one figure servetune reports for it, and what it is the median of.
+        lines.append(f"objective: {metric}{at} = {value}{' ' + unit if unit else ''} ({_basis(choice, rec)}; "
+                     f"{view.direction.name.lower()})")
+    lines.append(_launches_line(view, rec.number))
+    if min_free_gib is not None and choice is not None:
+        excluded = ", ".join(str(n) for n in choice.excluded)
+        lines.append(f"--min-free-gib {min_free_gib:g}: " + (
+            f"excluded trial(s) {excluded}, which rank above it but kept less than {min_free_gib:g} GiB free "
+            "after CUDA graph capture" if excluded else
+            "excluded no configuration that ranks above it"))
     lines.append("measured" + (" (simulated)" if rec.simulated else "") + " per concurrency level:")
     for level_row in sorted(rec.levels, key=lambda lv: lv.max_concurrency or 0):
         lines.append("  " + _level_line(level_row))
@@ -312,8 +327,19 @@ def _header(view: StudyView, rec: TrialFacts, version: str, bar: float, now: dat
     return [" ".join(line.splitlines()) for line in lines]
 
 
-def _launches_line(view: StudyView, number: int, metric: str = "objective") -> str:
-    """Over how many launches the figures hold (the trial and its confirmation repeats)."""
+def _basis(choice: Choice | None, rec: TrialFacts) -> str:
+    """What the exported figure is: the median the choice reports, or one launch's."""
+    confirmed = choice.confirmed if choice is not None and choice.number == rec.number else None
+    if confirmed is not None and confirmed.final:
+        return f"median of the {confirmed.final} launches made after it was chosen"
+    if confirmed is not None and confirmed.launches > 1:
+        return f"median of its {confirmed.launches} launches"
+    return "one launch"
+
+
+def _launches_line(view: StudyView, number: int) -> str:
+    """Over how many launches the figures hold (the trial and its confirmation repeats): how many, deaths,
+    spread; the figure itself is the objective line's, printed once."""
     runs = view.launches_of(number)
     values = [t.value for t in runs if t.value is not None]
     if len(runs) <= 1:
@@ -322,8 +348,7 @@ def _launches_line(view: StudyView, number: int, metric: str = "objective") -> s
     med = statistics.median(values) if values else float("nan")
     spread = (max(values) - min(values)) / med if values and med else 0.0
     return (f"launches of this configuration: {len(runs)} (trials {', '.join(str(t.number) for t in runs)}), "
-            f"{died} died; {metric} median {med:.2f}, run-to-run spread {spread:.1%}; levels below are "
-            f"trial {number}'s")
+            f"{died} died, run-to-run spread {spread:.1%}; levels below are trial {number}'s")
 
 
 def _level_line(level: LevelResult) -> str:

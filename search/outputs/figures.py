@@ -95,6 +95,12 @@ GRAPH_KNOBS = ("cuda_graph_max_bs", "cuda_graph_sizes", "max_num_seqs")
 
 _OOM_PHASES = {"kv_pool", "cuda_graph", "prefill", "decode"}
 
+#: Every figure's legend: below everything, anchored to the figure's own bottom edge (``yref="container"``),
+#: so the plot area and its axis titles make room for it at any width instead of a fixed offset under the
+#: plot that a wrapped legend or a two-line tick label runs into.
+BELOW: dict[str, Any] = {"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom",
+                         "xref": "container", "x": 0, "xanchor": "left"}
+
 
 @dataclass(frozen=True)
 class Boundary:
@@ -203,8 +209,13 @@ def oom_map(recs: Sequence[TrialFacts], *, x: str | None = None, y: str | None =
         title=f"Where configurations die{_simulated(recs)}<br>"
               f"<sup>one mark per trial; a surviving mark's size = {metric}{at}</sup>",
         xaxis_title=x, yaxis_title=y, margin={"t": 70, "r": 20},
-        legend={"orientation": "h", "yanchor": "top", "y": -0.18, "xanchor": "left", "x": 0},
+        legend=BELOW,
     )
+    for axis, knob in (("xaxis", x), ("yaxis", y)):  # a size knob of a few levels ticks at the levels tried
+        levels = sorted({int(v) for r in placed if isinstance(v := r.knob_value(knob), int)
+                         and not isinstance(v, bool)})
+        if 1 < len(levels) <= 12:
+            fig.update_layout({axis: {"tickvals": levels, "ticktext": [str(v) for v in levels]}})
     return _styled(fig)
 
 
@@ -265,10 +276,10 @@ LADDER = (
     ("weights_gib", "weights", "#1f77b4"),
     ("kv_gib", "KV pool", "#9467bd"),
     ("graph_gib", "graph pool", "#d62728"),
-    ("other_gib", "other (activations, runtime)", "#ff7f0e"),
+    ("other_gib", "other (runtime)", "#ff7f0e"),
     ("free_after_capture_gib", "free after capture", "#2ca02c"),
-    ("in_use_at_oom_gib", "in use when it died (working set)", "#ffbb78"),
-    ("free_at_oom_gib", "free when it died", "#98df8a"),
+    ("in_use_at_oom_gib", "in use at death", "#ffbb78"),
+    ("free_at_oom_gib", "free at death", "#98df8a"),
 )
 
 
@@ -347,7 +358,7 @@ def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = No
     if tried:
         fig.add_trace(go.Bar(
             y=[t[0] for t in tried], x=[t[1] for t in tried], base=[t[2] for t in tried],
-            name="allocation that failed (OOM)",
+            name="failed allocation",
             orientation="h", marker={"color": "rgba(0,0,0,0)", "line": {"color": "#d62728", "width": 2},
                                      "pattern": {"shape": "x", "fgcolor": "#d62728"}},
             hovertemplate="tried to allocate %{x:.2f} GiB<extra></extra>",
@@ -364,29 +375,33 @@ def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = No
     if peaks:
         fig.add_trace(go.Scatter(
             y=[p[0] for p in peaks], x=[p[1] for p in peaks], mode="markers",
-            name="peak used under load (nvidia-smi)",
+            name="peak under load (smi)",
             marker={"symbol": "diamond", "size": 12, "color": "black"},
             hovertemplate="peak used under load (nvidia-smi): %{x:.2f} GiB<extra></extra>",
         ))
     if deaths:
         fig.add_trace(go.Scatter(
             y=[d[0] for d in deaths], x=[d[1] for d in deaths], mode="markers",
-            name="in use when it died (OOM message)",
+            name="in use at death (OOM msg)",
             marker={"symbol": "diamond-open", "size": 12, "color": "#d62728", "line": {"width": 2}},
             hovertemplate="in use when it died (OOM message): %{x:.2f} GiB<extra></extra>",
         ))
-    ooms = [(label, r) for label, r in zip(labels, shown, strict=True) if r.label == "oom"]
-    for label, rec in ooms:
+    # How each shown trial died, as subtitle lines (an annotation inside the plot is clipped at a card's width).
+    notes: list[str] = []
+    for label, rec in zip(labels, shown, strict=True):
         asked, free = rec.memory.tried_to_allocate_gib, rec.memory.free_at_oom_gib
-        if _is_number(asked):
-            what = allocation_text(float(asked), float(free)) if _is_number(free) else \
-                f"tried to allocate {float(asked):.2f} GiB"
-            note = f"; {missed[label]}" if label in missed else ""
-            fig.add_annotation(y=label, x=0, xanchor="left", showarrow=False, yshift=-22,
-                               text=f"died in {rec.oom_phase or 'an unknown phase'}: {what}{note}")
+        if rec.label != "oom" or not _is_number(asked):
+            continue
+        what = allocation_text(float(asked), float(free)) if _is_number(free) else \
+            f"tried to allocate {float(asked):.2f} GiB"
+        notes.append(f"trial {rec.number} died in {rec.oom_phase or 'an unknown phase'}: {what}")
+        if label in missed:
+            notes.append(f"trial {rec.number}: {missed[label]}")
+    subtitle = "<br><sup>" + "<br>".join(notes) + "</sup>" if notes else ""
     fig.update_layout(
-        barmode="stack", title=f"Memory ladder, GiB per GPU{_simulated(recs)}", xaxis_title="GiB per GPU",
-        legend={"orientation": "h", "yanchor": "top", "y": -0.2},
+        barmode="stack", title=f"Memory ladder, GiB per GPU{_simulated(recs)}{subtitle}",
+        xaxis_title="GiB per GPU", legend={**BELOW, "traceorder": "normal"},
+        margin={"t": 70 + 14 * len(notes)},
     )
     fig.update_yaxes(autorange="reversed", type="category")
     return _styled(fig)
@@ -479,16 +494,21 @@ def concurrency_curves(recs: Sequence[TrialFacts], *, k: int = 5,
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("output throughput (tok/s)", "p99 TPOT (ms)"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("output throughput (tok/s)", "p99 TPOT (ms)"),
+                        horizontal_spacing=0.16)
     palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
     shown = list(chosen)[:k] if chosen is not None else top_records(recs, direction, k)
     groups = _configuration_launches(recs)
     measured: set[int] = set()
+    # A legend entry names the knobs that tell the lines apart (all of them for one line), so it fits a
+    # dashboard card.
+    varying = sorted({p for r in shown for p in r.params if len({_fmt(s.params.get(p)) for s in shown}) > 1}) \
+        if len(shown) > 1 else sorted({p for r in shown for p in r.params})
     for i, rec in enumerate(shown):
         launches = groups.get(origin(rec)) or [rec]
-        runs = f" (median of {len(launches)} launches)" if len(launches) > 1 else " (1 launch)"
+        runs = f" (median of {len(launches)})" if len(launches) > 1 else " (1 launch)"
         name = (f"trial {origin(rec)}{runs}: "
-                + ", ".join(f"{_short(p)}={_fmt(v)}" for p, v in sorted(rec.params.items())))
+                + ", ".join(f"{_short(p)}={_fmt(rec.params.get(p))}" for p in varying))
         colour = palette[i % len(palette)]
         for col, metric in ((1, "output_throughput"), (2, "p99_tpot_ms")):
             pts = _median_levels(launches, metric)
@@ -499,12 +519,14 @@ def concurrency_curves(recs: Sequence[TrialFacts], *, k: int = 5,
                 hovertemplate=f"trial {origin(rec)}, C=%{{x}}: %{{y:.1f}} {_unit(metric)}<extra></extra>",
             ), row=1, col=col)
     ticks = sorted(measured)
-    fig.update_xaxes(title_text="concurrency (requests in flight)", type="log", tickvals=ticks,
+    fig.update_xaxes(title_text="concurrency", type="log", tickvals=ticks,
                      ticktext=[str(c) for c in ticks], minor={"showgrid": False, "ticks": ""})
     fig.update_yaxes(title_text="tok/s", row=1, col=1)
     fig.update_yaxes(title_text="ms", row=1, col=2)
-    fig.update_layout(title=f"Top configurations against concurrency{_simulated(recs)}",
-                      legend={"orientation": "h", "yanchor": "top", "y": -0.25})
+    fig.update_layout(title=f"Top configurations against concurrency{_simulated(recs)}<br>"
+                            "<sup>concurrency: requests in flight; each point the median of a configuration's "
+                            "launches</sup>", margin={"t": 80},
+                      legend=BELOW)
     return _styled(fig)
 
 
@@ -569,7 +591,8 @@ def progress_figure(recs: Sequence[TrialFacts], *,
     points = progress_points(recs, direction)
     simulated = any(r.simulated for r in recs)
     minutes = "simulated GPU-minutes" if simulated else "GPU-minutes"
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("against server launches", f"against {minutes}"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("by server launches", f"by {minutes}"),
+                        horizontal_spacing=0.16)
     for col, key in ((1, "launch"), (2, "gpu_minutes")):
         fig.add_trace(go.Scatter(
             x=[p[key] for p in points], y=[p["best"] for p in points], mode="lines+markers",
@@ -586,12 +609,12 @@ def progress_figure(recs: Sequence[TrialFacts], *,
         ), row=1, col=col)
     unit = _unit(metric)
     at = f" at C={level}" if level is not None else ""
-    fig.update_xaxes(title_text="server launches", row=1, col=1)
-    fig.update_xaxes(title_text="simulated GPU-minutes (simulated time x GPUs held)" if simulated
-                     else "GPU-minutes (trial wall time x GPUs it held)", row=1, col=2)
+    fig.update_xaxes(title_text="launches", row=1, col=1)
+    fig.update_xaxes(title_text=minutes, row=1, col=2)
     fig.update_yaxes(title_text=f"best {metric}{at}" + (f" ({unit})" if unit else ""), row=1, col=1)
-    fig.update_layout(title=f"Search progress{_simulated(recs)}",
-                      legend={"orientation": "h", "yanchor": "top", "y": -0.25})
+    held = "simulated time x GPUs held" if simulated else "trial wall time x GPUs held"
+    fig.update_layout(title=f"Search progress{_simulated(recs)}<br><sup>{minutes}: {held}</sup>", margin={"t": 80},
+                      legend=BELOW)
     return _styled(fig)
 
 
@@ -722,7 +745,7 @@ def slo_rate_search(recs: Sequence[TrialFacts]) -> go.Figure:
     fig.update_yaxes(title_text="figure / limit, for the limit nearest to breaking",
                      range=[0, top * 1.08])
     fig.update_layout(title=f"SLO rate search per trial ({held}){_simulated(recs)}",
-                      legend={"orientation": "h", "yanchor": "top", "y": -0.2})
+                      legend=BELOW)
     return _styled(fig)
 
 
@@ -772,7 +795,7 @@ def pareto_front(recs: Sequence[TrialFacts], goal: Goal, knee: TrialFacts | None
               f"(median of its launches){more}</sup>",
         xaxis_title=f"{x_name} ({_unit(x_name)})" if _unit(x_name) else x_name,
         yaxis_title=f"{y_name} ({_unit(y_name)})" if _unit(y_name) else y_name,
-        margin={"t": 70, "r": 20}, legend={"orientation": "h", "yanchor": "top", "y": -0.18},
+        margin={"t": 70, "r": 20}, legend=BELOW,
     )
     return _styled(fig)
 

@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial
 from search._optuna_compat import note_target
 from search.outputs.dashboard import save_note
 from search.outputs.explain import optuna_best, study_note_markdown, why_not
-from search.outputs.text import THIN_HEADROOM_GIB, fmt, levels_table, memory_table
+from search.outputs.text import THIN_HEADROOM_GIB, figure_text, fmt, levels_table, memory_table, unit
 from search.strategy.view import StudyView
 from search.trial.records import TrialFacts
 
@@ -72,8 +72,10 @@ def note_markdown(trial: FrozenTrial, view: StudyView | None = None) -> str:
     facts = [
         f"**outcome** `{rec.label}`",
         f"**phase** `{phase}`" if phase else "",
-        (", ".join(f"**{m}** {v:g}" for m, v in zip(rec.objective_metrics or (), rec.values, strict=False))
-         if rec.values is not None else f"**value** {rec.value:g}" if rec.value is not None else ""),
+        (", ".join(f"**{m}** {v:g} {unit(m)}".rstrip() for m, v in zip(rec.objective_metrics or (), rec.values,
+                                                                          strict=False))
+         if rec.values is not None else f"**value** {figure_text(rec.value, rec.objective_metric, rec.objective_level)}"
+         if rec.value is not None else ""),
         f"host `{rec.host}`" if rec.host else "",
         f"{rec.gpu_name} x {rec.gpu_count}" if rec.gpu_name else "",
         f"{rec.engine} {rec.engine_version or ''}".strip() if rec.engine else "",
@@ -113,10 +115,35 @@ def _choice_section(rec: TrialFacts, view: StudyView | None) -> list[str]:
     return []
 
 
+#: What tells one tensor-parallel rank's copy of a line from another's: SGLang's ``[time TPn]`` prefix, and
+#: PyTorch's ``GPU n`` in an OOM message.
+_RANK = re.compile(r"^\[[^\]]*?\bTP(\d+)\]\s*|\bGPU (\d+)\b")
+
+
 def oom_lines(log_tail: str) -> list[str]:
-    """The lines of a log tail that speak of running out of memory (the last few, ``\\r`` fragments split)."""
+    """The lines of a log tail that speak of running out of memory (the last few, ``\\r`` fragments split),
+    each once: a line every rank logged is shown once, with the ranks that logged it (``on ranks 0-3``)."""
     found = [line.rstrip() for line in re.split(r"[\r\n]+", log_tail) if _OOM_LINE.search(line)]
-    return [line.replace("```", "'''") for line in found[-_MAX_OOM_LINES:]]
+    order: list[str] = []
+    ranks: dict[str, set[int]] = {}
+    first: dict[str, str] = {}
+    for line in found:
+        key = _RANK.sub(lambda m: "" if m.group(1) is not None else "GPU #", line).strip()
+        seen = {int(g) for m in _RANK.finditer(line) for g in m.groups() if g is not None}
+        if key not in ranks:
+            order.append(key)
+            ranks[key] = set()
+            first[key] = line
+        ranks[key] |= seen
+    out = []
+    for key in order[-_MAX_OOM_LINES:]:
+        on = sorted(ranks[key])
+        text = first[key]
+        if len(on) > 1:
+            span = f"{on[0]}\u2013{on[-1]}" if on == list(range(on[0], on[-1] + 1)) else ", ".join(map(str, on))
+            text += f"  [on ranks {span}]"
+        out.append(text.replace("```", "'''"))
+    return out
 
 
 class NotesCallback:

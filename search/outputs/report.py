@@ -35,7 +35,7 @@ from search.strategy.confirm import origin
 from search.strategy.front import Goal
 from search.strategy.view import StudyView
 from search.strategy.warm import WARM_USED_ATTR
-from search.trial.records import TrialFacts, value_text
+from search.trial.records import SIM_CALIBRATION_ATTR, TrialFacts, value_text
 
 __all__ = ["LIMIT_WORDS", "report_markdown", "report_parts"]
 
@@ -58,6 +58,9 @@ def report_parts(view: StudyView) -> tuple[list[str], list[str]]:
         head += [target, ""]
     if any(r.simulated for r in recs):
         head += ["> Figures marked simulated come from the simulated GPU host, not from real hardware.", ""]
+        calibration = view.study.user_attrs.get(SIM_CALIBRATION_ATTR)
+        if isinstance(calibration, str) and calibration:
+            head += [f"> The simulated host is calibrated to {calibration}.", ""]
     head += _verdict_section(view)
     head += ["## How the winner was chosen", "", *screened_table(view), ""]
     body = _warm_section(view)

@@ -9,7 +9,7 @@ from runners.printable import printable
 from search.trial.records import LevelResult
 
 __all__ = ["MEMORY_LABELS", "THIN_HEADROOM_GIB", "cell", "escape", "figure_text", "fmt", "format_duration",
-           "is_number", "levels_table", "memory_table", "short", "sort_key", "terminal_safe", "unit"]
+           "is_number", "levels_table", "memory_label", "memory_table", "short", "sort_key", "terminal_safe", "unit"]
 
 #: Free GPU memory after CUDA graph capture below which a configuration is called thin (seed 001: 0.82 GB
 #: of headroom was a crash waiting for a prefill burst).
@@ -34,7 +34,8 @@ MEMORY_LABELS: dict[str, str] = {
     "oom_phase": "OOM phase",
     "tried_to_allocate_gib": "OOM: tried to allocate (GiB)",
     "free_at_oom_gib": "OOM: free at the time (GiB)",
-    "smi_peak_used_mib": "nvidia-smi peak used (MiB)",
+    "smi_peak_used_mib": "nvidia-smi peak used under load (GiB)",
+    "sim_speed": "simulated host's speed (simulated s per wall s)",
 }
 
 
@@ -56,7 +57,10 @@ def memory_table(memory: dict[str, Any]) -> list[str]:
     order = list(MEMORY_LABELS)
     keys = sorted(memory, key=lambda k: (order.index(k) if k in order else len(order), k))
     out = ["| figure | value |", "|---|---:|"]
-    out += [f"| {MEMORY_LABELS.get(k, k)} | {cell(memory[k])} |" for k in keys]
+    # One unit for sizes (GiB: a MiB figure is converted) and words for an engine's own keys.
+    for k in keys:
+        value = memory[k] / 1024 if k.endswith("_mib") and is_number(memory[k]) else memory[k]
+        out.append(f"| {memory_label(k)} | {cell(value)} |")
     return out
 
 
@@ -67,6 +71,16 @@ def terminal_safe(text: str, *, one_line: bool = False) -> str:
     The one sanitiser of every output: the command line's consoles and plain writes, the Markdown and HTML
     reports, status and export. ``one_line``: newline and tab are escaped too (a comment line of a script)."""
     return printable(text, newlines=not one_line)
+
+
+def memory_label(key: str) -> str:
+    """A memory figure's label: :data:`MEMORY_LABELS`, else its name in words with its unit (MiB shown as GiB)."""
+    if key in MEMORY_LABELS:
+        return MEMORY_LABELS[key]
+    for suffix, shown in (("_gib", "GiB"), ("_mib", "GiB"), ("_bytes", "bytes"), ("_s", "s")):
+        if key.endswith(suffix):
+            return f"{key.removesuffix(suffix).replace('_', ' ')} ({shown})"
+    return key.replace("_", " ")
 
 
 def format_duration(seconds: float) -> str:

@@ -69,6 +69,8 @@ __all__ = [
 FACTS_ATTR = "servetune.facts"
 #: The study's user attr with the space's ``deploy`` section (what ``export --engine`` serves with).
 DEPLOY_ATTR = "servetune.deploy"
+#: The study's user attr that says, in one line, what a simulated host's profile is calibrated to.
+SIM_CALIBRATION_ATTR = "servetune.sim_calibration"
 #: The user attrs optuna-dashboard shows in its table besides the record (written from it).
 DASHBOARD_ATTRS = ("host", "outcome", "phase", "reason", "duplicate_of")
 #: Prefix of the memory figures in studies of servetune 0.1.0 (``mem.free_after_capture_gib``...); also the

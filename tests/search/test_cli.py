@@ -167,7 +167,12 @@ def test_dry_run_shows_the_first_launches_and_writes_nothing(tmp_path: Path) -> 
     assert labels == ["probe", "start-up 1", "start-up 2"]
     commands = [shlex.split(line) for line in out.splitlines() if line.startswith("  ")]
     assert len(commands) == 3 and all("runners.simhost.server" in c for c in commands)
-    assert "NCCL_ALGO=ring" in commands[1][0]
+    # the first start-up launch is the probe's configuration at the fraction the memory model places from the
+    # probe's figures: said so, never a placeholder value that would not run as shown
+    base = commands[1]
+    assert base[base.index("--mem-fraction-static") + 1] == "<set after the probe>"
+    assert "mem_fraction_static=<set after the probe>" in out and "None" not in out
+    assert "NCCL_ALGO=ring" in commands[2][0]
     assert not db.exists() and not (tmp_path / "artifacts").exists()
     assert "free loopback port" not in out
 
@@ -472,3 +477,14 @@ def test_the_live_head_counts_the_search_against_its_budget_and_the_rest_apart(t
     assert "search 8 of 8" in head and "confirmations 3" in head  # never "done 11 of 8"
     assert "11 of 8" not in head
     assert "tok/s (output_throughput at C=16) (trial " in head  # the best with its metric and unit
+
+
+def test_an_html_report_without_output_is_a_file_and_its_path(sim_study: tuple[str, optuna.Study],
+                                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url, _ = sim_study
+    monkeypatch.chdir(tmp_path)
+    code, out = invoke("report", "--study", "demo-sim-dsv4", "--storage", url, "--format", "html")
+    assert code == 0, out
+    written = tmp_path / "demo-sim-dsv4-report.html"
+    assert written.is_file() and written.read_text().startswith("<!DOCTYPE html>")
+    assert str(written) in out and "<html" not in out and len(out) < 2000  # a path, not megabytes of page

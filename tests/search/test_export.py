@@ -16,7 +16,7 @@ from runners.errors import ConfigError
 from search.outputs.export import export_script
 from search.strategy.view import StudyView
 from search.trial.records import TrialFacts
-from tests.fixtures.trials import build_study, level, make_trial, stored_attrs
+from tests.fixtures.trials import build_study, level, make_trial, standard_trials, stored_attrs
 
 NOW = datetime(2026, 11, 29, 7, 30, tzinfo=UTC)
 
@@ -54,7 +54,7 @@ def test_script_is_exactly_what_trial_0_ran(study: optuna.Study, tmp_path: Path)
     assert "# exported 2026-11-29T07:30:00+00:00\n" in script
     assert "# engine: sglang 0.5.10\n" in script
     assert "# GPU: NVIDIA H100 80GB HBM3 x 4 on host gpu-a\n" in script
-    assert "# objective: output_throughput at concurrency 16 = 2100.00 (maximize)\n" in script
+    assert "# objective: output_throughput at concurrency 16 = 2100.00 tok/s (one launch; maximize)\n" in script
     assert "#   c=1: output 180.0 tok/s, 0.70 req/s, TTFT mean 40.0 ms, p99 90.0 ms, TPOT mean 5.25 ms, " \
            "p99 9.50 ms\n" in script
     assert "#   c=16: output 2100.0 tok/s" in script
@@ -135,3 +135,16 @@ def test_trial_without_launch_config(tmp_path: Path) -> None:
     study = build_study(f"sqlite:///{tmp_path / 'o.db'}", "old", [trial])
     with pytest.raises(ConfigError, match="trial 0 of study 'old' has no stored launch_config"):
         export_script(StudyView.of(study))
+
+
+def test_the_header_says_what_min_free_gib_excluded_and_the_gpus_the_server_held(tmp_path: Path) -> None:
+    trials = standard_trials()
+    # trial 0 ran with --tp 4 on a host of 8 GPUs
+    facts = TrialFacts.from_trial(trials[0])
+    trials[0].user_attrs = stored_attrs(facts.model_copy(update={"gpu_count": 8}))
+    view = StudyView.of(build_study(f"sqlite:///{tmp_path / 'e.db'}", "bar", trials))
+    header = [line for line in export_script(view, min_free_gib=2.0, now=NOW).splitlines() if line.startswith("# ")]
+    assert header[0] == "# servetune export: study bar, trial 0"  # trial 1 ranks first but kept 0.82 GiB
+    assert ("# --min-free-gib 2: excluded trial(s) 1, which rank above it but kept less than 2 GiB free after CUDA "
+            "graph capture") in header
+    assert "# GPU: NVIDIA H100 80GB HBM3 x 4; the host has 8 on host gpu-a" in header

@@ -121,7 +121,7 @@ def test_memory_ladder_of_the_best_and_the_last_oom(study: optuna.Study) -> None
     assert bars["free after capture"] == [0.82, 1.2]
     total = next(t for t in fig.data if t.name == "GPU total")
     assert list(total.x) == [79.19, 79.19]
-    peak = next(t for t in fig.data if t.name == "peak used under load (nvidia-smi)")
+    peak = next(t for t in fig.data if t.name == "peak under load (smi)")
     assert list(peak.y) == ["trial 3 (OOM in decode)"] and peak.x[0] == pytest.approx(80900 / 1024)
     # With every figure known, "other" is what the GPU's total leaves.
     segments = ladder_segments(recs[0])
@@ -129,7 +129,7 @@ def test_memory_ladder_of_the_best_and_the_last_oom(study: optuna.Study) -> None
     assert list(memory_ladder(recs, [0]).data[0].y) == ["trial 0 (ok)"]
     # Trial 2 died in graph capture asking 3.94 GiB with 2.80 GiB free: the failed allocation starts where
     # the free memory did and ends past the GPU's total.
-    failed = next(t for t in memory_ladder(recs, [2]).data if t.name == "allocation that failed (OOM)")
+    failed = next(t for t in memory_ladder(recs, [2]).data if t.name == "failed allocation")
     assert failed.base[0] == pytest.approx(79.19 - 2.8) and failed.x[0] == 3.94
 
 
@@ -149,20 +149,20 @@ def test_an_oom_trial_is_drawn_as_it_stood_when_it_died() -> None:
     fig = memory_ladder([rec], [rec.number])
     bars = {t.name: list(t.x) for t in fig.data if t.type == "bar"}
     # the failed allocation starts where the free memory at the OOM starts: the end of the stacked bars
-    # before the "free when it died" segment, and runs past the total by what did not fit
-    failed = next(t for t in fig.data if t.name == "allocation that failed (OOM)")
-    before_free = sum(v[0] for k, v in bars.items() if k not in ("free when it died", "allocation that failed (OOM)"))
+    # before the "free at death" segment, and runs past the total by what did not fit
+    failed = next(t for t in fig.data if t.name == "failed allocation")
+    before_free = sum(v[0] for k, v in bars.items() if k not in ("free at death", "failed allocation"))
     assert failed.base[0] == pytest.approx(before_free) == pytest.approx(79.19 - 2.8)
-    assert not [t for t in fig.data if t.name == "peak used under load (nvidia-smi)"]
-    death = next(t for t in fig.data if t.name == "in use when it died (OOM message)")
+    assert not [t for t in fig.data if t.name == "peak under load (smi)"]
+    death = next(t for t in fig.data if t.name == "in use at death (OOM msg)")
     assert death.x[0] == pytest.approx(79.19 - 2.8)
-    note = fig.layout.annotations[0].text
-    assert "tried to allocate 3.94 GiB with 2.80 GiB free" in note and "missed the death" in note
+    note = fig.layout.title.text
+    assert "died in decode: tried to allocate 3.94 GiB with 2.80 GiB free" in note and "missed the death" in note
     # a fragmented heap: less asked than was free in all
     frag = make_trial(state=TrialState.PRUNED, mfs=0.72, cgbs=64, outcome="oom", phase="decode",
                       memory={"gpu_total_gib": 79.19, "tried_to_allocate_gib": 0.87, "free_at_oom_gib": 1.78})
     frag_rec = TrialFacts.from_trial(frag)
-    text = memory_ladder([frag_rec], [frag_rec.number]).layout.annotations[0].text
+    text = memory_ladder([frag_rec], [frag_rec.number]).layout.title.text
     assert "largest free block is smaller (fragmentation)" in text and "no nvidia-smi sample under load" in text
 
 
@@ -189,8 +189,8 @@ def test_top_configurations_list_each_configuration_once_by_its_median(tmp_path:
     recs = records(build_study(f"sqlite:///{tmp_path / 't.db'}", "top", trials))
     fig = concurrency_curves(recs, k=5)
     named = [t.name for t in fig.data if t.showlegend]
-    assert [n.split(":")[0] for n in named] == ["trial 0 (median of 3 launches)", "trial 1 (1 launch)",
-                                                "trial 2 (median of 3 launches)"]
+    assert [n.split(":")[0] for n in named] == ["trial 0 (median of 3)", "trial 1 (1 launch)",
+                                                "trial 2 (median of 3)"]
     top = next(t for t in fig.data if t.name == named[0])
     assert list(top.y) == [220.0, 2200.0]  # the medians per level
     # the concurrency axis ticks at the measured levels only, no minor ticks between them
@@ -220,7 +220,8 @@ def test_gpu_minutes_of_a_simulated_host_are_simulated_time() -> None:
     assert progress_points([rec], optuna.study.StudyDirection.MAXIMIZE)[0]["gpu_minutes"] == pytest.approx(
         (9550 + 60) * 4 / 60)
     fig = progress_figure([rec])
-    assert fig.layout.xaxis2.title.text == "simulated GPU-minutes (simulated time x GPUs held)"
+    assert fig.layout.xaxis2.title.text == "simulated GPU-minutes"
+    assert "simulated GPU-minutes: simulated time x GPUs held" in fig.layout.title.text
     real = TrialFacts.from_trial(make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=64, value=1.0, duration_s=120))
     assert trial_seconds(real) == 120
 

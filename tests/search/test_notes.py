@@ -9,13 +9,16 @@ from pathlib import Path
 
 import optuna
 import pytest
+from optuna.trial import TrialState
 from optuna_dashboard._note import get_note_from_system_attrs
 
 from search._optuna_compat import storage_of, study_id, trial_id
 from search.outputs import notes
 from search.outputs.notes import note_markdown, notes_callback, oom_lines, write_note
 from search.strategy.view import StudyView
-from tests.fixtures.trials import OOM_CUDA_GRAPH_TAIL, optuna_callback
+from tests.fixtures.trials import OOM_CUDA_GRAPH_TAIL, level, make_trial, optuna_callback
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def read_note(study: optuna.Study, number: int) -> str:
@@ -120,3 +123,20 @@ def test_notes_and_figures_are_saved_without_the_dashboards_web_app(tmp_path: Pa
     stored = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path}/s.db")
     attrs = storage_of(stored).get_study_system_attrs(study_id(stored))
     assert any(key.startswith("dashboard:plot_data:") for key in attrs)
+
+
+def test_an_oom_line_every_rank_logged_is_shown_once_with_its_ranks() -> None:
+    tail = (REPO / "tests" / "data" / "logs" / "sim-capture-oom.log").read_text()
+    lines = oom_lines(tail)
+    torch_lines = [line for line in lines if line.startswith("torch.OutOfMemoryError")]
+    assert len(torch_lines) == 1 and torch_lines[0].endswith("[on ranks 0\u20133]")
+    assert len(lines) == len(set(lines))
+
+
+def test_a_note_gives_the_value_with_its_metric_and_unit_and_memory_in_gib() -> None:
+    trial = make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=64, value=28.71, levels=[level(16, 28.71)],
+                       memory={"smi_peak_used_mib": 80900.0, "sim_speed": 100, "engine_pool_gib": 1.5})
+    body = note_markdown(trial)
+    assert "**value** 28.7 tok/s (output_throughput at C=16)" in body
+    assert "| nvidia-smi peak used under load (GiB) | 79.00 |" in body
+    assert "| engine pool (GiB) | 1.50 |" in body and "MiB" not in body

@@ -65,7 +65,16 @@ def test_every_output_names_the_one_choice(view: StudyView, tmp_path: Path) -> N
 
     header = [line for line in export_script(view).splitlines() if line.startswith("# ")]
     assert header[0] == "# servetune export: study choice, trial 0"
-    assert f"# objective: output_throughput at concurrency 16 = {reported:.2f} (maximize)" in header
+    assert (f"# objective: output_throughput at concurrency 16 = {reported:.2f} tok/s (median of the 3 launches "
+            "made after it was chosen; maximize)") in header
+    # one figure in the header: the launches line counts and spreads, it gives no second median
+    assert sum(f"{v:.2f}" in " ".join(header) for v in {reported, statistics.median([2200.0, 2230.0, *FINALS])}
+               if v != reported) == 0
+    assert "median" not in next(line for line in header if line.startswith("# launches of this configuration"))
+    # what --min-free-gib excluded: trial 2 (2500) ranks above trial 0 but kept 4.0 GiB only
+    bar = [line for line in export_script(view, min_free_gib=5.0 - 1.5).splitlines()
+           if line.startswith("# --min-free-gib")]
+    assert bar == ["# --min-free-gib 3.5: excluded no configuration that ranks above it"]
 
     tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "mlartifacts"))
     tracker.finish_study(view)

@@ -16,7 +16,9 @@ from optuna.trial import TrialState
 from search.outputs.report import report_markdown
 from search.outputs.status import study_status
 from search.outputs.text import format_duration
+from search.spaces import load_checked_space, sim_calibration
 from search.strategy.view import StudyView
+from search.trial.records import SIM_CALIBRATION_ATTR
 from tests.fixtures.trials import (
     T0,
     build_study,
@@ -137,3 +139,15 @@ def test_the_verdict_leads_with_the_confirmed_configuration(tmp_path: Path) -> N
     assert "**Best: trial 0**, `output_throughput` = 99.0 tok/s at concurrency 16" in verdict, verdict
     assert ("**Confirmed by:** 5 launches (trials #0, #2, #4, #5, #6), spread 3.0%; the figure is the median "
             "of the 3 launches made after it was chosen") in verdict
+
+
+def test_a_simulated_study_says_what_its_host_is_calibrated_to(tmp_path: Path) -> None:
+    line = sim_calibration(load_checked_space(Path(__file__).resolve().parents[2] / "spaces" / "demo-sim.yaml"))
+    assert line is not None and line.startswith("dsv4-flash-nvfp4-tp4-rtxpro6000: Seed 003")
+    assert "TPOT about 84 ms at C=1" in line and "\n" not in line
+    trial = make_trial(state=TrialState.COMPLETE, mfs=0.7, cgbs=64, value=29.0, levels=[level(16, 29.0)],
+                       simulated=True)
+    study = build_study(f"sqlite:///{tmp_path / 'c.db'}", "calibrated", [trial])
+    study.set_user_attr(SIM_CALIBRATION_ATTR, line)
+    head = report_markdown(StudyView.of(study)).split("## ", 2)[:2]
+    assert f"> The simulated host is calibrated to {line}." in "".join(head)

@@ -153,7 +153,7 @@ def test_cli_report_status_version(tmp_path: Path) -> None:
     assert bad.returncode == 1 and bad.stderr == "servetune: error: --format: 'pdf' is not one of md, html\n"
     table = _cli("status", "--study", "c", "--storage", url, cwd=tmp_path)
     assert table.returncode == 0, table.stderr
-    assert "{" not in table.stdout and "best: trial 1" in table.stdout and "complete" in table.stdout
+    assert "{" not in table.stdout and "best: trial 1" in table.stdout and "trials: search " in table.stdout
     as_json = json.loads(_cli("status", "--study", "c", "--storage", url, "--json", cwd=tmp_path).stdout)
     assert as_json["best"]["number"] == 1 and as_json["state"] == "running"
     version = _cli("--version", cwd=tmp_path)
