@@ -467,5 +467,6 @@ def _figure(value: float, metric: str, level: int | None) -> str:
 def _reported_from(confirmed: Confirmed) -> str:
     """Which launches the confirmed figure is the median of."""
     if confirmed.final:
-        return f"median of the {confirmed.final} launches made after it was chosen"
+        interval = f", ±{confirmed.interval:.1%} (90%)" if confirmed.interval is not None else ""
+        return f"mean of the {confirmed.final} launches made after it was chosen{interval}"
     return "median of the repeats"

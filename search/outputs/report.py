@@ -139,8 +139,10 @@ def _verdict_section(view: StudyView) -> list[str]:
         confirmed = (f"{len(runs)} launches (trials {', '.join(f'#{r.number}' for r in runs)}); the figures are "
                      "their medians")
     elif len(runs) > 1 and (chosen := choice.confirmed) is not None:
-        which = (f"the median of the {chosen.final} launches made after it was chosen" if chosen.final
+        which = (f"the mean of the {chosen.final} launches made after it was chosen" if chosen.final
                  else "the median of its repeats")
+        if chosen.interval is not None:
+            which += f" (90% interval: ±{chosen.interval:.1%}, from the run-to-run noise the study measured)"
         confirmed = (f"{len(runs)} launches (trials {', '.join(f'#{r.number}' for r in runs)}), spread "
                      f"{chosen.spread:.1%}; the figure is {which}")
     if best.simulated:

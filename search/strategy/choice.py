@@ -4,7 +4,7 @@ Every output (report, HTML, figures, status, MLflow, dashboard notes, the run's 
 :class:`Choice` it returns, through :attr:`search.strategy.view.StudyView.choice`:
 
 * one objective: the configuration :func:`~search.strategy.confirm.confirmed_best` picks on its repeated
-  launches (basis ``confirmed``), its figure the median of the launches made after it was chosen; without
+  launches (basis ``confirmed``), its figure the mean of the launches made after it was chosen; without
   repeats, the best single launch (basis ``single launch``);
 * a ``pareto`` study: the front point a rule picks (``knee`` unless stated; basis ``front``), its figures the
   medians over its launches.
@@ -67,8 +67,10 @@ class Choice:
         """How it was chosen, in one phrase."""
         n = len(self.launches)
         if self.basis == "confirmed" and self.confirmed is not None:
-            which = (f"the median of the {self.confirmed.final} launches made after it was chosen"
+            which = (f"the mean of the {self.confirmed.final} launches made after it was chosen"
                      if self.confirmed.final else "the median of its repeats")
+            if self.confirmed.interval is not None:
+                which += f" (90% interval ±{self.confirmed.interval:.1%})"
             return f"confirmed on {n} launches (spread {self.confirmed.spread:.1%}); the figure is {which}"
         if self.basis == "front":
             rule = self.rule.describe() if self.rule is not None else "knee"

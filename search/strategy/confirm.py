@@ -4,8 +4,10 @@ One lucky run must not win a study. Before a study finishes, the ``k`` best dist
 launched ``repeats`` more times each (real trials, queued with the tag ``confirmation_of``; a repeat is never reused
 from an earlier value). :func:`confirmed_best` then picks the best on the repeated measurements (the
 median with the pooled estimate of its knobs; a configuration that died on a repeat is out), and the one
-chosen is launched ``final`` more times (tag ``final``): its reported figure is the median of those, which
-the choice never saw, so the luck that made it win does not inflate it (the winner's curse). The spread
+chosen is launched ``final`` more times (tag ``final``), and more while the noise the study measured says the
+mean of those is not yet within :data:`HONEST_HALF_WIDTH` (90%; at most :data:`MAX_FINAL`): its reported figure
+is their mean, with that interval, which the choice never saw, so the luck that made it win does not
+inflate it (the winner's curse). The spread
 over all its launches is reported.
 
 The budget counts launches: a skip (``predicted_oom``) costs no GPU time and holds no slot (a reused
@@ -19,7 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from optuna.study import StudyDirection
@@ -28,11 +30,33 @@ from optuna.trial import TrialState
 from search.trial.records import TrialFacts
 from spaces.schema import UNSET
 
-__all__ = ["CONFIRM_FINAL", "CONFIRM_K", "CONFIRM_REPEATS", "ConfirmLaunch", "Confirmed",
-           "confirmation_launches",
-           "confirmation_plan", "confirmed_best", "forced_settings",
-           "is_launch", "launches_of", "noise_sd", "origin", "search_launches",
-           "skip_summary"]
+#: The reported figure's 90% interval should be at most this share of the figure either side: the chosen
+#: configuration gets more final launches while the run-to-run noise its launches show says it is wider.
+HONEST_HALF_WIDTH = 0.02
+#: One-sided z of the 90% interval (two-sided 90%: 1.645).
+HONEST_Z = 1.645
+#: The most final launches a noisy host is given (the interval is then stated as measured).
+MAX_FINAL = 20
+
+__all__ = [
+    "CONFIRM_FINAL",
+    "CONFIRM_K",
+    "CONFIRM_REPEATS",
+    "ConfirmLaunch",
+    "Confirmed",
+    "confirmation_launches",
+    "confirmation_plan",
+    "confirmed_best",
+    "finals_needed",
+    "forced_settings",
+    "is_launch",
+    "launches_of",
+    "measured_noise",
+    "noise_sd",
+    "origin",
+    "search_launches",
+    "skip_summary",
+]
 
 CONFIRM_K = 3
 CONFIRM_REPEATS = 1
@@ -120,7 +144,38 @@ def confirmation_plan(trials: Sequence[TrialFacts], direction: StudyDirection, *
         return []
     params = next(t.params for t in trials if t.number == chosen.trial)
     made = sum(1 for t in trials if t.final and t.confirmation_of == chosen.trial and t.state != TrialState.FAIL)
-    return [ConfirmLaunch(chosen.trial, dict(params), final=True)] * max(0, final - made)
+    if made < final:
+        return [ConfirmLaunch(chosen.trial, dict(params), final=True)] * (final - made)
+    if any(t.final and t.state not in _FINISHED for t in trials):
+        return []  # the count waits for the running final launches
+    return [ConfirmLaunch(chosen.trial, dict(params), final=True)] if made < finals_needed(trials, final) else []
+
+
+def measured_noise(trials: Sequence[TrialFacts]) -> float | None:
+    """The run-to-run noise the study's repeated configurations show, final launches included (one sd, a share
+    of the value; pooled within configurations); None before two repeats."""
+    groups: dict[int, list[float]] = {}
+    for t in trials:
+        if t.state == TrialState.COMPLETE and t.value is not None and is_launch(t) and not t.stopped_early:
+            groups.setdefault(origin(t), []).append(float(t.value))
+    ss = dof = 0.0
+    for values in groups.values():
+        if len(values) > 1:
+            mean = statistics.fmean(values)
+            if mean:
+                ss += sum((v / mean - 1) ** 2 for v in values)
+                dof += len(values) - 1
+    return math.sqrt(ss / dof) if dof >= 2 else None
+
+
+def finals_needed(trials: Sequence[TrialFacts], final: int = CONFIRM_FINAL) -> int:
+    """How many final launches the reported figure needs for its 90% interval to be within
+    :data:`HONEST_HALF_WIDTH` at the noise the study measured (at least ``final``, at most :data:`MAX_FINAL`):
+    fewer where the repeats agree, more on a noisy host."""
+    sd = measured_noise(trials)
+    if sd is None or final <= 0:
+        return final
+    return max(final, min(MAX_FINAL, math.ceil((HONEST_Z * sd / HONEST_HALF_WIDTH) ** 2)))
 
 
 _FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -276,8 +331,11 @@ class Confirmed:
     values: tuple[float, ...]  # every launch's figure, in order
     spread: float  # (max - min) / median over all its launches
     launches: int
-    reported: float  # the median of the final launches (else of the repeats): free of the choice's luck
+    reported: float  # the mean of the final launches (else the median of the repeats): free of the choice's luck
     final: int = 0  # how many of its launches were made after it was chosen
+    interval: float | None = None
+    """Half-width of the reported figure's 90% interval, a share of it (the measured noise over the final
+    launches); None without final launches or a noise figure."""
 
 
 def confirmed_best(trials: Sequence[TrialFacts], direction: StudyDirection) -> Confirmed | None:
@@ -302,7 +360,7 @@ def confirmed_best(trials: Sequence[TrialFacts], direction: StudyDirection) -> C
                    and not t.final]
         med = statistics.median(chosen_on) if chosen_on else statistics.median(values)
         spread = (max(values) - min(values)) / statistics.median(values) if statistics.median(values) else 0.0
-        reported = statistics.median(finals or repeats or chosen_on)
+        reported = statistics.fmean(finals) if finals else statistics.median(repeats or chosen_on)
         rows.append(Confirmed(first, med, values, spread, len(values), reported, len(finals)))
     if not rows:
         return None
@@ -317,7 +375,7 @@ def confirmed_best(trials: Sequence[TrialFacts], direction: StudyDirection) -> C
         own = pooled.get(r.trial)
         return sign * (r.median if own is None else (r.median + own) / 2)
 
-    best = max(pool, key=score)
+    best = _with_interval(max(pool, key=score), trials)
     # The one-standard-error rule: among the configurations the measurements cannot tell from the best
     # (within one standard error of the difference), the one that forces the fewest settings.
     sd = _noise_sd(trials, pooled)
@@ -331,7 +389,15 @@ def confirmed_best(trials: Sequence[TrialFacts], direction: StudyDirection) -> C
         return score(best) - score(r) <= se
 
     band = [r for r in pool if close(r)]
-    return min(band, key=lambda r: (forced_settings(params.get(r.trial, {})), -score(r)))
+    return _with_interval(min(band, key=lambda r: (forced_settings(params.get(r.trial, {})), -score(r))), trials)
+
+
+def _with_interval(row: Confirmed, trials: Sequence[TrialFacts]) -> Confirmed:
+    """``row`` with the 90% interval of its reported figure (the measured noise over its final launches)."""
+    sd = measured_noise(trials)
+    if sd is None or row.final == 0:
+        return row
+    return replace(row, interval=HONEST_Z * sd / math.sqrt(row.final))
 
 
 def launches_of(trials: Sequence[TrialFacts], number: int) -> list[TrialFacts]:

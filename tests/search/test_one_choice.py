@@ -29,7 +29,7 @@ from spaces.schema import load_space
 from tests.fixtures.trials import build_study, level, make_trial
 
 ROOT = Path(__file__).resolve().parents[2]
-FINALS = (2150.0, 2180.0, 2160.0)
+FINALS = (2150.0, 2170.0, 2160.0)
 
 
 def launch(mfs: float, cgbs: int, value: float, start: float, **tags: Any) -> FrozenTrial:
@@ -48,7 +48,7 @@ def view(tmp_path: Path) -> StudyView:
 
 
 def test_every_output_names_the_one_choice(view: StudyView, tmp_path: Path) -> None:
-    reported = statistics.median(FINALS)
+    reported = statistics.fmean(FINALS)  # the mean of the final launches
     single = max(view.records, key=lambda r: r.value or 0.0)
     assert single.number == 2  # the luckiest launch is not the choice
     choice = view.choice

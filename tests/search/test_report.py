@@ -124,7 +124,7 @@ def test_format_duration() -> None:
 
 def test_the_verdict_leads_with_the_confirmed_configuration(tmp_path: Path) -> None:
     """With confirmation launches, the verdict names the configuration chosen on its repeated launches and
-    the figure `run` and `export` report (the median of the launches made after the choice), not the
+    the figure `run` and `export` report (the mean of the launches made after the choice), not the
     luckiest single launch (trial 1's 120)."""
     def launch(value: float, mfs: float, **attrs: object) -> optuna.trial.FrozenTrial:
         t = make_trial(state=TrialState.COMPLETE, mfs=mfs, cgbs=128, value=value, levels=[level(16, value)])
@@ -137,7 +137,7 @@ def test_the_verdict_leads_with_the_confirmed_configuration(tmp_path: Path) -> N
     text = report_markdown(StudyView.of(build_study(f"sqlite:///{tmp_path / 'c.db'}", "c", trials)))
     verdict = text.split("## Verdict", 1)[1].split("## Figures", 1)[0]
     assert "**Best: trial 0**, `output_throughput` = 99.0 tok/s at concurrency 16" in verdict, verdict
-    assert ("**Confirmed by:** 5 launches (trials #0, #2, #4, #5, #6), spread 3.0%; the figure is the median "
+    assert ("**Confirmed by:** 5 launches (trials #0, #2, #4, #5, #6), spread 3.0%; the figure is the mean "
             "of the 3 launches made after it was chosen") in verdict
 
 
