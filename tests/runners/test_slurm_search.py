@@ -32,6 +32,7 @@ from search.storage import create_or_load, open_storage
 from search.trial.objective import TrialEvent
 from search.trial.records import TrialFacts
 from spaces.schema import load_space
+from tests.fixtures.runs import trial_dir
 from tests.fixtures.slurm import SlurmCluster, start_slurm
 from tests.fixtures.sshd import SshServer
 from tests.search.overnight_kit import BASE, DIES, SURVIVES, cli_env, start_cli
@@ -107,7 +108,7 @@ def search(wd: Path, space_path: Path, inv: Path, enqueue: list[dict[str, Any]],
 
 
 def job_of(wd: Path, study: str, trial: int) -> str:
-    return (wd / "runs" / study / str(trial) / "job_id").read_text().strip()
+    return (trial_dir(wd / "runs", study, trial) / "job_id").read_text().strip()
 
 
 # ---- searches ----------------------------------------------------------------------------------
@@ -136,13 +137,13 @@ def test_trials_run_as_parallel_jobs_and_a_third_waits_in_the_queue(cluster: Slu
     # ... so the third waited in the queue, and that wait is not in its start-up time.
     assert max(f.queue_s or 0 for f in facts.values()) > 0
     for n, f in facts.items():
-        script = (tmp_path / "runs" / "slurm" / str(n) / "job.sbatch").read_text()
+        script = (trial_dir(tmp_path / "runs", "slurm", n) / "job.sbatch").read_text()
         assert "#SBATCH --gres=gpu:4" in script and "#SBATCH --nodes=1" in script
         assert f"#SBATCH --comment=servetune,study=slurm,trial={n}," in script
         assert "#SBATCH --partition=gpu" in script and "#SBATCH --time=00:10:00" in script
         assert f.stop_method == "term"
-        assert (tmp_path / "runs" / "slurm" / str(n) / "exit_code").is_file()
-        assert "servetune simulated host" in (tmp_path / "runs" / "slurm" / str(n) / "server.log").read_text()
+        assert (trial_dir(tmp_path / "runs", "slurm", n) / "exit_code").is_file()
+        assert "servetune simulated host" in (trial_dir(tmp_path / "runs", "slurm", n) / "server.log").read_text()
     assert not [j for j in cluster.jobs() if j[0] in jobs.values() and j[1] not in ("COMPLETED",)]
 
 

@@ -39,6 +39,7 @@ from search.trial.records import TrialFacts
 from spaces.schema import Space, load_space
 from tests.fixtures.hog import start_hog, stop_hog
 from tests.fixtures.ports import free_port
+from tests.fixtures.runs import trial_dir
 from tests.fixtures.sshd import SshServer, write_known_hosts
 from tests.search.overnight_kit import BASE, DIES, SEED003, SURVIVES
 from tests.search.overnight_kit import cli as kit_cli
@@ -88,7 +89,7 @@ class SimBox:
         return {int(line.split(",")[0]) for line in res.stdout.splitlines() if line.strip()}
 
     def run_dir(self, study: str, trial: int) -> Path:
-        return self.runs_root / study / str(trial)
+        return trial_dir(self.runs_root, study, trial)
 
     def cleanup(self) -> None:
         """Stop (by recorded process group) whatever a failed test left running under this runs_root."""
