@@ -148,7 +148,7 @@ def test_trials_run_as_parallel_jobs_and_a_third_waits_in_the_queue(cluster: Slu
 
 
 def test_a_job_cancelled_from_outside_is_fail_with_slurms_reason(cluster: SlurmCluster, tmp_path: Path) -> None:
-    space_path = make_space(tmp_path)
+    space_path = make_space(tmp_path, workload=SEED003, speed=30)  # a sweep long enough to be cut
     inv = inventory(tmp_path, cluster)
     cancelled: list[str] = []
 
@@ -168,7 +168,7 @@ def test_a_job_cancelled_from_outside_is_fail_with_slurms_reason(cluster: SlurmC
 
 
 def test_the_node_set_down_mid_trial_is_fail_node_fail(cluster: SlurmCluster, tmp_path: Path) -> None:
-    space_path = make_space(tmp_path, workload=SEED003)
+    space_path = make_space(tmp_path, workload=SEED003, speed=30)  # a sweep long enough to be cut
     inv = inventory(tmp_path, cluster)
     downed: list[bool] = []
 
