@@ -134,14 +134,12 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
         except Exception as exc:  # the report is a convenience: every result is in the study already
             summary.report_error = f"report not written ({type(exc).__name__}: {exc})"
     if tracker is not None and mlflow_callback is not None:
-        mlflow_callback.drain()
-        if not mlflow_callback.broken:
-            try:
-                # waits for the background logger first
-                tracker.finish_study(summary.view, figures=published.figures if published else None,
-                                     report=published.html if published else None)
-            except ServetuneError as exc:
-                summary.mlflow_error = str(exc)
+        try:
+            # Back-fills first if an outage broke the trials' logging; then the parent run is FINISHED.
+            tracker.end_run(summary.view, mlflow_callback, figures=published.figures if published else None,
+                            report=published.html if published else None)
+        except ServetuneError as exc:
+            summary.mlflow_error = str(exc)
     return summary
 
 

@@ -311,7 +311,11 @@ def sync_mlflow(study: StudyOpt, storage: StorageOpt = None, mlflow_uri: MlflowO
     from search.storage import artifact_store
 
     store = artifact_store(settings.artifacts_dir)
-    result = MlflowTracker(settings.mlflow_uri, optuna_artifact_store=store).sync(st)
+    from search.strategy.view import StudyView
+
+    tracker = MlflowTracker(settings.mlflow_uri, optuna_artifact_store=store)
+    result = tracker.sync(st)
+    tracker.finish_study(StudyView.of(st))  # the parent run too: an outage may have left it RUNNING
     console.print(f"mlflow: {result.added} run(s) added, {result.present} already present")
 
 

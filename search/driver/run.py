@@ -157,15 +157,15 @@ class RunSummary:
     @property
     def no_progress(self) -> str | None:
         """Why this run made no progress, in one line (its command then exits non-zero), or None: every host
-        was retired before the budget was spent, or no trial ran at all (the timeout passed while another
-        controller held the hosts, or nothing could be started). A run stopped by a signal, or whose study
-        held its budget already, is not one."""
+        was retired before the budget was spent, or the timeout passed before any trial ran (another controller
+        held the hosts). A run stopped by a signal, or whose study's budget was spent (by it or by other
+        controllers), is not one."""
         if self.stopped_by.interrupted or self.stopped_by is StopReason.BUDGET_REACHED:
             return None
         if self.stopped_by is StopReason.NO_HOSTS:
             why = "; ".join(f"{s.host}: {s.last_error or s.state}" for s in self.host_states)
             return f"every host was retired before the budget was spent ({why}); {self.ran} trial(s) ran"
-        if self.ran == 0:
+        if self.ran == 0 and self.stopped_by is StopReason.TIMEOUT:
             held = "; ".join(f"{s.host} held by {s.held_by}" for s in self.host_states if s.held_by)
             return f"no trial ran in this run (stopped by: {self.stopped_by})" + (f"; {held}" if held else "")
         return None

@@ -336,6 +336,18 @@ class MlflowTracker:
                 f"{chosen.get('choice.trial')}: see the description" if stale else "the current choice")
         client.log_batch(parent, tags=[RunTag("servetune.choice_params", note)])
 
+    def end_run(self, view: StudyView, callback: MlflowCallback | None = None, *,
+                figures: dict[str, go.Figure] | None = None, report: Path | None = None) -> None:
+        """What a run does with MLflow at its end: when its trial logging broke (an MLflow outage), the trials
+        MLflow lacks are back-filled first (it may be back by now), then the parent run is finished
+        (:meth:`finish_study`), so an outage never leaves it RUNNING once MLflow answers again. Raises
+        StudyError while MLflow is still down (``servetune sync-mlflow`` does both later)."""
+        if callback is not None:
+            callback.drain()
+            if callback.broken:
+                self.sync(view.study)
+        self.finish_study(view, figures=figures, report=report)
+
     def check(self, study_name: str) -> None:
         """Make sure MLflow can record ``study_name`` now: its experiment and parent run exist (created if
         needed) and take a write. Quick: a local SQLite store that cannot be written fails at once instead of
