@@ -34,8 +34,7 @@ MEMORY_LABELS: dict[str, str] = {
     "oom_phase": "OOM phase",
     "tried_to_allocate_gib": "OOM: tried to allocate (GiB)",
     "free_at_oom_gib": "OOM: free at the time (GiB)",
-    "smi_peak_used_mib": "nvidia-smi peak used under load (GiB)",
-    "sim_speed": "simulated host's speed (simulated s per wall s)",
+    "smi_peak_used_mib": "nvidia-smi peak used (GiB)",
 }
 
 

@@ -138,5 +138,5 @@ def test_a_note_gives_the_value_with_its_metric_and_unit_and_memory_in_gib() -> 
                        memory={"smi_peak_used_mib": 80900.0, "sim_speed": 100, "engine_pool_gib": 1.5})
     body = note_markdown(trial)
     assert "**value** 28.7 tok/s (output_throughput at C=16)" in body
-    assert "| nvidia-smi peak used under load (GiB) | 79.00 |" in body
+    assert "| nvidia-smi peak used (GiB) | 79.00 |" in body and "| sim speed | 100 |" in body
     assert "| engine pool (GiB) | 1.50 |" in body and "MiB" not in body

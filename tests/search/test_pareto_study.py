@@ -154,7 +154,7 @@ def test_trials_notes_tracking_and_progress_show_every_value(study: optuna.Study
     rec = TrialFacts.from_trial(study.trials[1])
     assert rec.values == [2000.0, 40.0] and rec.value == 2000.0 and rec.objective_metrics == METRICS
     assert rec.summary()["values"] == [2000.0, 40.0]
-    assert "**output_throughput** 2000, **p99_tpot_ms** 40 ·" in note_markdown(study.trials[1])
+    assert "**output_throughput** 2000 tok/s, **p99_tpot_ms** 40 ms ·" in note_markdown(study.trials[1])
     assert ("objective.p99_tpot_ms", 40.0, 0) in _metrics(rec)
     assert _line(rec, "output_throughput").startswith("trial 1: COMPLETE output_throughput=2000.0, p99_tpot_ms=40.0")
     assert summary_table(records(study), "output_throughput / p99_tpot_ms").row_count == 5

@@ -22,7 +22,14 @@ from search.strategy.choice import best_single_launch as best_record
 from search.strategy.view import StudyView
 from search.trial.records import FACTS_ATTR, LevelResult, TrialFacts, records
 from tests.data.make_stored_study import EXPORTED_AT, STUDY
-from tests.fixtures.release import release_metrics_by_level, release_params, release_tags, without_added_sections
+from tests.fixtures.release import (
+    export_as_now,
+    note_as_now,
+    release_metrics_by_level,
+    release_params,
+    release_tags,
+    without_added_sections,
+)
 from tests.fixtures.trials import make_trial, standard_trials, stored_attrs
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -102,9 +109,11 @@ def test_the_new_record_makes_what_the_old_attrs_made(rewritten: optuna.Study) -
         f"report: {STUDY}", "report: rewritten")
     # The export names how many launches its figures hold (a 0.1.0 study has no confirmation repeats).
     launches = "# launches of this configuration: 1 (not confirmed by repeats; figures below are that launch's)\n"
-    assert export_script(StudyView.of(rewritten), now=EXPORTED_AT) == expected["export"].replace(
-        f"study {STUDY},", "study rewritten,").replace("# measured", launches + "# measured", 1)
-    assert [note_markdown(t) for t in trials] == expected["notes"]
+    assert export_script(StudyView.of(rewritten), now=EXPORTED_AT) == export_as_now(expected["export"].replace(
+        f"study {STUDY},", "study rewritten,").replace("# measured", launches + "# measured", 1))
+    recs_now = records(rewritten)
+    assert [note_markdown(t) for t in trials] == [note_as_now(n, r.objective_metric, r.objective_level)
+                                                  for n, r in zip(expected["notes"], recs_now, strict=True)]
     recs = records(rewritten)
     assert json.loads(json.dumps([r.summary() for r in recs], default=str)) == expected["trials_json"]
     assert [tracking._params(r) for r in recs] == [

@@ -24,6 +24,8 @@ from search.trial.records import TrialFacts, records
 from tests.data.make_stored_study import EXPORTED_AT, STUDY
 from tests.fixtures.release import (
     ADDED_SECTIONS,
+    export_as_now,
+    note_as_now,
     release_metrics_by_level,
     release_params,
     release_tags,
@@ -65,8 +67,11 @@ def test_report_export_and_notes_are_those_of_the_release(study: optuna.Study, e
     assert without_added_sections(report) == expected["report"]
     # The export names how many launches its figures hold (a 0.1.0 study has no confirmation repeats).
     launches = "# launches of this configuration: 1 (not confirmed by repeats; figures below are that launch's)\n"
-    assert export_script(StudyView.of(study), now=EXPORTED_AT) == expected["export"].replace("# measured", launches + "# measured", 1)
-    assert [note_markdown(t) for t in study.get_trials()] == expected["notes"]
+    assert export_script(StudyView.of(study), now=EXPORTED_AT) == export_as_now(
+        expected["export"].replace("# measured", launches + "# measured", 1))
+    recs = [TrialFacts.from_trial(t) for t in study.get_trials()]
+    assert [note_markdown(t) for t in study.get_trials()] == [note_as_now(n, r.objective_metric, r.objective_level)
+                                                              for n, r in zip(expected["notes"], recs, strict=True)]
 
 
 def test_trials_json_and_mlflow_content_are_those_of_the_release(study: optuna.Study,
