@@ -178,9 +178,14 @@ def _bound_text(best: TrialFacts, recs: Sequence[TrialFacts]) -> str:
         theirs = ", ".join(f"`{m[0]}={fmt(nearest.knob_value(m[0]))}`" for m in (mine_f, mine_g) if m is not None)
         return (f"{limit}: at {knobs or 'its settings'} it survived{room}; pressing harder on memory, trial "
                 f"{nearest.number} ({theirs}) {how} there.")
-    elsewhere = Counter((r.oom_phase or r.predicted_phase or "unknown") for r in dead)
-    where = ", ".join(f"{p} x{n}" for p, n in elsewhere.most_common())
-    tail = (f" The study's OOMs ({where}) were at settings it does not share (a lower graph batch size or a "
+    parts = []
+    for what, group in (("died of OOM", [r for r in dead if r.oom]),
+                        ("skipped as a predicted OOM", [r for r in dead if r.predicted_oom])):
+        if group:
+            phases = Counter((r.oom_phase or r.predicted_phase or "unknown") for r in group)
+            parts.append(f"{len(group)} configuration(s) {what} "
+                         f"({', '.join(f'{p} x{n}' for p, n in phases.most_common())})")
+    tail = (f" Elsewhere {' and '.join(parts)}, at settings it does not share (a lower graph batch size or a "
             f"different memory fraction), so they do not bound it." if dead else
             " No trial ran out of memory.")
     return (f"no memory limit was reached: at {knobs or 'its settings'} it survived{room}, and no configuration "

@@ -87,7 +87,7 @@ def test_study_note_names_the_choice_first(demo: DemoStudy, study: optuna.Study,
     first = next(h for h in headings if h.startswith("Trial "))
     assert first.startswith(f"Trial {choice.number}: output_throughput")
     assert "How the winner was chosen" in headings
-    assert scroll_width(page) <= 1440
+    assert scroll_width(page, fit=1440) <= 1440
 
 
 def test_study_page_has_the_choice_figure_and_fits(demo: DemoStudy, study: optuna.Study, board: Dashboard,
@@ -101,7 +101,7 @@ def test_study_page_has_the_choice_figure_and_fits(demo: DemoStudy, study: optun
     assert title.startswith(f"servetune's choice: trial {choice.number},")
     # The study's user attributes (a table on this page) name the choice in one line.
     assert page.get_by_text(re.compile(rf"^trial {choice.number}: ")).count() > 0
-    assert scroll_width(page) <= 1440
+    assert scroll_width(page, fit=1440) <= 1440
     assert overlapping_text(page, graph) == []
 
 
@@ -129,7 +129,7 @@ def test_pruned_trial_shows_its_note_and_files(demo: DemoStudy, board: Dashboard
 def test_pruned_trial_page_fits_1440_px(demo: DemoStudy, board: Dashboard, page: Any) -> None:
     page.goto(f"{board.url}/dashboard/studies/{study_id(board, demo.name)}/trials?numbers=0")
     page.get_by_text(re.compile(r"Trial 0: PRUNED")).first.wait_for()
-    assert scroll_width(page) <= 1440
+    assert scroll_width(page, fit=1440) <= 1440
 
 
 def test_html_report_opens_with_nothing_missing(demo: DemoStudy, page: Any) -> None:
@@ -141,7 +141,7 @@ def test_html_report_opens_with_nothing_missing(demo: DemoStudy, page: Any) -> N
     for graph_id in FIGURE_IDS:
         assert page.locator(f'[id="{graph_id}"] .main-svg').count() > 0, graph_id
     assert page.locator("h2", has_text="How the winner was chosen").count() == 1
-    assert scroll_width(page) <= 1440
+    assert scroll_width(page, fit=1440) <= 1440
     for graph_id in (CHOICE_FIGURE_ID, *FIGURE_IDS):
         assert overlapping_text(page, graph_id) == [], graph_id
     assert traffic.requested == [demo.report_html.as_uri()]

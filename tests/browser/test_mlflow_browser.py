@@ -54,7 +54,7 @@ def test_the_link_opens_the_runs_table_with_the_objective_and_knobs(demo: DemoSt
     # What happened, not "Killed": the OOM trial's row is named after its outcome.
     assert grid.get_by_text("trial-0 oom").count() == 1
     assert page.get_by_text("Killed", exact=True).count() == 0
-    assert scroll_width(page) <= 1440
+    assert scroll_width(page, fit=1440) <= 1440
 
 
 def test_pruned_trial_run_reads_as_what_happened(demo: DemoStudy, mlflow_ui: MlflowServer, page: Any) -> None:
@@ -66,7 +66,7 @@ def test_pruned_trial_run_reads_as_what_happened(demo: DemoStudy, mlflow_ui: Mlf
     page.get_by_text(re.compile(r"Trial 0: PRUNED, oom in decode")).first.wait_for()
     body = page.locator("body").inner_text()
     assert "Failed" in body and "Killed" not in body
-    assert scroll_width(page) <= 1440
+    assert scroll_width(page, fit=1440) <= 1440
 
 
 def test_parent_run_holds_the_choice_and_its_figure(demo: DemoStudy, study: optuna.Study,
@@ -80,7 +80,7 @@ def test_parent_run_holds_the_choice_and_its_figure(demo: DemoStudy, study: optu
     page.get_by_text(f"servetune's choice for {demo.name}").first.wait_for()
     params = page.locator("body").inner_text()
     assert "choice.trial" in params
-    assert scroll_width(page) <= 1440
+    assert scroll_width(page, fit=1440) <= 1440
     page.goto(f"{mlflow_ui.url}/#/experiments/{experiment_id}/runs/{run_id}/artifacts?workflowType=machine_learning")
     page.get_by_text("figures", exact=True).first.click()
     page.get_by_text(f"{CHOICE_FIGURE_ID}.html", exact=True).first.wait_for()
