@@ -60,6 +60,10 @@ class HostSpec(BaseModel):
         "(hosts that share one machine need one each)",
     )
     accept_new_host_key: bool = False
+    price_per_gpu_hour: float | None = Field(
+        default=None, gt=0,
+        description="what one of this host's GPUs costs per hour (any currency): the `cost_per_mtok` objective",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -196,7 +200,7 @@ def open_host(
             connect_timeout=connect_timeout,
         )
     return Host(transport, runs_root=spec.runs_root, env=spec.env, server_port=spec.server_port,
-                python=spec.python)
+                python=spec.python, price_per_gpu_hour=spec.price_per_gpu_hour)
 
 
 _M = TypeVar("_M", bound=BaseModel)

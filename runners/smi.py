@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GPU_QUERY = (
-    "nvidia-smi --query-gpu=index,name,memory.total,memory.used,memory.free,utilization.gpu "
+    "nvidia-smi --query-gpu=index,name,memory.total,memory.used,memory.free,utilization.gpu,power.draw "
     "--format=csv,noheader,nounits"
 )
 APPS_QUERY = "nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader,nounits"
@@ -21,6 +21,8 @@ class GpuStatus:
     used_mib: float | None
     free_mib: float | None
     utilization_pct: float | None
+    power_w: float | None = None
+    """``power.draw`` in W (None where the GPU does not report it)."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,8 @@ def parse_gpus(text: str) -> list[GpuStatus]:
         if len(row) < 6:
             raise ValueError(f"unexpected nvidia-smi GPU line: {', '.join(row)!r}")
         index, name, total, used, free, util = row[:6]
-        out.append(GpuStatus(int(index), name, _number(total), _number(used), _number(free), _number(util)))
+        power = _number(row[6]) if len(row) > 6 else None
+        out.append(GpuStatus(int(index), name, _number(total), _number(used), _number(free), _number(util), power))
     return out
 
 

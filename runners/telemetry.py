@@ -52,6 +52,8 @@ class FailureKind(StrEnum):
     PREDICTED_OOM = "predicted_oom"
     """Not launched: the study's memory model says the configuration dies of OOM (a prediction, never a
     measured OOM)."""
+    CONSTRAINT = "constraint"
+    """Not launched: the configuration breaks one of the space's constraints between knobs."""
 
     @property
     def config_caused(self) -> bool:
@@ -74,6 +76,7 @@ CONFIG_CAUSED: dict[FailureKind, bool] = {
     FailureKind.STOPPED_FROM_OUTSIDE: False,  # a signal servetune did not send, or an unasked exit 0
     FailureKind.INTERRUPTED: False,
     FailureKind.INFRA: False,
+    FailureKind.CONSTRAINT: True,  # PRUNED without a launch: the sampler learns to stay inside the constraint
     FailureKind.PREDICTED_OOM: True,  # PRUNED without a launch: the sampler learns the region is infeasible
 }
 assert set(CONFIG_CAUSED) == set(FailureKind), "every FailureKind says whether the configuration caused it"

@@ -56,8 +56,11 @@ class Host(Shell):
         busy_mib: float = 1024.0,
         server_port: int | None = None,
         python: str | None = None,
+        price_per_gpu_hour: float | None = None,
     ) -> None:
         super().__init__(transport, runs_root=runs_root, env=env)
+        self.price_per_gpu_hour = price_per_gpu_hour
+        """What one GPU of this host costs per hour (the inventory's; the ``cost_per_mtok`` objective)."""
         self.busy_mib = busy_mib
         self.server_port = server_port
         self.python = python  # the engine's python on this host, instead of the space's engine.python

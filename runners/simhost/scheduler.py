@@ -20,6 +20,15 @@ from runners.simhost.simlog import SimLog
 _CATCH_UP_S = 0.002
 
 
+def _utilization(batch: Batch, max_running: int) -> int:
+    """``utilization.gpu`` while ``batch`` runs: a prefill keeps the GPU busy; a decode step fills it with its
+    batch (a third busy with one request, full at the largest running batch), so power rises with the load."""
+    if batch.kind != "decode" or not batch.decode_steps:
+        return 100
+    n = max(size for size, _, _ in batch.decode_steps)
+    return min(100, round(35 + 65 * n / max(1, max_running)))
+
+
 class SchedulerHost(Protocol):
     """What the scheduler needs of the server it runs in (:class:`runners.simhost.server.SimServer`)."""
 
@@ -72,6 +81,7 @@ class Scheduler(threading.Thread):
         self._log_t = time.monotonic()
         self._next_decode_log = server.launch.decode_log_interval
         self._busy = False
+        self._util = 0
 
     def sim_now(self) -> float:
         return (time.monotonic() - self.t0) * self.speed
@@ -103,12 +113,15 @@ class Scheduler(threading.Thread):
             if batch is None:
                 if self._busy:
                     self._busy = False
+                    self._util = 0
                     self.server.gpu_memory.set_util(0)
                 self.wake.wait(timeout=1.0)
                 continue
-            if not self._busy:
-                self._busy = True
-                self.server.gpu_memory.set_util(100)
+            self._busy = True
+            util = _utilization(batch, self.spec.max_running_requests)
+            if util != self._util:
+                self._util = util
+                self.server.gpu_memory.set_util(util)
             wall = batch.duration_s / self.speed
             if batch.kind == "prefill":  # SGLang logs a prefill batch when it forms it, before running it
                 self._log_prefill(batch, wall)

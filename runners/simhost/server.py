@@ -50,6 +50,7 @@ from runners.simhost.model import (
     Failure,
     ResolvedArgs,
     StartupPlan,
+    numerics_of,
     oom_text,
     plan_startup,
 )
@@ -97,6 +98,7 @@ class SimServer:
         self.httpd: http.server.ThreadingHTTPServer | None = None
         self._dying = threading.Lock()
         self.context_len = profile.model.context_length
+        self.numerics = numerics_of(profile, launch)
         self.served_name = launch.served_model_name or launch.model_path
         self.started_wall = time.time()
 
@@ -195,7 +197,7 @@ class SimServer:
     def run(self) -> int:
         self._install_signals()
         p, launch = self.profile, self.launch
-        write_host(self.state_dir, HostState.from_spec(p.host, p.name))
+        write_host(self.state_dir, HostState.from_spec(p.host, p.name, p.power))
         self.gpu_memory.note_others()
         plan = plan_startup(p, launch, other_used_gib=self.gpu_memory.other_used_gib(), seed=self.seed)
         self.plan = plan

@@ -38,20 +38,25 @@ def sim_env(space: Space, sim_dir: Path) -> dict[str, str]:
 
 
 def local_host(space: Space, *, runs_root: str, sim_dir: Path, name: str = "local",
-               server_port: int | None = None, python: str | None = None) -> Host:
+               server_port: int | None = None, python: str | None = None,
+               price_per_gpu_hour: float | None = None) -> Host:
     """This machine as a host. The built-in simulated host binds a free loopback port for each launch unless
     ``server_port`` says otherwise: demos and test runs from other folders may be serving on the space's port."""
     sim = space.engine.simulated
     env = sim_env(space, sim_dir) if sim else {}
     if server_port is None and sim:
         server_port = ANY_FREE_PORT
-    return Host(LocalTransport(name), runs_root=runs_root, env=env, server_port=server_port, python=python)
+    return Host(LocalTransport(name), runs_root=runs_root, env=env, server_port=server_port, python=python,
+                price_per_gpu_hour=price_per_gpu_hour)
 
 
 def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path | None = None,
                 runs_root: str, sim_dir: Path, accept_new_host_key: bool = False) -> list[Host]:
     """Hosts from the CLI and/or an inventory file; this machine when neither is given."""
     if not host_args and inventory is None:
+        if space.objective.needs_price:
+            raise ConfigError("the cost_per_mtok objective needs each host's price per GPU-hour: give an inventory "
+                              "(--inventory) whose hosts set price_per_gpu_hour (`address: local` for this machine)")
         return [local_host(space, runs_root=runs_root, sim_dir=sim_dir)]
     specs = list(load_inventory(inventory)) if inventory is not None else []
     specs += [HostSpec.parse(arg) for arg in host_args]
@@ -64,9 +69,14 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
     for spec in specs:
         if spec.address == "local" and space.engine.simulated and not spec.env:
             hosts.append(local_host(space, runs_root=spec.runs_root, sim_dir=sim_dir, name=spec.name,
-                                    server_port=spec.server_port, python=spec.python))
+                                    server_port=spec.server_port, python=spec.python,
+                                    price_per_gpu_hour=spec.price_per_gpu_hour))
         else:
             hosts.append(open_host(spec))
+    unpriced = [h.name for h in hosts if h.price_per_gpu_hour is None]
+    if space.objective.needs_price and unpriced:
+        raise ConfigError(f"the cost_per_mtok objective needs every host's price: set price_per_gpu_hour for "
+                          f"{unpriced[0]} in the inventory")
     return hosts
 
 

@@ -41,6 +41,7 @@ from search.driver.signals import Heartbeat, Signals
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL, study_name
 from search.storage import artifact_store, create_or_load, open_storage, redact
 from search.strategy.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS
+from search.strategy.distributions import conditional
 from search.strategy.strategy import Strategy, make_sampler
 from search.strategy.view import StudyView
 from search.trial.objective import Ended, HostChosen, Objective, ProgressHook, TrialEnv, TrialFailed
@@ -335,7 +336,7 @@ def run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunS
 def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions) -> RunSummary:
     storage = open_storage(options.storage_url, heartbeat_interval=options.heartbeat_interval,
                            grace_period=options.grace_period)
-    sampler = make_sampler(options.seed, options.n_trials)
+    sampler = make_sampler(options.seed, options.n_trials, conditional=conditional(space))
     study = create_or_load(storage, options.study_name, sampler=sampler, directions=space.objective.directions,
                            metric_names=space.objective.metric_names)
     study.set_user_attr("space_name", space.name)
@@ -378,6 +379,7 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
                         confirm_repeats=options.confirm_repeats, confirm_final=options.confirm_final,
                         gpu_mem_mib=smallest_card_mib(found),
                         engine_version=next((info.engine_version for info in found if info.engine_version), None))
+    env.gate_reference = strategy.gate_reference() if space.gate_on else None
     budget = Budget(study, strategy, lock, storage)
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():

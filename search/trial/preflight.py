@@ -11,7 +11,7 @@ from pathlib import Path
 from runners.engines import Engine
 from runners.errors import HostMisconfigured
 from runners.host import Host, HostInfo
-from search.spaces import engine_of
+from search.spaces import engine_of, free_flag_problem
 from spaces.nccl import parse_nccl_version
 from spaces.schema import Space
 
@@ -49,6 +49,11 @@ def preflight(host: Host, space: Space, engine: Engine | None = None) -> HostInf
                           gpus_needed=engine.tp_size(space.fixed_args) if space.engine.device == "gpu" else 0)
     info.nccl_version = host_nccl(host, engine, python)
     check_nccl_on(host, space, info.nccl_version)
+    if not space.engine.version and info.engine_version:
+        # The free flags were checked against the newest tabled release; the host's own release decides.
+        problem = free_flag_problem(space, engine, info.engine_version)
+        if problem is not None:
+            raise HostMisconfigured(f"{host.name}: {problem}", host=host.name, fault="engine_flags")
     return info
 
 

@@ -9,6 +9,7 @@ death records its telemetry and raises :class:`optuna.TrialPruned`; infrastructu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -26,10 +27,11 @@ from runners.errors import RunnerError
 from runners.host import HostInfo
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
 from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
+from search.trial.correctness import GatePlan, compare, gate_files, gate_plan, store_reference, stored_reference
 from search.trial.evaluate import Slot, level_order
 from search.trial.objective import Benchmarking, Ended, HostChosen, TrialEnv, TrialFailed, emit
 from search.trial.preflight import preflight
-from search.trial.records import LevelResult, MemoryFacts, RateStepFacts, TrialFacts
+from search.trial.records import CORRECTNESS_CONSTRAINT, LevelResult, MemoryFacts, RateStepFacts, TrialFacts
 from search.trial.slo import find_max_rate
 from search.trial.workload import bench_plan, run_files
 from spaces.launch import LaunchConfig
@@ -45,6 +47,7 @@ class ServerEvaluator:
 
     def __init__(self, env: TrialEnv) -> None:
         self.env = env
+        self._gpus_used = 1
 
     def _preflight(self, slot: Slot, engine: Engine) -> HostInfo:
         """Stop orphans, check the host is reachable, the engine present and the GPUs free."""
@@ -83,6 +86,12 @@ class ServerEvaluator:
         emit(self.env, trial, HostChosen(slot.name))
         facts.host = slot.name
         engine = engine_for(launch)  # resolved once per trial and passed on
+        self._gpus_used = engine.tp_size(launch.fixed_args)
+        facts.price_per_gpu_hour = slot.host.price_per_gpu_hour
+        if space.objective.needs_price and slot.host.price_per_gpu_hour is None:
+            self._fail(trial, facts, Failure(FailureKind.HOST_CONFIG, None,
+                                             f"{slot.name}: the cost_per_mtok objective needs the host's price: set "
+                                             "price_per_gpu_hour for it in the inventory"))
         try:
             info = self._preflight(slot, engine)
         except RunnerError as exc:
@@ -99,13 +108,15 @@ class ServerEvaluator:
         run_id = f"{env.study_name}-{trial.number}-{uuid.uuid4().hex[:8]}"
         run_dir = slot.host.run_dir(env.study_name, str(trial.number))
         facts.run_id = run_id
+        gate = self._gate(trial, launch, engine, version, rendered.argv, rendered.env, facts)
+        reference = self._reference_answers(trial, slot, engine, version, gate, facts) if gate else None
 
         session = ServerSession(
             slot.host, engine, launch, script=script, run_dir=run_dir, run_id=run_id,
             python=launch.python, stop_grace=space.budget.stop_grace,
             smi_interval=env.smi_interval if space.engine.device == "gpu" else 0.0,
             on_event=lambda event: emit(self.env, trial, event),
-            memory_limit_bytes=space.memory_limit_bytes, files=run_files(space),
+            memory_limit_bytes=space.memory_limit_bytes, files={**run_files(space), **gate_files(gate)},
         )
         failure: Failure | None = None
         levels: list[dict[str, Any]] = []
@@ -117,6 +128,8 @@ class ServerEvaluator:
         try:
             failure = self._wait_ready(session)
             facts.startup_s = round(time.monotonic() - started, 3)
+            if failure is None and gate is not None:
+                self._check(trial, session, gate, reference, facts)
             if failure is None:
                 emit(self.env, trial, Benchmarking())
                 bench_started = time.monotonic()
@@ -208,6 +221,108 @@ class ServerEvaluator:
         facts.slo_limits = dict(space.objective.slo.limits())
         return out
 
+    # ---- the correctness gate ----------------------------------------------------------------------
+
+    def _gate(self, trial: optuna.Trial, launch: LaunchConfig, engine: Engine, version: str, argv: list[str],
+              env: Mapping[str, str], facts: TrialFacts) -> GatePlan | None:
+        """The gate's plan for this launch, or None: the gate is off, or a launch of the same configuration was
+        checked already (a repeat takes its verdict: the gate runs once per configuration)."""
+        space = self.env.space
+        if not space.gate_on:
+            return None
+        if facts.confirmation_of is not None:
+            origin = next((t for t in trial.study.get_trials(deepcopy=False)
+                           if t.number == facts.confirmation_of), None)
+            checked = TrialFacts.from_trial(origin).correctness if origin is not None else None
+            if checked is not None:
+                facts.correctness = checked.model_copy(update={"from_trial": facts.confirmation_of, "seconds": 0.0})
+                return None
+        return gate_plan(space, launch, engine, version, argv, env, self.env.gate_reference)
+
+    def _reference_answers(self, trial: optuna.Trial, slot: Slot, engine: Engine, version: str, plan: GatePlan,
+                           facts: TrialFacts) -> list[dict[str, Any]] | None:
+        """The reference configuration's answers: stored with the study once asked; else its server is launched
+        here, on this trial's host, asked, and stopped. None when this launch is the reference itself."""
+        if plan.same_as_reference:
+            return None
+        stored = stored_reference(trial.study, plan.key)
+        if stored is not None:
+            return stored
+        env, space = self.env, self.env.space
+        launch = plan.reference_launch
+        rendered = render(engine, launch, version,
+                          header=[f"servetune correctness reference for study {env.study_name}"])
+        run_id = f"{env.study_name}-{trial.number}-reference-{uuid.uuid4().hex[:8]}"
+        session = ServerSession(
+            slot.host, engine, launch, script=rendered.script,
+            run_dir=slot.host.run_dir(env.study_name, f"{trial.number}-reference"), run_id=run_id,
+            python=launch.python, stop_grace=space.budget.stop_grace, smi_interval=0.0,
+            memory_limit_bytes=space.memory_limit_bytes, files=gate_files(plan),
+        )
+        started = time.monotonic()
+        error = ""
+        answers: list[dict[str, Any]] = []
+        try:
+            session.start()
+            failure = self._wait_ready(session)
+            if failure is not None:
+                error = failure.reason
+            else:
+                answers, error = session.answers(plan.answer_plan(launch.model_path))
+        except RunnerError as exc:
+            error = str(exc)
+        finally:
+            with contextlib.suppress(RunnerError):
+                session.stop()
+            slot.last_server_stop = time.monotonic()
+        if error or not answers:
+            self._fail(trial, facts, Failure(FailureKind.INFRA, Phase.STARTING,
+                                             f"the correctness gate's reference ({plan.reference_name}) did not "
+                                             f"answer: {error or 'no answer'}"))
+        store_reference(trial.study, plan.key, answers, time.monotonic() - started, trial.number)
+        return answers
+
+    def _check(self, trial: optuna.Trial, session: ServerSession, plan: GatePlan,
+               reference: list[dict[str, Any]] | None, facts: TrialFacts) -> None:
+        """Ask this server the gate's prompts and judge its answers (``facts.correctness``)."""
+        started = time.monotonic()
+        answers, error = session.answers(plan.answer_plan(session.launch.model_path))
+        seconds = round(time.monotonic() - started, 3)
+        if reference is None:  # this launch is the reference: its answers become the study's reference
+            if answers:
+                store_reference(trial.study, plan.key, answers, seconds, trial.number)
+            verdict = compare(answers, answers, plan.prompts, plan.settings, reference_name=plan.reference_name)
+            facts.correctness = verdict.model_copy(update={"seconds": seconds, "same_as_reference": True})
+            return
+        verdict = compare(reference, answers, plan.prompts, plan.settings, reference_name=plan.reference_name)
+        if error and not answers:
+            verdict = verdict.model_copy(update={"passed": False, "reason": f"no answers: {error}"})
+        facts.correctness = verdict.model_copy(update={"seconds": seconds})
+
+    def _power(self, facts: TrialFacts, session: ServerSession) -> None:
+        """Power, energy per output token and cost per million output tokens at the target level (its own load
+        window only: start-up, warm-up and other levels excluded)."""
+        target = self.env.space.target_level
+        index = next((i for i, lv in enumerate(facts.levels) if lv.max_concurrency == target and lv.served), None)
+        if index is None:
+            return
+        throughput = facts.levels[index].output_throughput
+        if not throughput:
+            return
+        gpus = self._gpus_used
+        if facts.price_per_gpu_hour is not None:
+            facts.cost_per_mtok = round(facts.price_per_gpu_hour * gpus / 3600 / throughput * 1e6, 6)
+        if index < len(session.level_windows):
+            power = session.power_during(*session.level_windows[index], gpus=gpus)
+            if power is not None:
+                facts.power_w = round(power, 2)
+                facts.energy_per_token_j = round(power / throughput, 6)
+
+    @staticmethod
+    def _set_gate_constraint(trial: optuna.Trial, facts: TrialFacts) -> None:
+        if facts.correctness is not None:
+            trial.set_constraint(CORRECTNESS_CONSTRAINT, facts.correctness.constraint)
+
     # ---- recording -----------------------------------------------------------------------------
 
     def _record(self, trial: optuna.Trial, facts: TrialFacts, session: ServerSession,
@@ -230,6 +345,7 @@ class ServerEvaluator:
             if lv.served and lv.output_throughput is not None:
                 # A rate search measures one level at several rates: its steps are numbered.
                 trial.report(float(lv.output_throughput), step=i if rate_search else lv.max_concurrency)
+        self._power(facts, session)
         facts.log_tail = session.log_tail(60)
         if session.exit_code is not None:
             facts.exit_code = session.exit_code
@@ -266,7 +382,8 @@ class ServerEvaluator:
         target = space.target_level
         names = space.objective.metric_names
         row = next((lv for lv in facts.levels if lv.max_concurrency == target), None)
-        missing = [m for m in names if row is None or row.figure(m) is None]
+        derived = {"cost_per_mtok": facts.cost_per_mtok, "energy_per_token_j": facts.energy_per_token_j}
+        missing = [m for m in names if row is None or (derived[m] if m in derived else row.figure(m)) is None]
         if missing:
             self._fail(trial, facts, Failure(FailureKind.INFRA, Phase.SERVING,
                                              f"no {missing[0]} at concurrency {target}"
@@ -277,9 +394,10 @@ class ServerEvaluator:
             trial.set_constraint("p99_ttft_ms", float(row.p99_ttft_ms or 0) - slo.p99_ttft_ms)
         if slo.p99_tpot_ms is not None:
             trial.set_constraint("p99_tpot_ms", float(row.p99_tpot_ms or 0) - slo.p99_tpot_ms)
+        self._set_gate_constraint(trial, facts)
         facts.outcome, facts.phase, facts.reason = "ok", None, ""
         emit(self.env, trial, Ended("ok"))
-        values = [float(row.figure(m)) for m in names]
+        values = [float(derived[m] if m in derived else row.figure(m)) for m in names]  # type: ignore[arg-type]
         return values if space.objective.kind == "pareto" else values[0]
 
     def _complete_rate(self, trial: optuna.Trial, facts: TrialFacts) -> float:
@@ -288,6 +406,7 @@ class ServerEvaluator:
         objective = self.env.space.objective
         rate = facts.slo_rate
         trial.set_constraint("slo_rate", 0.0 if rate is not None else 1.0)
+        self._set_gate_constraint(trial, facts)
         facts.outcome, facts.phase, facts.reason = "ok", None, ""
         emit(self.env, trial, Ended("ok"))
         if rate is None:
