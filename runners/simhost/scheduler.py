@@ -20,6 +20,10 @@ from runners.simhost.simlog import SimLog
 _CATCH_UP_S = 0.002
 
 
+#: Wall seconds without a batch before the simulated GPU reads as idle.
+IDLE_AFTER_S = 0.5
+
+
 def _utilization(batch: Batch, max_running: int) -> int:
     """``utilization.gpu`` while ``batch`` runs: a prefill keeps the GPU busy; a decode step fills it with its
     batch (a third busy with one request, full at the largest running batch), so power rises with the load."""
@@ -82,6 +86,7 @@ class Scheduler(threading.Thread):
         self._next_decode_log = server.launch.decode_log_interval
         self._busy = False
         self._util = 0
+        self._last_batch = 0.0
 
     def sim_now(self) -> float:
         return (time.monotonic() - self.t0) * self.speed
@@ -111,13 +116,17 @@ class Scheduler(threading.Thread):
             self._drain()
             batch = self.engine.next_batch()
             if batch is None:
-                if self._busy:
+                # A GPU between two requests of a closed loop still reads as busy (nvidia-smi's utilization is
+                # an average over its sample period): idle only after IDLE_AFTER_S without a batch.
+                now = time.monotonic()
+                if self._busy and now - self._last_batch >= IDLE_AFTER_S:
                     self._busy = False
                     self._util = 0
                     self.server.gpu_memory.set_util(0)
-                self.wake.wait(timeout=1.0)
+                self.wake.wait(timeout=IDLE_AFTER_S if self._busy else 1.0)
                 continue
             self._busy = True
+            self._last_batch = time.monotonic()
             util = _utilization(batch, self.spec.max_running_requests)
             if util != self._util:
                 self._util = util

@@ -467,9 +467,9 @@ class TrialFacts(BaseModel):
 
     @property
     def launched(self) -> bool:
-        """A server was (or is being) launched for it: not a predicted-OOM skip, not a reused duplicate. Only
-        such a trial measured anything."""
-        return not self.predicted_oom and self.duplicate_of is None
+        """A server was (or is being) launched for it: not a predicted-OOM skip, not a configuration that broke
+        the space's constraints, not a reused duplicate. Only such a trial measured anything."""
+        return not self.predicted_oom and self.outcome != FailureKind.CONSTRAINT and self.duplicate_of is None
 
     @property
     def ok(self) -> bool:
