@@ -586,11 +586,12 @@ class Space(Strict):
         if kind not in ENGINE_KNOBS:
             return data
         allowed = sorted(ENGINE_KNOBS[kind] | _FREE)
-        for name in data["knobs"]:
-            if name not in allowed:
+        for name, value in data["knobs"].items():
+            if name not in allowed and value not in (None, {}, []):  # a dumped space names every knob, unset
                 flag = "--" + str(name).replace("_", "-")
-                hint = did_you_mean(str(name), allowed) or f" (an engine flag? search it as knobs.flags.{flag})"
-                raise ValueError(f"knobs.{name}: unknown key: not a {kind} knob{hint}; allowed: {', '.join(allowed)}")
+                close = did_you_mean(str(name), allowed)
+                what = close if close else f": not a {kind} knob (an engine flag? search it as knobs.flags.{flag})"
+                raise ValueError(f"knobs.{name}: unknown key{what}; allowed ({kind}): {', '.join(allowed)}")
         return data
 
     @model_validator(mode="after")
