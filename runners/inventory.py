@@ -79,6 +79,10 @@ class HostSpec(BaseModel):
         "dist-init address); None: `address`, or 127.0.0.1 for `local`")
     slurm: SlurmSpec | None = Field(default=None, description="this host is a Slurm cluster reached through "
                                     "this login node: each trial is one batch job (see the Slurm page)")
+    price_per_gpu_hour: float | None = Field(
+        default=None, gt=0,
+        description="what one of this host's GPUs costs per hour (any currency): the `cost_per_mtok` objective",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -261,7 +265,8 @@ def open_host(
     transport = _transport(spec, spec.name, ssh_config, connect_timeout)
     node_address = spec.node_address or ("127.0.0.1" if spec.is_local else spec.address)
     return Host(transport, runs_root=spec.runs_root, env=spec.env, server_port=spec.server_port,
-                python=spec.python, host_dir=spec.host_dir or host_dir, node_address=node_address)
+                python=spec.python, host_dir=spec.host_dir or host_dir, node_address=node_address,
+                price_per_gpu_hour=spec.price_per_gpu_hour)
 
 
 def _transport(spec: HostSpec, name: str, ssh_config: str | None, connect_timeout: float) -> Transport:

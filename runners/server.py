@@ -39,6 +39,9 @@ from runners.transport import LineStream
 
 _FATAL_TO_EXIT = 15.0  # how long a server may keep running after a fatal log line before we call it dead
 _ADDRESS_IN_USE = "address already in use"
+#: nvidia-smi is sampled at least this often (s) while the load runs (power over each level's window).
+BENCH_SMI_INTERVAL = 0.25
+
 #: Exit codes of a server stopped from outside by a signal (a shell reports signal N as 128+N). SIGKILL (137)
 #: is not here: the kernel's OOM killer sends it, and the engine's classifier judges that.
 #: SGLang's own warning when a GPU holds memory of another process (python/sglang/srt/model_executor/
@@ -86,6 +89,22 @@ class BenchResult:
 
     levels: list[dict[str, Any]] = field(default_factory=list)
     failure: Failure | None = None
+
+
+@functools.cache
+def answers_source() -> bytes:
+    """The correctness probe's source (``runners/answers.py``), copied into every run directory."""
+    return resources.files("runners").joinpath("answers.py").read_bytes()
+
+
+@dataclass(frozen=True)
+class AnswerPlan:
+    """What the correctness probe asks: the prompts file (in the run directory) and how long each answer is."""
+
+    prompts_file: str
+    max_tokens: int
+    model: str
+    timeout: float = 600.0
 
 
 @functools.cache
@@ -154,6 +173,9 @@ class ServerSession:
         self._died_at: float | None = None
         self.queued_s: float | None = None
         """Seconds the server waited for its resources (a cluster job in the queue); None on a plain host."""
+        self._loading = threading.Event()
+        self.level_windows: list[tuple[float, float]] = []
+        """(start, end) wall-clock time of each level record received, in order (its load window)."""
 
     # ---- lifetime ------------------------------------------------------------------------------
 
@@ -168,7 +190,8 @@ class ServerSession:
         """Start the server; HostBusy (before anything is started) when another program holds the port."""
         self.host.require_port_free(int(self.launch.port))
         self.ref = self.host.start(self.run_dir, self.script, self.run_id,
-                                   files={"loadgen.py": loadgen_source().decode(), **self.files},
+                                   files={"loadgen.py": loadgen_source().decode(),
+                                          "answers.py": answers_source().decode(), **self.files},
                                    scratch_vars=self.engine.scratch_vars,
                                    memory_limit_bytes=self.memory_limit_bytes, resources=self.resources)
         self._spawn(self._follow, "follow")
@@ -284,7 +307,10 @@ class ServerSession:
             self._on_event(FatalSeen(fatal))
 
     def _sample_smi(self) -> None:
-        while not self._closing.wait(self.smi_interval):
+        # While the load runs, samples come at least every BENCH_SMI_INTERVAL s: the power of a level is read
+        # from its own samples only (a simulated level can be short).
+        while not self._closing.wait(min(self.smi_interval, BENCH_SMI_INTERVAL) if self._loading.is_set()
+                                     else self.smi_interval):
             if self._dead.is_set():
                 return
             try:
@@ -419,12 +445,13 @@ class ServerSession:
         return max(per_gpu) if per_gpu else None
 
     def smi_csv(self) -> str:
-        rows = ["timestamp,index,name,memory.total [MiB],memory.used [MiB],memory.free [MiB],utilization.gpu [%]"]
+        rows = ["timestamp,index,name,memory.total [MiB],memory.used [MiB],memory.free [MiB],utilization.gpu [%],"
+                "power.draw [W]"]
         with self._lock:
             for ts, gpus in self.smi_samples:
                 for g in gpus:
                     rows.append(f"{ts:.3f},{g.index},{g.name},{_n(g.total_mib)},{_n(g.used_mib)},"
-                                f"{_n(g.free_mib)},{_n(g.utilization_pct)}")
+                                f"{_n(g.free_mib)},{_n(g.utilization_pct)},{_n(g.power_w)}")
         return "\n".join(rows) + "\n"
 
     # ---- HTTP on the host ----------------------------------------------------------------------
@@ -441,6 +468,34 @@ class ServerSession:
         except (IndexError, ValueError):
             return 0, ""
         return status, body
+
+    def power_during(self, start: float, end: float, *, gpus: int) -> float | None:
+        """Mean ``power.draw`` (W) summed over the server's ``gpus`` GPUs (those holding the most memory), over the
+        nvidia-smi samples taken between ``start`` and ``end`` (wall clock); None without a sample there or
+        without power figures."""
+        totals = []
+        with self._lock:
+            for ts, sample in self.smi_samples:
+                ours = sorted(sample, key=lambda g: -(g.used_mib or 0))[:max(1, gpus)]
+                if start <= ts <= end and all(g.power_w is not None for g in ours):
+                    totals.append(sum(g.power_w or 0.0 for g in ours))
+        return sum(totals) / len(totals) if totals else None
+
+    def answers(self, plan: AnswerPlan) -> tuple[list[dict[str, Any]], str]:
+        """Ask the server ``plan``'s prompts greedily (``answers.py`` on the host): one record per prompt (its
+        ``text``, ``tokens``, ``logprobs``, ``error``), and an error line when the probe itself failed."""
+        assert self.ref is not None
+        args = [self.python, "answers.py", "--base-url", f"http://127.0.0.1:{int(self.launch.port)}",
+                "--model", plan.model, "--prompts", plan.prompts_file, "--max-tokens", str(plan.max_tokens)]
+        cmd = f"cd {shlex.quote(self.ref.run_dir)} && exec " + " ".join(shlex.quote(a) for a in args)
+        try:
+            res = self.host.run(cmd, timeout=plan.timeout)
+        except RunnerError as exc:
+            return [], str(exc)
+        records = [r for r in (_answer_record(line) for line in res.stdout.splitlines()) if r is not None]
+        if res.rc != 0 and not records:
+            return [], f"the correctness probe exited with {res.rc}: {res.stderr.strip()[-300:]}"
+        return records, ""
 
     # ---- readiness -----------------------------------------------------------------------------
 
@@ -567,6 +622,8 @@ class ServerSession:
                 lines.put(None)
 
         pumper = threading.Thread(target=pump, name=f"bench-{self.run_id}", daemon=True)
+        self._loading.set()
+        window_start = time.time()
         pumper.start()
         deadline = time.monotonic() + timeout
         try:
@@ -591,9 +648,13 @@ class ServerSession:
                     break
                 record = _json_record(line)
                 if record is not None:
+                    now = time.time()
+                    self.level_windows.append((window_start, now))
+                    window_start = now
                     result.levels.append(record)
                     self._on_event(LevelDone(record))
         finally:
+            self._loading.clear()
             stream.close()
             pumper.join(timeout=5)
         return result
@@ -622,6 +683,14 @@ class ServerSession:
         if code is None:
             return Failure(FailureKind.HOST_UNREACHABLE, self.parser.phase, "load generator connection lost")
         return Failure(FailureKind.INFRA, self.parser.phase, f"load generator exited with {code}")
+
+
+def _answer_record(line: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and "index" in data else None
 
 
 def _json_record(line: str) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from runners.printable import printable
 
 GPU_QUERY = (
-    "nvidia-smi --query-gpu=index,name,memory.total,memory.used,memory.free,utilization.gpu "
+    "nvidia-smi --query-gpu=index,name,memory.total,memory.used,memory.free,utilization.gpu,power.draw "
     "--format=csv,noheader,nounits"
 )
 APPS_QUERY = "nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader,nounits"
@@ -35,6 +35,8 @@ class GpuStatus:
     used_mib: float | None
     free_mib: float | None
     utilization_pct: float | None
+    power_w: float | None = None
+    """``power.draw`` in W (None where the GPU does not report it)."""
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,9 @@ def parse_gpus(text: str) -> list[GpuStatus]:
         if len(row) < 6 or not row[0].isdigit():
             raise SmiOutputError(f"nvidia-smi printed a line that is not its GPU CSV: {_shown(', '.join(row))!r}")
         index, name, total, used, free, util = row[:6]
+        power = _number(row[6]) if len(row) > 6 else None
         out.append(GpuStatus(int(index), _shown(name), _number(total), _number(used), _number(free),
-                             _number(util)))
+                             _number(util), power))
     return out
 
 

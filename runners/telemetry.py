@@ -59,6 +59,8 @@ class FailureKind(StrEnum):
     PREDICTED_OOM = "predicted_oom"
     """Not launched: the study's memory model says the configuration dies of OOM (a prediction, never a
     measured OOM)."""
+    CONSTRAINT = "constraint"
+    """Not launched: the configuration breaks one of the space's constraints between knobs."""
 
     @property
     def config_caused(self) -> bool:
@@ -83,6 +85,7 @@ CONFIG_CAUSED: dict[FailureKind, bool] = {
     FailureKind.INTERRUPTED: False,
     FailureKind.INFRA: False,
     FailureKind.DIST_INIT_TIMEOUT: False,  # a node that never joined: the hosts or the network, not the knobs
+    FailureKind.CONSTRAINT: True,  # PRUNED without a launch: the sampler learns to stay inside the constraint
     FailureKind.PREDICTED_OOM: True,  # PRUNED without a launch: the sampler learns the region is infeasible
 }
 assert set(CONFIG_CAUSED) == set(FailureKind), "every FailureKind says whether the configuration caused it"

@@ -37,11 +37,43 @@ def sim_calibration(space: Space) -> str | None:
         return None
 
 
+def free_flag_problem(space: Space, engine: Engine, version: str | None) -> str | None:
+    """One line naming the first free flag or variable of ``space`` that the engine release at ``version`` (None:
+    the newest tabled) would refuse, or that servetune owns, or None."""
+    knob_spellings = {f: k for k in engine.knob_flags for f in {engine.knob_flag(k, v) for v in _SPELLING_VERSIONS}}
+    table = engine.flag_table(version)
+    for flag, spec in space.knobs.flags.items():
+        if flag in engine.owned_flags:
+            return (f"knobs.flags.{flag}: servetune sets {flag} itself (bind address, port, model, parallelism); "
+                    "it cannot be searched")
+        if flag in knob_spellings:
+            return f"knobs.flags.{flag}: {flag} is the named knob {knob_spellings[flag]}; search it there"
+        if table is not None:
+            values = getattr(spec, "values", None) or [spec.low, spec.high]  # type: ignore[union-attr]
+            problem = table.flag_problem(flag, values)
+            if problem is not None:
+                return f"knobs.flags: {problem}"
+    owned_env = set(engine.scratch_vars) | set(engine.env_knobs.values()) | {"CUDA_VISIBLE_DEVICES"}
+    for var in space.knobs.env:
+        if var in owned_env:
+            return f"knobs.env.{var}: servetune sets {var} itself; it cannot be searched"
+        if var in space.env:
+            return f"knobs.env.{var}: env sets it too; remove it from env"
+        problem = table.env_problem(var) if table is not None else None
+        if problem is not None:
+            return f"knobs.env: {problem}"
+    return None
+
+
 def engine_problem(space: Space) -> str | None:
     """One line naming what the engine's flag table says every trial of ``space`` would lose, or None."""
     engine = engine_of(space)
-    searched = [k for k in space.knobs.searched() if not k.startswith("nccl")]
+    problem = free_flag_problem(space, engine, space.engine.version)
+    if problem is not None:
+        return problem
+    searched = [k for k in space.knobs.named]
     flags = {k: {engine.knob_flag(k, v) for v in _SPELLING_VERSIONS} for k in searched if k in engine.knob_flags}
+    flags.update({flag: {flag} for flag in space.knobs.flags})
     problem = fixed_args_problem(space.fixed_args, flags)
     if problem is not None:
         return f"fixed_args: {problem}"

@@ -45,6 +45,8 @@ class LaunchConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(ge=1, le=65535)
     knobs: dict[str, Any] = Field(default_factory=dict)
+    flags: dict[str, Any] = Field(default_factory=dict)
+    """Free engine flags searched (``--schedule-policy``: ``lpm``); None or false: left out."""
     fixed_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     engine_options: dict[str, Any] = Field(default_factory=dict)
@@ -61,16 +63,20 @@ class LaunchConfig(BaseModel):
 
     @classmethod
     def from_params(cls, space: Space, params: Mapping[str, Any], *, port: int | None = None) -> LaunchConfig:
-        """Build the launch config for sampled ``params`` (knob names; NCCL as ``nccl.NAME``)."""
+        """Build the launch config for sampled ``params`` (knob names; NCCL as ``nccl.NAME``, free variables as
+        ``env.NAME``, free flags by their own name ``--flag``). Knobs a condition switches off are left out."""
         knobs: dict[str, Any] = {}
+        flags: dict[str, Any] = {}
         env = dict(space.env)
         nodes = space.node_counts[0]
-        for name, value in params.items():
+        for name, value in space.knobs.active(dict(params)).items():
             if name == NODES_PARAM:
                 nodes = int(value)
-            elif name.startswith("nccl."):
+            elif name.startswith(("nccl.", "env.")):
                 if value != UNSET:
-                    env[name.removeprefix("nccl.")] = str(value)
+                    env[name.split(".", 1)[1]] = str(value)
+            elif name.startswith("--"):
+                flags[name] = value
             else:
                 knobs[name] = value
         return cls(
@@ -79,6 +85,7 @@ class LaunchConfig(BaseModel):
             model_path=space.model_path,
             port=port or space.port,
             knobs=knobs,
+            flags=flags,
             fixed_args=tuple(space.fixed_args),
             env=env,
             engine_options=engine_options(space),

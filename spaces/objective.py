@@ -52,7 +52,14 @@ PARETO_METRICS: dict[str, Literal["maximize", "minimize"]] = {
                                      "total_throughput")},
     **{f"{stat}_{what}_ms": "minimize" for what in ("ttft", "tpot", "itl", "e2e_latency")
        for stat in ("mean", "median", "p99")},
+    "cost_per_mtok": "minimize",
+    "energy_per_token_j": "minimize",
 }
+
+#: Figures a trial derives from its target level and its host rather than the load generator's record: the price
+#: of a million output tokens (from the host's price per GPU-hour) and the joules per output token (from
+#: nvidia-smi's power.draw over the level's load window).
+DERIVED_METRICS = ("cost_per_mtok", "energy_per_token_j")
 
 
 class ParetoMetric(Strict):
@@ -84,7 +91,9 @@ class ParetoMetric(Strict):
 
 #: The unit of each figure a trial can be scored by (:attr:`Objective.scored_by`), for what prints it.
 OBJECTIVE_UNITS = {"output_throughput": "tok/s", "total_throughput": "tok/s", "input_throughput": "tok/s",
-                   "request_throughput": "req/s", "slo_request_rate": "req/s", "slo_goodput": "tok/s"}
+                   "request_throughput": "req/s", "slo_request_rate": "req/s", "slo_goodput": "tok/s",
+                   "cost_per_mtok": "per 1M output tokens (the inventory's currency)",
+                   "energy_per_token_j": "J/output token"}
 
 
 class Objective(Strict):
@@ -95,10 +104,17 @@ class Objective(Strict):
       it is searched), with at most ``level`` requests in flight;
     * ``pareto``: two or more ``metrics`` at concurrency ``level``, each with its direction, as one Optuna
       multi-objective study (the trials that no other beats on every metric form the front); SLO limits
-      (p99 TTFT, p99 TPOT) are Optuna constraints, as for ``throughput_at``.
+      (p99 TTFT, p99 TPOT) are Optuna constraints, as for ``throughput_at``;
+    * ``cost_per_mtok``: the price of a million output tokens at concurrency ``level`` (each host's
+      ``price_per_gpu_hour`` in the inventory x the server's GPUs / its output throughput), minimised;
+    * ``energy_per_token``: joules per output token at ``level`` (nvidia-smi's ``power.draw`` summed over the
+      server's GPUs, averaged over that level's load window only, / its output throughput), minimised.
+      Both take SLO limits as ``throughput_at`` does, and both can be ``pareto`` metrics
+      (``cost_per_mtok``, ``energy_per_token_j``).
     """
 
-    kind: Literal["throughput_at", "max_rate_under_slo", "pareto"] = "throughput_at"
+    kind: Literal["throughput_at", "max_rate_under_slo", "pareto", "cost_per_mtok", "energy_per_token"] = \
+        "throughput_at"
     metric: Literal["output_throughput", "request_throughput", "total_throughput"] = "output_throughput"
     metrics: list[ParetoMetric] | None = None
     level: int | None = None
@@ -113,6 +129,12 @@ class Objective(Strict):
             raise ValueError(f"metrics is only for kind pareto (this objective is {self.kind}: give metric)")
         if self.kind == "pareto":
             self._check_pareto()
+        if self.kind in ("cost_per_mtok", "energy_per_token"):
+            if "metric" in self.model_fields_set:
+                raise ValueError(f"{self.kind} scores {self.scored_by}; drop metric")
+            if self.slo.max_error_rate is not None:
+                raise ValueError("slo.max_error_rate is only for max_rate_under_slo; allowed here: "
+                                 "slo.p99_ttft_ms, slo.p99_tpot_ms")
         if self.kind == "max_rate_under_slo":
             if not self.slo.limits():
                 raise ValueError("max_rate_under_slo needs at least one slo limit "
@@ -148,6 +170,10 @@ class Objective(Strict):
             return "slo_request_rate" if self.rate_search.result == "rate" else "slo_goodput"
         if self.kind == "pareto":
             return self.metric_names[0]
+        if self.kind == "cost_per_mtok":
+            return "cost_per_mtok"
+        if self.kind == "energy_per_token":
+            return "energy_per_token_j"
         return self.metric
 
     @property
@@ -159,7 +185,18 @@ class Objective(Strict):
 
     @property
     def directions(self) -> list[Literal["maximize", "minimize"]]:
-        """The study's directions, one per :attr:`metric_names` (every single objective is maximised)."""
+        """The study's directions, one per :attr:`metric_names` (a throughput or rate is maximised, a cost or an
+        energy minimised)."""
         if self.kind == "pareto":
             return [m.sense for m in self.metrics or []]
-        return ["maximize"]
+        return [PARETO_METRICS.get(self.scored_by, "maximize")]
+
+    @property
+    def needs_price(self) -> bool:
+        """Every host must state its price per GPU-hour."""
+        return "cost_per_mtok" in self.metric_names
+
+    @property
+    def needs_power(self) -> bool:
+        """The hosts' nvidia-smi must report power.draw."""
+        return "energy_per_token_j" in self.metric_names

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,16 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from runners.errors import ConfigError, did_you_mean
+from spaces.correctness import Correctness, load_prompts
+from spaces.coupling import (
+    Constraint,
+    EnvValues,
+    FlagRange,
+    FlagValues,
+    activate,
+    parse_constraint,
+    search_order,
+)
 from spaces.guards import fixed_args_problem
 from spaces.names import check_identifier, check_name
 from spaces.nccl import (
@@ -192,6 +203,85 @@ class Knobs(Strict):
     max_model_len: IntChoices | None = None
     enforce_eager: BoolChoices | None = None
     kv_cache_space_gib: IntChoices | None = None
+    # Any engine, beside the named knobs (spaces/coupling.py)
+    flags: dict[str, FlagValues | FlagRange] = Field(default_factory=dict)
+    """Free engine flags (``--schedule-policy: [lpm, fcfs]``), checked against the engine release's flag table."""
+    env: dict[str, EnvValues] = Field(default_factory=dict)
+    """Free environment variables (``unset``: left out)."""
+    constraints: list[str] = Field(default_factory=list)
+    """Comparisons between knobs a configuration must keep to be launched."""
+
+    @field_validator("flags", "env", mode="before")
+    @classmethod
+    def _bare_lists(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: {"values": x} if isinstance(x, list) else x for k, x in v.items()}
+        return v
+
+    @field_validator("flags")
+    @classmethod
+    def _flag_names(cls, v: dict[str, FlagValues | FlagRange]) -> dict[str, FlagValues | FlagRange]:
+        for name in v:
+            if not FLAG_NAME_RE.fullmatch(name):
+                raise ValueError(f"{name!r} is not a long flag (--word-word)")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, EnvValues]) -> dict[str, EnvValues]:
+        for name in v:
+            check_identifier(name)
+            if name in NCCL_VARIABLES:
+                raise ValueError(f"{name}: search NCCL variables under knobs.nccl (their rules are checked there)")
+        return v
+
+    @field_validator("constraints")
+    @classmethod
+    def _constraints(cls, v: list[str]) -> list[str]:
+        for text in v:
+            parse_constraint(text)
+        return v
+
+    @model_validator(mode="after")
+    def _coupling(self) -> Knobs:
+        searched = self.searched()
+        for name, when in self.conditions().items():
+            for parent, wanted in when.items():
+                if parent == name or parent not in searched:
+                    raise ValueError(f"{name}: when names {parent}, which is not a searched knob; allowed: "
+                                     f"{', '.join(k for k in searched if k != name)}")
+                allowed = _values_of(searched[parent])
+                for w in wanted:
+                    if allowed is not None and not any(_same_value(w, a) for a in allowed):
+                        raise ValueError(f"{name}: when {parent}: {w!r} is not one of its values "
+                                         f"({', '.join(map(str, allowed))})")
+        search_order(list(searched), self.conditions())
+        for text in self.constraints:
+            for knob in parse_constraint(text).knobs:
+                if knob not in searched:
+                    raise ValueError(f"constraint {text!r}: {knob} is not a searched knob")
+        return self
+
+    def conditions(self) -> dict[str, dict[str, list[Any]]]:
+        """Conditional knob -> {knob it depends on: the values that switch it on}."""
+        out: dict[str, dict[str, list[Any]]] = {}
+        for prefix, table in (("", self.flags), ("env.", self.env)):
+            for name, spec in table.items():
+                when = spec.conditions
+                if when:
+                    out[prefix + name] = when
+        return out
+
+    def order(self) -> list[str]:
+        """Searched knobs in the order they are sampled: each after the knobs its ``when`` names."""
+        return search_order(list(self.searched()), self.conditions())
+
+    def active(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` without the knobs their conditions switch off."""
+        return activate(params, self.order(), self.conditions())
+
+    def parsed_constraints(self) -> list[Constraint]:
+        return [parse_constraint(text) for text in self.constraints]
 
     @field_validator("mem_fraction_static", "gpu_memory_utilization")
     @classmethod
@@ -232,14 +322,43 @@ class Knobs(Strict):
         """Knob name -> its spec, for the knobs present (NCCL variables as ``nccl.NAME``)."""
         out: dict[str, Any] = {}
         for name in type(self).model_fields:
-            if name == "nccl":
+            if name in _FREE:
                 continue
             spec = getattr(self, name)
             if spec is not None:
                 out[name] = spec
         for var, values in self.nccl.items():
             out[f"nccl.{var}"] = values
+        out.update(self.flags)
+        for var, spec in self.env.items():
+            out[f"env.{var}"] = spec
         return out
+
+    @property
+    def named(self) -> list[str]:
+        """The named knobs the space sets (not the free flags and variables)."""
+        return [n for n in type(self).model_fields if n not in _FREE and getattr(self, n) not in (None, {})]
+
+
+#: Knobs fields that are not one named knob each.
+_FREE = frozenset({"nccl", "flags", "env", "constraints"})
+#: A long flag as a space names it.
+FLAG_NAME_RE = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def _values_of(spec: Any) -> list[Any] | None:
+    """A searched knob's values (None: a range)."""
+    if isinstance(spec, FlagValues | EnvValues | IntChoices | BoolChoices):
+        return list(spec.values if isinstance(spec, FlagValues | EnvValues) else spec.choices)
+    if isinstance(spec, list):
+        return list(spec)
+    return None
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    return bool(a == b) or (isinstance(b, str) and str(a) == b)
 
 
 ENGINE_KNOBS: dict[str, frozenset[str]] = {
@@ -481,6 +600,14 @@ class Space(Strict):
         """The most nodes a trial of this space spans (the size of host group it needs)."""
         return max(self.node_counts)
 
+    correctness: Correctness = Field(default_factory=Correctness)
+    """The correctness gate (:mod:`spaces.correctness`): answers compared with a reference configuration's."""
+
+    @property
+    def gate_on(self) -> bool:
+        """Whether every configuration's answers are checked before it can be the answer."""
+        return self.correctness.on_for(list(self.knobs.searched()))
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
@@ -516,11 +643,30 @@ class Space(Strict):
     def memory_limit_bytes(self) -> int | None:
         return None if self.memory_limit is None else parse_size(self.memory_limit)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_knob_names(cls, data: Any) -> Any:
+        # An unknown knob is named against this engine's knobs only (not every engine's).
+        if not isinstance(data, dict) or not isinstance(data.get("knobs"), dict):
+            return data
+        engine = data.get("engine")
+        kind = engine.get("kind") if isinstance(engine, dict) else None
+        if kind not in ENGINE_KNOBS:
+            return data
+        allowed = sorted(ENGINE_KNOBS[kind] | _FREE)
+        for name, value in data["knobs"].items():
+            if name not in allowed and value not in (None, {}, []):  # a dumped space names every knob, unset
+                flag = "--" + str(name).replace("_", "-")
+                close = did_you_mean(str(name), allowed)
+                what = close if close else f": not a {kind} knob (an engine flag? search it as knobs.flags.{flag})"
+                raise ValueError(f"knobs.{name}: unknown key{what}; allowed ({kind}): {', '.join(allowed)}")
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> Space:
-        allowed = self.engine.knobs
+        allowed = self.engine.knobs | _FREE
         for name in self.knobs.model_fields_set:
-            if getattr(self.knobs, name) not in (None, {}) and name not in allowed:
+            if getattr(self.knobs, name) not in (None, {}, []) and name not in allowed:
                 raise ValueError(
                     f"knobs.{name} is not a {self.engine.kind} knob; allowed: {', '.join(sorted(allowed))}"
                 )
@@ -640,13 +786,16 @@ def load_space(path: str | Path) -> Space:
         space = Space.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = _loc(err["loc"]) or "(top level)"
-        raise ConfigError(f"{p}: {where}: {_error_message(err)}") from None
+        message = _error_message(err)
+        where = _loc(err["loc"]) or ("" if message.startswith("knobs.") else "(top level)")
+        raise ConfigError(f"{p}: {where}: {message}" if where else f"{p}: {message}") from None
     if space.engine.simulated and space.engine.python == CONTROLLER_PYTHON:
         engine = space.engine.model_copy(update={"python": sys.executable})
         space = space.model_copy(update={"engine": engine})
     if space.workload.dataset is not None:
         space = _with_dataset(space, p)
+    if space.correctness.prompts is not None:
+        space = _with_prompts(space, p)
     if space.engine.sim is not None and not Path(space.engine.sim.profile).is_absolute():
         # Profiles are found relative to the space file, then to the working directory.
         beside = (p.parent / space.engine.sim.profile).resolve()
@@ -654,6 +803,19 @@ def load_space(path: str | Path) -> Space:
             sim = space.engine.sim.model_copy(update={"profile": str(beside)})
             space = space.model_copy(update={"engine": space.engine.model_copy(update={"sim": sim})})
     return space
+
+
+def _with_prompts(space: Space, space_file: Path) -> Space:
+    """The space with its correctness prompts file made absolute (relative to the space file) and checked."""
+    assert space.correctness.prompts is not None
+    given = Path(space.correctness.prompts)
+    path = given if given.is_absolute() else space_file.parent / given
+    try:
+        load_prompts(path)
+    except ValueError as exc:
+        raise ConfigError(f"{space_file}: correctness.prompts: {exc}") from None
+    gate = space.correctness.model_copy(update={"prompts": str(path.resolve())})
+    return space.model_copy(update={"correctness": gate})
 
 
 #: A dataset larger than this is not copied to the host for every trial: point at a smaller sample.

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
+from runners.engines.flags import FlagTable
 from runners.telemetry import Failure, Phase, Telemetry
 
 BenchApi = Literal["sglang", "openai"]
@@ -52,6 +53,11 @@ class LaunchLike(Protocol):
     def port(self) -> int: ...
     @property
     def knobs(self) -> Mapping[str, Any]: ...
+    @property
+    def flags(self) -> Mapping[str, Any]:
+        """Free engine flags searched, by their own spelling (``--schedule-policy``): None or false leave the flag
+        out, true gives a switch alone."""
+        ...
     @property
     def fixed_args(self) -> tuple[str, ...]: ...
     @property
@@ -102,6 +108,14 @@ class Engine(Protocol):
     """The engine's knob -> flag table (base spelling; :meth:`knob_flag` respells it per version)."""
     env_knobs: ClassVar[Mapping[str, str]]
     """Knobs the engine takes as environment variables -> the variable."""
+    owned_flags: ClassVar[frozenset[str]]
+    """Flags servetune sets itself (bind address, port, model path, tensor parallel size): a space may not search
+    them as free flags."""
+
+    def flag_table(self, version: str | None) -> FlagTable | None:
+        """The flag table of the release that answers for ``version`` (None: the newest tabled), or None when
+        none ships (:mod:`runners.engines.flags`)."""
+        ...
 
     def tp_flag(self, args: Sequence[str]) -> int | None:
         """The tensor parallel size ``args`` ask for with one of :attr:`tp_flags`; None when they name none."""

@@ -80,6 +80,7 @@ class _Ranked:
         self.host = launch.host
         self.port = port
         self.knobs = launch.knobs
+        self.flags = launch.flags
         self.fixed_args = launch.fixed_args
         self.env = launch.env
         self.engine_options = launch.engine_options

@@ -39,6 +39,7 @@ from runners.engines.common import (
     torch_nccl_command,
     tp_from_args,
 )
+from runners.engines.flags import FlagTable, flag_args, flag_table
 from runners.errors import ConfigError
 from runners.telemetry import Failure, FailureKind, Phase
 
@@ -508,6 +509,9 @@ class SGLangEngine:
     (engine-audit #15); releases without ``/server_info`` answer 404 and the old path is asked next."""
     knob_flags: ClassVar[Mapping[str, str]] = KNOB_FLAGS
     env_knobs: ClassVar[Mapping[str, str]] = ENV_KNOBS
+    owned_flags: ClassVar[frozenset[str]] = frozenset(
+        {"--host", "--port", "--model-path", "--model", "--tensor-parallel-size", "--tp-size", "--tp",
+         "--nnodes", "--node-rank", "--dist-init-addr", "--base-gpu-id"})
     module: ClassVar[str] = "sglang.launch_server"
 
     def tp_flag(self, args: Sequence[str]) -> int | None:
@@ -543,6 +547,8 @@ class SGLangEngine:
             if value is None:
                 continue
             flags += [flag, number_arg(knob, value, is_float=knob in _FLOAT_KNOBS)]
+        for flag, value in launch.flags.items():
+            flags += flag_args(flag, value)
         return command(launch, self.module, "--model-path", flags, self._leading_args(launch, version))
 
     def rank_argv(self, launch: LaunchLike, version: str, *, nnodes: int, rank: int, head: str,
@@ -551,6 +557,9 @@ class SGLangEngine:
         release 0.5.2-0.5.23 has them: ``srt/server_args.py``); ``--tp`` stays the total over the nodes."""
         return [*self.argv(launch, version), "--nnodes", str(nnodes), "--node-rank", str(rank),
                 "--dist-init-addr", dist_init_addr(head, dist_port)]
+
+    def flag_table(self, version: str | None) -> FlagTable | None:
+        return flag_table("sglang", version)
 
     def environment(self, launch: LaunchLike, version: str) -> dict[str, str]:
         return dict(launch.env)

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from runners.engines.base import LaunchLike
 from runners.engines.common import parse_version
+from runners.engines.flags import FlagTable
 from runners.engines.sglang import SGLangEngine, SimulatedLogParser
 from runners.errors import ConfigError
 
@@ -66,6 +67,10 @@ class SimEngine(SGLangEngine):
     def inert_knobs(self, version: str | None) -> dict[str, str]:
         """SGLang's, for the emulated version (the simulated host gives an inert knob no effect either)."""
         return super().inert_knobs(version or self.version)
+
+    def flag_table(self, version: str | None) -> FlagTable | None:
+        """SGLang's, for the emulated version (the simulated host's parser takes every flag of that table)."""
+        return super().flag_table(version or self.version)
 
     def parser(self) -> SimulatedLogParser:
         return SimulatedLogParser()

@@ -59,6 +59,7 @@ from runners.engines.common import (
     torch_nccl_command,
     tp_from_args,
 )
+from runners.engines.flags import FlagTable, flag_args, flag_table
 from runners.errors import ConfigError
 from runners.telemetry import Failure, FailureKind, Phase
 
@@ -527,6 +528,8 @@ class VLLMEngine:
     info_paths: tuple[str, ...] = ("/get_server_info", "/server_info")
     knob_flags: ClassVar[Mapping[str, str]] = KNOB_FLAGS
     env_knobs: ClassVar[Mapping[str, str]] = ENV_KNOBS
+    owned_flags: ClassVar[frozenset[str]] = frozenset(
+        {"--host", "--port", "--model", "--tensor-parallel-size", "-tp", "--uds", "--headless"})
     module: ClassVar[str] = "vllm.entrypoints.openai.api_server"
 
     def tp_flag(self, args: Sequence[str]) -> int | None:
@@ -565,6 +568,8 @@ class VLLMEngine:
             if value is None:
                 continue
             flags += _knob_args(knob, flag, value)
+        for flag, value in launch.flags.items():
+            flags += flag_args(flag, value)
         return command(launch, self.module, "--model", flags)
 
     def rank_argv(self, launch: LaunchLike, version: str, *, nnodes: int, rank: int, head: str,
@@ -582,6 +587,9 @@ class VLLMEngine:
         flags = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", head,
                  "--master-port", str(dist_port)]
         return [launch.python, "-m", SERVE_MODULE, "serve", *rest, *flags, *(["--headless"] if rank else [])]
+
+    def flag_table(self, version: str | None) -> FlagTable | None:
+        return flag_table("vllm", version)
 
     def environment(self, launch: LaunchLike, version: str) -> dict[str, str]:
         env = dict(launch.env)

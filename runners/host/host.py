@@ -62,8 +62,11 @@ class Host(Shell):
         python: str | None = None,
         host_dir: str = DEFAULT_HOST_DIR,
         node_address: str = "127.0.0.1",
+        price_per_gpu_hour: float | None = None,
     ) -> None:
         super().__init__(transport, runs_root=runs_root, env=env, host_dir=host_dir)
+        self.price_per_gpu_hour = price_per_gpu_hour
+        """What one GPU of this host costs per hour (the inventory's; the ``cost_per_mtok`` objective)."""
         self.busy_mib = busy_mib
         self.server_port = server_port
         self.python = python  # the engine's python on this host, instead of the space's engine.python

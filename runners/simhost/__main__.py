@@ -47,7 +47,7 @@ def install_smi(profile_path: str | Path, state_dir: Path, bin_dir: Path) -> Pat
     settings = [str(state_dir), sys.executable, str(REPO_ROOT)]
     if any("\n" in value for value in settings):
         raise OSError(f"a path of the nvidia-smi shim holds a line break: {settings}")
-    write_host(state_dir, HostState.from_spec(profile.host, profile.name, state_dir))
+    write_host(state_dir, HostState.from_spec(profile.host, profile.name, state_dir, profile.power))
     bin_dir = bin_dir.expanduser().resolve()
     bin_dir.mkdir(parents=True, exist_ok=True)
     (bin_dir / "nvidia-smi.conf").write_text("".join(f"{v}\n" for v in settings), encoding="utf-8")

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, Protocol
 from runners.simhost.engine import RuntimeSpec, SimRequest
 from runners.simhost.launch import SimLaunch
 from runners.simhost.model import approx_tokens
+from runners.simhost.numerics import Numerics, answer
 from runners.simhost.scheduler import LevelHint, Scheduler, TokenChannel
 from runners.simhost.simlog import SimLog
 
@@ -48,6 +49,8 @@ class Served(Protocol):
     def served_name(self) -> str: ...
     @property
     def context_len(self) -> int: ...
+    @property
+    def numerics(self) -> Numerics: ...
 
     def server_info(self) -> dict[str, Any]: ...
     def model_info(self) -> dict[str, Any]: ...
@@ -75,6 +78,9 @@ class _Reply(NamedTuple):
     t0: float  # time.monotonic() when the request was accepted
     created: int
     model: str
+    prompt: str = ""
+    logprobs: bool = False
+    """A ``/v1/completions`` request that asked for ``logprobs``: each token's comes back (OpenAI's shape)."""
 
 
 def _generate_request(body: dict[str, Any]) -> tuple[Any, Any]:
@@ -290,7 +296,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         rid = str(body["rid"]) if isinstance(body.get("rid"), str) else uuid.uuid4().hex
         t0 = time.monotonic()
         created = int(time.time())
-        reply = _Reply(kind=kind, rid=rid, input_len=input_len, t0=t0, created=created, model=sim.served_name)
+        reply = _Reply(kind=kind, rid=rid, input_len=input_len, t0=t0, created=created, model=sim.served_name,
+                       prompt=prompt if isinstance(prompt, str) else " ".join(map(str, prompt)),
+                       logprobs=kind == "completions" and body.get("logprobs") not in (None, False, 0))
         scheduler.submit(req, LevelHint.from_body(body))
         if not stream:
             self._reply_whole(reply, chan)
@@ -327,6 +335,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             n, finished, _ = chan.get()
             generated += n
         text = _token_text(0, generated)
+        said = answer(reply.prompt, generated, self.sim.numerics) if kind == "completions" else None
+        if said is not None:
+            text = said.text
         if kind == "generate":
             self._json(
                 200,
@@ -344,6 +355,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             "prompt_tokens_details": None,
         }
         choice, obj = _whole_choice(kind, text)
+        if said is not None and reply.logprobs:
+            choice["logprobs"] = {"tokens": said.tokens, "token_logprobs": said.logprobs,
+                                  "top_logprobs": [{t: lp} for t, lp in zip(said.tokens, said.logprobs, strict=True)],
+                                  "text_offset": [sum(len(t) for t in said.tokens[:i]) for i in range(generated)]}
         self._json(
             200,
             {

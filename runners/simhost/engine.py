@@ -143,6 +143,31 @@ class RuntimeSpec(BaseModel):
     torch_compile_factor: float = 1.0
     time_factor: float = 1.0
     nccl: NcclCost = NcclCost()
+    # speculative decoding (0 steps: off)
+    spec_steps: int = 0
+    spec_topk: int = 1
+    spec_draft_tokens: int = 1
+    spec_acceptance: float = 0.0
+    spec_draft_ms: float = 0.0
+    spec_verify_ms_per_token: float = 0.0
+
+    def accepted_per_step(self) -> float:
+        """Tokens one speculative step yields per request on average: ``(1 - a^(k+1)) / (1 - a)`` for ``k`` draft
+        steps at acceptance ``a`` (wider trees, ``topk``, accept more), at most the verified tokens."""
+        if self.spec_steps <= 0:
+            return 1.0
+        a = 1.0 - (1.0 - self.spec_acceptance) / self.spec_topk ** 0.5
+        expected = (1.0 - a ** (self.spec_steps + 1)) / (1.0 - a)
+        return max(1.0, min(expected, float(self.spec_draft_tokens)))
+
+    def _speculative(self, ms: float, bs: int) -> float:
+        """A token's share of a speculative step: the target's step, the drafts and the extra verified tokens,
+        over the tokens accepted (speculation wins while decoding is memory-bound, at small batches)."""
+        if self.spec_steps <= 0:
+            return ms
+        step = (ms + self.spec_steps * self.spec_draft_ms
+                + self.spec_verify_ms_per_token * (self.spec_draft_tokens - 1) * bs)
+        return step / self.accepted_per_step()
 
     # -- timing ---------------------------------------------------------------------------------------------
     def graph_bs(self, n: int) -> int | None:
@@ -175,11 +200,11 @@ class RuntimeSpec(BaseModel):
             if self.torch_compile and bs <= self.torch_compile_max_bs:
                 ms *= self.torch_compile_factor
             ms += self.nccl.decode_delta_ms(bs)
-            return ms * self.time_factor / 1000.0, True
+            return self._speculative(ms, bs) * self.time_factor / 1000.0, True
         ms = ((self.decode_base_ms + self.decode_per_request_ms * n + self.moe_ms(n)) * self.eager_multiplier
               + self.eager_extra_ms)
         ms += kv_ms + self.nccl.decode_delta_ms(n)
-        return ms * self.time_factor / 1000.0, False
+        return self._speculative(ms, n) * self.time_factor / 1000.0, False
 
     def prefill_s(self, tokens: int, attn_pairs: float = 0.0) -> float:
         """A prefill batch of ``tokens`` new tokens with ``attn_pairs`` causal (query, key) pairs in all."""

@@ -20,8 +20,11 @@ back in ``/get_server_info`` without effect.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
 from typing import Any, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -358,6 +361,7 @@ def build_parser(
                 help="Deprecated alias for --cuda-graph-bs-decode.",
             )
 
+    _add_release_flags(p, v)
     if sim_flags:
         hidden = argparse.SUPPRESS
         a("--sim-profile", type=str, required=True, help=hidden)
@@ -367,6 +371,46 @@ def build_parser(
         a("--sim-ignore-sigterm", action="store_true", default=None, help=hidden)
         a("--sim-state-dir", type=str, default=None, help=hidden)
     return p
+
+
+#: SGLang's flag tables, made from each release's own parser (``runners/engines/data``, ``make flag-tables``).
+_FLAG_TABLES = Path(__file__).resolve().parents[1] / "engines" / "data" / "flags-sglang.json"
+_TYPES: dict[str, Any] = {"int": int, "float": float, "str": str}
+
+
+@cache
+def _release_flags(v: Version) -> dict[str, dict[str, Any]]:
+    """The flags of the tabled SGLang release that answers for ``v`` (the newest at or below it)."""
+    if not _FLAG_TABLES.exists():
+        return {}
+    releases = json.loads(_FLAG_TABLES.read_text())["releases"]
+    tabled = sorted(releases, key=parse_version)
+    older = [r for r in tabled if parse_version(r) <= v] or tabled[:1]
+    return dict(releases[older[-1]]["flags"]) if older else {}
+
+
+def _add_release_flags(p: argparse.ArgumentParser, v: Version) -> None:
+    """Every flag the real release has that the emulation does not spell out: accepted (and echoed in
+    ``/get_server_info``) without effect, with the release's own type and choices, so a space may search any
+    SGLang flag on the simulated host and a flag SGLang would refuse is refused here too."""
+    taken = {a.dest for a in p._actions}  # argparse has no public list of its actions
+    known = set(p._option_string_actions)
+    for name, spec in _release_flags(v).items():
+        dest = spec.get("dest") or name.lstrip("-").replace("-", "_")
+        if name in known or dest in taken:
+            continue
+        if spec["kind"] == "switch":
+            p.add_argument(name, dest=dest, action="store_true")
+        elif spec["kind"] == "list":
+            p.add_argument(name, dest=dest, nargs="+")
+        else:
+            kind = _TYPES[spec["kind"]]
+            try:
+                choices = [kind(c) for c in spec["choices"]] if spec.get("choices") else None
+            except ValueError:
+                kind, choices = str, spec["choices"]
+            p.add_argument(name, dest=dest, type=kind, choices=choices)
+        known.add(name)
 
 
 def relevant_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -49,6 +49,7 @@ from runners.simhost import texts
 from runners.simhost.engine import BatchEngine, OomDetail, RuntimeSpec, SimRequest, oom_detail
 from runners.simhost.launch import DEFAULT_VERSION, V_NEW_CG_FLAGS, BadFlag, SimLaunch, Version
 from runners.simhost.nccl import NcclCost, NcclEffect, nccl_effect_for
+from runners.simhost.numerics import Numerics
 from runners.simhost.profile import SimProfile
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "approx_tokens",
     "evaluate",
     "nccl_effect",
+    "numerics_of",
     "oom_text",
     "plan_startup",
     "predict_from_argv",
@@ -618,6 +620,8 @@ class _StartupWalk:
     def load_weights(self) -> Failure | None:
         pre = self.pre
         weights = self.mdl.weights_per_gpu(self.tp)
+        if self.launch.speculative_algorithm:
+            weights += self.profile.speculative.draft_weights_gib  # the draft model loads with the target
         self.weights = weights
         self.figs["weights_gib"] = weights
         self.durations["load_weights"] = self.tim.weight_load_s * self.nf
@@ -842,6 +846,7 @@ class _StartupWalk:
             torch_compile_factor=tim.torch_compile_factor,
             time_factor=self.nf,
             nccl=nccl_cost(profile, launch, self.nccl),
+            **_speculative_args(profile, launch),
         )
 
 
@@ -1159,3 +1164,30 @@ def predict_from_argv(
             exit_code=exc.exit_code,
         )
     return evaluate(profile, launch, workload, other_used_gib=other_used_gib, seed=seed)
+
+
+#: SGLang's speculative defaults when only the algorithm is given (srt/server_args.py, EAGLE: 3 steps, topk 1,
+#: 4 draft tokens, as ``_handle_speculative_decoding`` fills them at 0.5.10).
+_SPEC_DEFAULTS = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
+
+
+def _speculative_args(profile: SimProfile, launch: SimLaunch) -> dict[str, Any]:
+    """The runtime's speculative figures for ``launch`` (none without ``--speculative-algorithm``)."""
+    if not launch.speculative_algorithm:
+        return {}
+    got = {k: launch.args.get(k) or v for k, v in _SPEC_DEFAULTS.items()}
+    spec = profile.speculative
+    return {"spec_steps": int(got["speculative_num_steps"]), "spec_topk": int(got["speculative_eagle_topk"]),
+            "spec_draft_tokens": int(got["speculative_num_draft_tokens"]), "spec_acceptance": spec.acceptance,
+            "spec_draft_ms": spec.draft_step_ms, "spec_verify_ms_per_token": spec.verify_ms_per_token}
+
+
+def numerics_of(profile: SimProfile, launch: SimLaunch) -> Numerics:
+    """The settings of ``launch`` that change what the model answers (:mod:`runners.simhost.numerics`)."""
+    kv = launch.kv_cache_dtype.lower()
+    return Numerics(
+        spec=profile.numerics,
+        ll128_corrupts=launch.tp_size > 1 and nccl_effect(profile, launch).ll128_unsupported,
+        fp8_kv=kv.startswith(("fp8", "fp4", "mxfp", "nvfp")),
+        speculative=bool(launch.speculative_algorithm),
+    )

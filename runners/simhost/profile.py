@@ -97,6 +97,22 @@ Schema (all sizes in GiB unless the name says MiB or bytes, all durations in sim
         inter_node_gb_s: float = 50    # between nodes, per GPU (--nnodes > 1: every all-reduce crosses it,
         inter_node_latency_scale: float = 5  #   custom all-reduce is off across nodes)
 
+    numerics:                          # what settings do to the answers (the correctness gate's truth)
+      ll128_pcie_corrupt_fraction: float = 0.25   # answers corrupted by NCCL_PROTO forcing LL128 on PCIe
+      fp8_kv_logprob_shift: float = 0.04          # mean |logprob| change per token with an FP8 KV cache
+      fp8_kv_divergent_fraction: float = 0.05     # greedy answers an FP8 KV cache changes
+      speculative_logprob_noise: float = 0.002    # speculative decoding keeps the tokens
+
+    speculative:                       # --speculative-algorithm EAGLE & co (runners/simhost/engine.py)
+      acceptance: float = 0.72         # chance one drafted token is accepted (topk 1)
+      draft_step_ms: float = 0.6       # one draft forward
+      verify_ms_per_token: float = 0.05   # per extra verified token and running request
+      draft_weights_gib: float = 1.0   # draft weights per GPU
+
+    power:                             # nvidia-smi power.draw per GPU: idle_w + (max_w - idle_w) x util
+      idle_w: float = 60
+      max_w: float = 560
+
 Durations are simulated; the server divides them by its ``--sim-speed``.
 """
 
@@ -115,8 +131,11 @@ __all__ = [
     "MemorySpec",
     "ModelSpec",
     "NcclTiming",
+    "NumericsSpec",
+    "PowerSpec",
     "ProfileError",
     "SimProfile",
+    "SpeculativeSpec",
     "TimingSpec",
     "checkpoint_json",
     "load_profile",
@@ -267,6 +286,41 @@ class TimingSpec(_Frozen):
     nccl: NcclTiming
 
 
+class NumericsSpec(_Frozen):
+    """How settings change what the simulated model answers (the correctness gate's ground truth)."""
+
+    ll128_pcie_corrupt_fraction: float = Field(default=0.25, ge=0, le=1)
+    """Share of answers that ``NCCL_PROTO`` forcing LL128 on PCIe with TP > 1 corrupts (NCCL's env.rst warns that
+    LL128 where unsupported "can lead to data corruption")."""
+    fp8_kv_logprob_shift: float = Field(default=0.04, ge=0)
+    """Mean absolute logprob change (nats) an FP8 KV cache gives every generated token."""
+    fp8_kv_divergent_fraction: float = Field(default=0.05, ge=0, le=1)
+    """Share of greedy answers an FP8 KV cache changes (from a token whose top-2 margin it overturns)."""
+    speculative_logprob_noise: float = Field(default=0.002, ge=0)
+    """Logprob noise of speculative decoding (greedy verification keeps the tokens)."""
+
+
+class SpeculativeSpec(_Frozen):
+    """Speculative decoding (EAGLE-style) on the simulated host: what a draft model costs and how much it wins."""
+
+    acceptance: float = Field(default=0.72, gt=0, lt=1)
+    """Chance that the target accepts one drafted token (one chain, ``--speculative-eagle-topk 1``)."""
+    draft_step_ms: float = Field(default=0.6, ge=0)
+    """One draft forward (per ``--speculative-num-steps``)."""
+    verify_ms_per_token: float = Field(default=0.05, ge=0)
+    """What each extra verified token adds per running request to the target's step (compute-bound at large
+    batches: speculation pays at small ones)."""
+    draft_weights_gib: float = Field(default=1.0, ge=0)
+    """The draft model's weights on each GPU (loaded after the target's: less room for the KV pool)."""
+
+
+class PowerSpec(_Frozen):
+    """What the simulated ``nvidia-smi`` reports as ``power.draw`` per GPU: idle, rising with utilisation."""
+
+    idle_w: float = Field(default=60.0, ge=0)
+    max_w: float = Field(default=560.0, gt=0)
+
+
 class SimProfile(_Frozen):
     name: str
     description: str = ""
@@ -275,6 +329,9 @@ class SimProfile(_Frozen):
     model: ModelSpec
     memory: MemorySpec
     timing: TimingSpec
+    numerics: NumericsSpec = Field(default_factory=NumericsSpec)
+    power: PowerSpec = Field(default_factory=PowerSpec)
+    speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
 
     @property
     def calibration_line(self) -> str:

@@ -45,6 +45,19 @@ LEVEL_WAIT_S = 10.0
 for that level (a client that went away, or stopped early); from then on its requests arrive when they come."""
 
 
+#: Wall seconds without a batch before the simulated GPU reads as idle.
+IDLE_AFTER_S = 0.5
+
+
+def _utilization(batch: Batch, max_running: int) -> int:
+    """``utilization.gpu`` while ``batch`` runs: a prefill keeps the GPU busy; a decode step fills it with its
+    batch (a third busy with one request, full at the largest running batch), so power rises with the load."""
+    if batch.kind != "decode" or not batch.decode_steps:
+        return 100
+    n = max(size for size, _, _ in batch.decode_steps)
+    return min(100, round(35 + 65 * n / max(1, max_running)))
+
+
 class SchedulerHost(Protocol):
     """What the scheduler needs of the server it runs in (:class:`runners.simhost.server.SimServer`)."""
 
@@ -152,6 +165,8 @@ class Scheduler(threading.Thread):
         self._log_t = time.monotonic()
         self._next_decode_log = server.launch.decode_log_interval
         self._busy = False
+        self._util = 0
+        self._last_batch = 0.0
 
     def sim_now(self) -> float:
         """The simulated clock now: advanced by the wall clock only while the scheduler is idle."""
@@ -260,11 +275,14 @@ class Scheduler(threading.Thread):
                 self.clock_s = target
                 self._jump = None
             return None
-        if self._busy:
+        # A GPU between two requests of a closed loop still reads as busy (nvidia-smi's utilization is an average
+        # over its sample period): idle only after IDLE_AFTER_S without a batch.
+        if self._busy and time.monotonic() - self._last_batch >= IDLE_AFTER_S:
             self._busy = False
+            self._util = 0
             self.server.gpu_memory.set_util(0)
         self._set_idle(True)
-        self.wake.wait(timeout=1.0)
+        self.wake.wait(timeout=IDLE_AFTER_S if self._busy else 1.0)
         return None
 
     def run(self) -> None:
@@ -274,9 +292,12 @@ class Scheduler(threading.Thread):
             batch = self._next_batch()
             if batch is None:
                 continue
-            if not self._busy:
-                self._busy = True
-                self.server.gpu_memory.set_util(100)
+            self._busy = True
+            self._last_batch = time.monotonic()
+            util = _utilization(batch, self.spec.max_running_requests)
+            if util != self._util:
+                self._util = util
+                self.server.gpu_memory.set_util(util)
             wall = batch.duration_s / self.speed
             if batch.kind == "prefill":  # SGLang logs a prefill batch when it forms it, before running it
                 self._log_prefill(batch, wall)

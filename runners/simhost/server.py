@@ -50,6 +50,7 @@ from runners.simhost.model import (
     Failure,
     ResolvedArgs,
     StartupPlan,
+    numerics_of,
     oom_text,
     plan_startup,
 )
@@ -106,6 +107,7 @@ class SimServer:
         self.httpd: http.server.ThreadingHTTPServer | None = None
         self._dying = threading.Lock()
         self.context_len = profile.model.context_length
+        self.numerics = numerics_of(profile, launch)
         self.served_name = launch.served_model_name or launch.model_path
         self.started_wall = time.time()
 
@@ -205,7 +207,7 @@ class SimServer:
     def run(self) -> int:
         self._install_signals()
         p, launch = self.profile, self.launch
-        write_host(self.state_dir, HostState.from_spec(p.host, p.name, self.state_dir))
+        write_host(self.state_dir, HostState.from_spec(p.host, p.name, self.state_dir, p.power))
         self.gpu_memory.note_others()
         plan = plan_startup(p, launch, other_used_gib=self.gpu_memory.other_used_gib(), seed=self.seed)
         self.plan = plan

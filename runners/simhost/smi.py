@@ -66,7 +66,7 @@ _GPU_FIELDS: dict[str, _GpuField] = {
     "utilization.gpu": ("utilization.gpu", "%", lambda g: str(g.util)),
     "utilization.memory": ("utilization.memory", "%", lambda g: str(g.util // 3)),
     "temperature.gpu": ("temperature.gpu", "", lambda g: str(32 + g.util // 3)),
-    "power.draw": ("power.draw", "W", lambda g: f"{60.0 + 5.0 * g.util:.2f}"),
+    "power.draw": ("power.draw", "W", lambda g: f"{g.host.idle_w + (g.host.max_w - g.host.idle_w) * g.util / 100:.2f}"),
     "compute_mode": ("compute_mode", "", lambda g: "Default"),
     "persistence_mode": ("persistence_mode", "", lambda g: "Enabled"),
 }

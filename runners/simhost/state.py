@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # nvidia-smi reads state without importing pydantic: it runs on every sample
-    from runners.simhost.profile import HostSpec
+    from runners.simhost.profile import HostSpec, PowerSpec
 
 __all__ = [
     "HostState",
@@ -66,9 +66,12 @@ class HostState:
     interconnect: str
     uuids: tuple[str, ...]
     profile: str = ""
+    idle_w: float = 60.0
+    max_w: float = 560.0
 
     @classmethod
-    def from_spec(cls, spec: HostSpec, profile: str = "", state_dir: Path | None = None) -> HostState:
+    def from_spec(cls, spec: HostSpec, profile: str = "", state_dir: Path | None = None,
+                  power: PowerSpec | None = None) -> HostState:
         """The host of ``spec``. Its GPUs' UUIDs follow the state directory: two simulated hosts (two state
         directories) are two sets of GPUs, as two machines are, and servetune keeps their claims apart."""
         where = f"{state_dir.expanduser().resolve()}/" if state_dir is not None else ""
@@ -85,6 +88,8 @@ class HostState:
             interconnect=spec.interconnect,
             uuids=uuids,
             profile=profile,
+            idle_w=power.idle_w if power is not None else 60.0,
+            max_w=power.max_w if power is not None else 560.0,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -97,6 +102,8 @@ class HostState:
             "interconnect": self.interconnect,
             "uuids": list(self.uuids),
             "profile": self.profile,
+            "idle_w": self.idle_w,
+            "max_w": self.max_w,
         }
 
 
@@ -122,6 +129,8 @@ def read_host(state_dir: Path) -> HostState | None:
             interconnect=str(d.get("interconnect", "")),
             uuids=tuple(d["uuids"]),
             profile=str(d.get("profile", "")),
+            idle_w=float(d.get("idle_w", 60.0)),
+            max_w=float(d.get("max_w", 560.0)),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import optuna
+
 from runners.engines import engine_for
 from runners.engines.script import render
 from runners.errors import ConfigError
@@ -22,11 +24,14 @@ from runners.simhost.profile import load_profile
 from search.spaces import engine_of
 from search.strategy.design import MEMORY_KNOB, probe_params, startup_design
 from search.strategy.distributions import distributions, held_inert, inert_knobs
+from spaces.correctness import changes_numerics
+from spaces.coupling import EnvValues, FlagRange, FlagValues, is_active
 from spaces.launch import LaunchConfig, engine_options
 from spaces.nccl import version_text
 from spaces.schema import OBJECTIVE_UNITS, BoolChoices, FloatRange, IntChoices, Space
 
-__all__ = ["DryRun", "check_complete", "describe_space", "dry_run", "example_command", "grid_size", "knob_values"]
+__all__ = ["DryRun", "check_complete", "describe_space", "dry_run", "example_command", "grid_size", "knob_tree",
+           "knob_values"]
 
 #: The version flags are spelled for when the space leaves it to the host (newest spelling of every flag).
 _NEWEST = "999.0.0"
@@ -54,24 +59,93 @@ def knob_values(spec: Any) -> tuple[str, int | None]:
     if isinstance(spec, IntChoices | BoolChoices):
         words = ["engine default" if c is None else str(c).lower() for c in spec.choices]
         return "one of " + ", ".join(words), len(words)
+    if isinstance(spec, FlagRange):
+        if spec.integer:
+            step = int(spec.step or 1)
+            return f"{spec.low} to {spec.high}" + (f" in steps of {step}" if step != 1 else ""), \
+                (int(spec.high) - int(spec.low)) // step + 1
+        return knob_values(FloatRange(low=spec.low, high=spec.high, step=spec.step))
+    if isinstance(spec, FlagValues):
+        words = ["left out (engine default)" if c is None else str(c).lower() if isinstance(c, bool) else str(c)
+                 for c in spec.values]
+        return "one of " + ", ".join(words), len(words)
+    if isinstance(spec, EnvValues):
+        return knob_values(list(spec.values))
     values = [str(v) for v in spec]
     return "one of " + ", ".join("unset (engine default)" if v == "unset" else v for v in values), len(values)
 
 
 def grid_size(space: Space) -> int | None:
-    """Configurations in the searched grid (the product of every searched knob's values), None when a knob is
-    a continuous range."""
+    """Configurations in the searched grid, None when a knob is a continuous range: the product of every
+    searched knob's values; with conditional knobs, the branches of the tree counted one by one (a knob counts
+    only where its condition holds, a configuration only when it keeps the space's constraints)."""
     searched = space.knobs.searched()
-    total = 1
-    for name, dist in distributions(space).items():
-        if name not in searched:  # the node count (nodes: {choices: [...]}): a categorical of its own
-            total *= len(getattr(dist, "choices", ()))
-            continue
+    dists = distributions(space)
+    # the node count (nodes: {choices: [...]}) is a categorical of its own, outside the knobs' tree
+    nodes = math.prod(len(getattr(d, "choices", ())) for n, d in dists.items() if n not in searched)
+    names = [n for n in space.knobs.order() if n in dists]
+    values: dict[str, list[Any]] = {}
+    for name in names:
         count = knob_values(searched[name])[1]
         if count is None:
             return None
-        total *= count
-    return total
+        values[name] = _grid_values(searched[name], dists[name])
+    if not space.knobs.conditions() and not space.knobs.constraints:
+        return nodes * math.prod(len(v) for v in values.values())
+    constraints = space.knobs.parsed_constraints()
+    conditions = space.knobs.conditions()
+
+    def branches(i: int, chosen: dict[str, Any]) -> int:
+        if i == len(names):
+            return int(all(c.holds(chosen) for c in constraints))
+        name = names[i]
+        if not is_active(name, chosen, conditions):
+            return branches(i + 1, chosen)
+        return sum(branches(i + 1, {**chosen, name: v}) for v in values[name])
+
+    return nodes * branches(0, {})
+
+
+def _grid_values(spec: Any, dist: Any) -> list[Any]:
+    """The values a knob takes in the grid."""
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return list(dist.choices)
+    if isinstance(dist, optuna.distributions.IntDistribution):
+        return list(range(dist.low, dist.high + 1, dist.step))
+    n = knob_values(spec)[1] or 1
+    return [dist.low + i * (dist.step or 0) for i in range(n)]
+
+
+def knob_tree(space: Space, state: Mapping[str, str]) -> list[str]:
+    """The searched knobs as a tree, one line each: a conditional knob under the knob and value(s) that switch
+    it on. ``state`` says per knob whether the engine version reads it."""
+    searched = space.knobs.searched()
+    conditions = space.knobs.conditions()
+    children: dict[tuple[str, str], list[str]] = {}
+    roots: list[str] = []
+    for name in space.knobs.order():
+        when = conditions.get(name)
+        if not when:
+            roots.append(name)
+            continue
+        parent, wanted = next(iter(when.items()))  # drawn under its first condition; the others are named
+        children.setdefault((parent, ", ".join(map(str, wanted))), []).append(name)
+    lines: list[str] = []
+
+    def show(name: str, depth: int) -> None:
+        values, _ = knob_values(searched[name])
+        extra = [f"{p} = {', '.join(map(str, w))}" for p, w in list(conditions.get(name, {}).items())[1:]]
+        also = f" (and when {'; '.join(extra)})" if extra else ""
+        lines.append(f"{'  ' * depth}  {name}: {values}{also} [{state.get(name, 'live')}]")
+        for (parent, wanted), kids in children.items():
+            if parent == name:
+                lines.append(f"{'  ' * depth}    when {name} = {wanted}:")
+                for kid in kids:
+                    show(kid, depth + 2)
+
+    for name in roots:
+        show(name, 0)
+    return lines
 
 
 def sim_card_mib(space: Space) -> float | None:
@@ -131,7 +205,8 @@ def _objective_words(space: Space) -> str:
         if slo:
             text += f", subject to {slo}"
     else:
-        text = f"maximise {obj.metric} ({unit}) at concurrency {space.target_level}"
+        sense = "minimise" if obj.directions[0] == "minimize" else "maximise"
+        text = f"{sense} {obj.scored_by} ({unit}) at concurrency {space.target_level}"
         if slo:
             text += f", subject to {slo}"
     return text
@@ -174,15 +249,15 @@ def describe_space(space: Space) -> list[str]:
     inert = inert_knobs(space.engine.kind, space.engine.version, engine_options(space))
     held = held_inert(space)
     lines.append("knobs (live: the engine version reads it; inert: it has no effect, see the warnings):")
-    for name, spec in space.knobs.searched().items():
-        values, _count = knob_values(spec)
+    state = {}
+    for name in space.knobs.searched():
         if name in held:
-            state = "inert in this engine version: held at the engine default, not searched"
+            state[name] = "inert in this engine version: held at the engine default, not searched"
         elif name in inert:
-            state = "inert in this engine version, searched anyway (search_inert)"
-        else:
-            state = "live"
-        lines.append(f"  {name}: {values} [{state}]")
+            state[name] = "inert in this engine version, searched anyway (search_inert)"
+    lines += knob_tree(space, state)
+    for text in space.knobs.constraints:
+        lines.append(f"  constraint: {text} (a configuration that breaks it is not launched)")
     if space.max_nodes > 1:
         counts = space.node_counts
         which = f"{counts[0]}" if len(counts) == 1 else f"searched over {', '.join(map(str, counts))}"
@@ -195,6 +270,7 @@ def describe_space(space: Space) -> list[str]:
         lines.append(f"NCCL rules: {_nccl_words(space)}")
     lines.append(f"workload: {_workload_words(space)}")
     lines.append(f"objective: {_objective_words(space)}")
+    lines.append(f"correctness gate: {_gate_words(space)}")
     lines.append(f"budget: {_budget_words(space)}")
     command, env = example_command(space)
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
@@ -204,6 +280,26 @@ def describe_space(space: Space) -> list[str]:
         spelled += "; --mem-fraction-static follows the host's cards (SGLang's default with twice its reserve)"
     lines.append(f"first launch (the probe{spelled}): " + (f"{exports} " if exports else "") + command)
     return lines
+
+
+def _gate_words(space: Space) -> str:
+    """Whether the correctness gate runs, why, and what it asks."""
+    gate = space.correctness
+    if not space.gate_on:
+        why = "switched off (correctness.enabled: false)" if gate.enabled is False else \
+            "off: no searched knob can change numerics (correctness.enabled: true turns it on)"
+        return why
+    numerics = [k for k in space.knobs.searched() if changes_numerics(k)]
+    why = "on (correctness.enabled: true)" if gate.enabled else f"on: {', '.join(numerics)} can change the answers"
+    limits = [f"agreement >= {gate.min_agreement:g}"]
+    if gate.max_logprob_gap is not None:
+        limits.append(f"logprob gap <= {gate.max_logprob_gap:g} nats")
+    if gate.min_accuracy is not None:
+        limits.append(f"accuracy >= {gate.min_accuracy:g}")
+    reference = ", ".join(f"{k}={v}" for k, v in gate.reference.items()) or \
+        "the probe with every numerics knob at the engine default"
+    return (f"{why}; {len(gate.prompt_set())} prompts, greedy, {gate.max_tokens} tokens each, once per "
+            f"configuration, against {reference}; needs {', '.join(limits)}")
 
 
 def _nccl_words(space: Space) -> str:

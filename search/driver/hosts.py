@@ -39,7 +39,7 @@ def sim_env(space: Space, sim_dir: Path) -> dict[str, str]:
 
 def local_host(space: Space, *, runs_root: str, sim_dir: Path, name: str = "local",
                server_port: int | None = None, python: str | None = None,
-               host_dir: str = DEFAULT_HOST_DIR) -> Host:
+               host_dir: str = DEFAULT_HOST_DIR, price_per_gpu_hour: float | None = None) -> Host:
     """This machine as a host. The built-in simulated host binds a free loopback port for each launch unless
     ``server_port`` says otherwise: demos and test runs from other folders may be serving on the space's port."""
     sim = space.engine.simulated
@@ -47,7 +47,7 @@ def local_host(space: Space, *, runs_root: str, sim_dir: Path, name: str = "loca
     if server_port is None and sim:
         server_port = ANY_FREE_PORT
     return Host(LocalTransport(name), runs_root=runs_root, env=env, server_port=server_port, python=python,
-                host_dir=host_dir)
+                host_dir=host_dir, price_per_gpu_hour=price_per_gpu_hour)
 
 
 def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path | None = None,
@@ -56,6 +56,9 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
     """Hosts from the CLI and/or an inventory file; this machine when neither is given. ``host_dir``: where
     the hosts' leases and claims live, unless an inventory entry names its own."""
     if not host_args and inventory is None:
+        if space.objective.needs_price:
+            raise ConfigError("the cost_per_mtok objective needs each host's price per GPU-hour: give an inventory "
+                              "(--inventory) whose hosts set price_per_gpu_hour (`address: local` for this machine)")
         return [local_host(space, runs_root=runs_root, sim_dir=sim_dir, host_dir=host_dir)]
     specs = list(load_inventory(inventory)) if inventory is not None else []
     specs += [HostSpec.parse(arg) for arg in host_args]
@@ -69,9 +72,14 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
         if spec.address == "local" and space.engine.simulated and not spec.env and spec.slurm is None:
             hosts.append(local_host(space, runs_root=spec.runs_root, sim_dir=sim_dir, name=spec.name,
                                     server_port=spec.server_port, python=spec.python,
-                                    host_dir=spec.host_dir or host_dir))
+                                    host_dir=spec.host_dir or host_dir,
+                                    price_per_gpu_hour=spec.price_per_gpu_hour))
         else:
             hosts.extend(open_hosts(spec, host_dir=host_dir))  # a Slurm cluster: one host per job slot
+    unpriced = [h.name for h in hosts if h.price_per_gpu_hour is None]
+    if space.objective.needs_price and unpriced:
+        raise ConfigError(f"the cost_per_mtok objective needs every host's price: set price_per_gpu_hour for "
+                          f"{unpriced[0]} in the inventory")
     return hosts
 
 

@@ -40,6 +40,7 @@ from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL, STORAGE_RETRY, stu
 from search.spaces import sim_calibration
 from search.storage import artifact_store, create_or_load, open_storage, redact, study_uid
 from search.strategy.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS
+from search.strategy.distributions import conditional
 from search.strategy.strategy import Strategy, make_sampler
 from search.strategy.view import StudyView
 from search.strategy.warm import WARM_ATTR, WARM_USED_ATTR, Prior, WarmKey, usable
@@ -393,7 +394,7 @@ def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions,
                 groups: Sequence[HostGroup] = ()) -> RunSummary:
     storage = open_storage(options.storage_url, heartbeat_interval=options.heartbeat_interval,
                            grace_period=options.grace_period, retry=options.storage_retry)
-    sampler = make_sampler(options.seed, options.n_trials)
+    sampler = make_sampler(options.seed, options.n_trials, conditional=conditional(space))
     study = create_or_load(storage, options.study_name, sampler=sampler, directions=space.objective.directions,
                            metric_names=space.objective.metric_names)
     study.set_user_attr("space_name", space.name)
@@ -442,6 +443,7 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
                     cooldown=options.cooldown, max_set_asides=options.max_set_asides)
     lock = StudyLock(storage, study_id(study), options.storage_url)
     strategy, warm_lines = _strategy(space, hosts, options, study, storage, env)
+    env.gate_reference = strategy.gate_reference() if space.gate_on else None
     budget = Budget(study, strategy, lock, storage)
     orphans = _recover(study, hosts, grace=space.budget.stop_grace)
     if budget.done():

@@ -159,7 +159,7 @@ def _unit(metric: str) -> str:
         return "ms"
     if "throughput" in metric:
         return "tok/s" if "token" in metric or metric.startswith(("output", "input", "total")) else "req/s"
-    return ""
+    return {"energy_per_token_j": "J/token", "cost_per_mtok": "per 1M tokens"}.get(metric, "")
 
 
 def _objective(recs: Sequence[TrialFacts]) -> tuple[str, Any]:

@@ -67,6 +67,7 @@ def report_parts(view: StudyView) -> tuple[list[str], list[str]]:
     body += _counts_section(recs)
     body += _front_section(view)
     body += _best_section(view)
+    body += _correctness_section(view)
     body += _rate_search_section(recs)
     body += _boundary_section(recs)
     body += _failures_section(recs)
@@ -157,7 +158,51 @@ def _verdict_section(view: StudyView) -> list[str]:
         thin = f" (**thin**: below {THIN_HEADROOM_GIB:g} GiB)" if free < THIN_HEADROOM_GIB else ""
         out.append(f"- **Headroom:** {free:.2f} GiB free per GPU after CUDA graph capture{thin}.")
     out.append(f"- **What bound it:** {_bound_text(best, recs)}")
+    if best.correctness is not None:
+        c = best.correctness
+        out.append(f"- **Correctness:** passed the gate: agreement {fmt(c.agreement)} with the reference "
+                   f"({c.reference})" + (f", logprob gap {fmt(c.logprob_gap)} nats" if c.logprob_gap is not None
+                                          else "") + ".")
+    energy = [f"{fmt(best.energy_per_token_j)} J/output token ({fmt(best.power_w)} W{sim})"
+              if best.energy_per_token_j is not None else "",
+              f"{fmt(best.cost_per_mtok)} per 1M output tokens at {fmt(best.price_per_gpu_hour)} per GPU-hour"
+              if best.cost_per_mtok is not None else ""]
+    if any(energy):
+        out.append(f"- **Cost and energy{at}:** {'; '.join(e for e in energy if e)}.")
     return [*out, ""]
+
+
+def _correctness_section(view: StudyView) -> list[str]:
+    """What the correctness gate found: each configuration it rejected, with the prompts it got wrong, and what
+    the gate cost."""
+    checked = [r for r in view.records if r.correctness is not None and r.correctness.from_trial is None
+               and r.duplicate_of is None]
+    if not checked:
+        return []
+    verdicts = [(r, r.correctness) for r in checked if r.correctness is not None]
+    rejected = [r for r, c in verdicts if not c.passed]
+    seconds = sum(c.seconds or 0.0 for _, c in verdicts)
+    reference = view.reference_seconds
+    out = ["## Correctness gate", "",
+           f"{len(checked)} configuration(s) asked the gate's prompts greedily and compared with the reference "
+           f"({verdicts[0][1].reference}); {len(rejected)} rejected: infeasible, never "
+           f"recommended. Cost: {seconds:.1f} s of asking" + (f", plus {reference:.1f} s for the reference "
+                                                             "configuration" if reference else "") + ".", ""]
+    if rejected:
+        out += ["| trial | agreement | logprob gap (nats) | accuracy | why | prompts it got wrong |",
+                "|---:|---:|---:|---:|---|---|"]
+        for r in rejected:
+            c = r.correctness
+            assert c is not None
+            wrong = "; ".join(f"#{w.index} {w.prompt[:40]!r} diverged at token {w.diverged_at}"
+                              if w.diverged_at is not None else f"#{w.index} {w.prompt[:40]!r} missed "
+                              f"{w.expected!r}" for w in c.wrong[:4])
+            more = f" (+{len(c.wrong) - 4} more)" if len(c.wrong) > 4 else ""
+            cells = [f"#{r.number}", fmt(c.agreement), fmt(c.logprob_gap), fmt(c.accuracy), c.reason,
+                     wrong + more]
+            out.append("| " + " | ".join(escape(str(x)) for x in cells) + " |")
+        out.append("")
+    return out
 
 
 def _bound_text(best: TrialFacts, recs: Sequence[TrialFacts]) -> str:

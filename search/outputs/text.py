@@ -145,4 +145,4 @@ def unit(metric: str) -> str:
         return "req/s"
     if metric.endswith("_throughput"):
         return "tok/s"
-    return ""
+    return {"energy_per_token_j": "J/token", "cost_per_mtok": "per 1M tokens"}.get(metric, "")

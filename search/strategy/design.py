@@ -53,6 +53,9 @@ def probe_params(space: Space, gpu_mem_mib: float | None = None, version: str | 
         if isinstance(dist, optuna.distributions.FloatDistribution):
             params[name] = round(dist.low, FLOAT_DIGITS)
             continue
+        if isinstance(dist, optuna.distributions.IntDistribution):
+            params[name] = dist.low
+            continue
         assert isinstance(dist, optuna.distributions.CategoricalDistribution)
         choices = list(dist.choices)
         if name in ("cuda_graph_max_bs", "cuda_graph_sizes") and all(isinstance(c, int) for c in choices):
@@ -76,7 +79,7 @@ def probe_params(space: Space, gpu_mem_mib: float | None = None, version: str | 
                 params[GRAPH_KNOB] = holding[0]
     if mfs is not None:
         params[MEMORY_KNOB] = mfs
-    return params
+    return space.knobs.active(params)
 
 
 #: Memory besides the weights and the KV pool the arithmetic of :func:`fit_fraction` counts before any launch
@@ -166,15 +169,22 @@ def _moves(space: Space, base: Mapping[str, Any], *, memory_placed: bool) -> lis
                 values = [dist.low + round((v - dist.low) / dist.step) * dist.step for v in values]
             moves.append((1 << 20, [{**base, name: round(v, FLOAT_DIGITS)} for v in values]))
             continue
+        if isinstance(dist, optuna.distributions.IntDistribution):
+            ints = sorted({dist.low + round((dist.high - dist.low) * f / 3 / dist.step) * dist.step for f in (1, 2)}
+                          - {base.get(name)})
+            moves.append((len(ints), [{**base, name: v} for v in ints]))
+            continue
         assert isinstance(dist, optuna.distributions.CategoricalDistribution)
-        choices = [c for c in dist.choices if c != base[name]]
-        here = base[name]
+        here = base.get(name)
+        choices = [c for c in dist.choices if c != here]
         if isinstance(here, int | float) and all(_number(c) for c in (*choices, here)):
             choices.sort(key=lambda c: -abs(float(c) - float(here)))  # type: ignore[arg-type]
         moves.append((len(choices), [{**base, name: c} for c in choices]))
     out: list[dict[str, Any]] = []
     for _, points in sorted(moves, key=lambda m: m[0]):
-        out += [p for p in points if p not in out]
+        # A move of a knob its condition switches off is no move: it is dropped (the same launch as base).
+        active = [space.knobs.active(p) for p in points]
+        out += [p for p in active if p not in out and p != space.knobs.active(dict(base))]
     return out
 
 

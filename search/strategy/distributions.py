@@ -13,6 +13,7 @@ import optuna
 
 from runners.engines import get_engine
 from search.trial.records import FLOAT_DIGITS
+from spaces.coupling import EnvValues, FlagRange, FlagValues, is_active
 from spaces.launch import NODES_PARAM, engine_options
 from spaces.schema import BoolChoices, FloatRange, IntChoices, Space
 
@@ -39,6 +40,15 @@ def distributions(space: Space) -> dict[str, optuna.distributions.BaseDistributi
             continue
         if isinstance(spec, FloatRange):
             out[name] = optuna.distributions.FloatDistribution(spec.low, spec.high, step=spec.step)
+        elif isinstance(spec, FlagRange):
+            if spec.integer:
+                out[name] = optuna.distributions.IntDistribution(int(spec.low), int(spec.high), log=spec.log,
+                                                                 step=int(spec.step or 1))
+            else:
+                out[name] = optuna.distributions.FloatDistribution(spec.low, spec.high, log=spec.log,
+                                                                   step=spec.step)
+        elif isinstance(spec, FlagValues | EnvValues):
+            out[name] = optuna.distributions.CategoricalDistribution(list(spec.values))
         elif isinstance(spec, IntChoices | BoolChoices):
             out[name] = optuna.distributions.CategoricalDistribution(list(spec.choices))
         else:
@@ -48,13 +58,28 @@ def distributions(space: Space) -> dict[str, optuna.distributions.BaseDistributi
     return out
 
 
+def conditional(space: Space) -> bool:
+    """Whether some knob of ``space`` is searched only under a condition (the sampler then models the knobs in
+    groups that are searched together: Optuna's TPE ``group=True``)."""
+    return bool(space.knobs.conditions())
+
+
 def sample(trial: optuna.Trial, space: Space) -> dict[str, Any]:
-    """Suggest every searched knob of the space; NCCL variables are named ``nccl.NAME``."""
+    """Suggest every searched knob of the space, define-by-run: a conditional knob only when its condition holds
+    on the values already suggested. NCCL variables are named ``nccl.NAME``, free variables ``env.NAME``, free
+    flags by their own spelling."""
     params: dict[str, Any] = {}
-    for name, dist in distributions(space).items():
+    dists = distributions(space)
+    conditions = space.knobs.conditions()
+    for name in space.knobs.order():
+        dist = dists.get(name)
+        if dist is None or not is_active(name, params, conditions):
+            continue
         if isinstance(dist, optuna.distributions.FloatDistribution):
-            value = trial.suggest_float(name, dist.low, dist.high, step=dist.step)
+            value = trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
             params[name] = round(value, FLOAT_DIGITS)
+        elif isinstance(dist, optuna.distributions.IntDistribution):
+            params[name] = trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
         else:
             assert isinstance(dist, optuna.distributions.CategoricalDistribution)
             params[name] = trial.suggest_categorical(name, list(dist.choices))

@@ -62,6 +62,7 @@ __all__ = [
     "batch_tokens",
     "facts_from_record",
     "facts_from_trial",
+    "memory_class",
     "study_model",
     "vllm_facts_from_record",
     "vllm_fixed",
@@ -240,6 +241,8 @@ class MemoryModel:
     facts: list[LaunchFacts] = field(default_factory=list)
     #: The most new tokens one prefill batch of the workload holds (target x prompt length); None: unknown.
     batch_tokens: int | None = None
+    #: The memory class the model is fitted to (:func:`memory_class`): other classes get no prediction.
+    klass: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_trials(cls, trials: Iterable[FrozenTrial | TrialFacts], *, target: int,
@@ -505,12 +508,17 @@ class MemoryModel:
                          chunk=chunk if isinstance(chunk, int) and not isinstance(chunk, bool) else None)
 
     def predict_params(self, params: Mapping[str, Any]) -> Prediction | None:
-        """:meth:`predict` for a trial's params."""
+        """:meth:`predict` for a trial's params (None for another memory class than the model's)."""
+        if memory_class(params) != self.klass:
+            return None
         return self.predict(self.candidate(params))
 
     def add_record(self, rec: TrialFacts) -> float | None:
         """Take a finished launch in at once (a launch that contradicts a prediction counts for the
-        next); its :meth:`measured_margin`, or None when it says nothing about memory."""
+        next); its :meth:`measured_margin`, or None when it says nothing about memory (or is of another
+        memory class than the model's)."""
+        if memory_class(rec.params) != self.klass:
+            return None
         launch = facts_from_record(rec, target=self.target)
         if launch is None or launch.outcome not in ("ok", "oom"):
             return None
@@ -615,6 +623,8 @@ class VllmMemoryModel:
 
     facts: list[VllmFacts] = field(default_factory=list)
     fixed: Mapping[str, float] = field(default_factory=dict)
+    #: The memory class the model is fitted to (:func:`memory_class`): other classes get no prediction.
+    klass: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_trials(cls, trials: Iterable[FrozenTrial | TrialFacts],
@@ -661,7 +671,9 @@ class VllmMemoryModel:
 
     def predict_params(self, params: Mapping[str, Any]) -> Prediction | None:
         """The margin of the tighter check in GiB, or None when no check applies: no launch has given its
-        figures, or a survivor already asked for as much."""
+        figures, a survivor already asked for as much, or the params are of another memory class."""
+        if memory_class(params) != self.klass:
+            return None
         options: list[tuple[float, float, str, bool, tuple[int, ...]]] = []
         demand = _vllm_demand(params, self.fixed, self._total())
         free = self.free()
@@ -688,6 +700,8 @@ class VllmMemoryModel:
     def add_record(self, rec: TrialFacts) -> float | None:
         """Take a finished launch in; its margin (a refusal's deficit, else the predicted headroom, at
         least zero), or None when it says nothing about memory."""
+        if memory_class(rec.params) != self.klass:
+            return None
         f = vllm_facts_from_record(rec, self.fixed)
         if f is None:
             return None
@@ -733,8 +747,33 @@ def study_model(space: Space, trials: Iterable[TrialFacts]) -> MemoryModel | Vll
     """The memory model of a study of ``space``, fitted to its finished launches: SGLang's arithmetic for
     SGLang and the simulated host, vLLM's start-up checks for vLLM, None for an engine without one."""
     family = engine_of(space).memory_family
-    if family == "vllm":
-        return VllmMemoryModel.from_trials(trials, vllm_fixed(space))
-    if family != "sglang":
+    if family not in ("vllm", "sglang"):
         return None
-    return MemoryModel.from_trials(trials, target=space.target_level, batch_tokens=workload_batch_tokens(space))
+    # Searched flags that move memory (a KV dtype, a draft model) split the launches into classes whose figures
+    # differ; the model is fitted to the first launch's class and predicts only for it.
+    trials = sorted(trials, key=lambda t: t.number)
+    klass = next((memory_class(t.params) for t in trials if t.params), ())
+    same = [t for t in trials if memory_class(t.params) == klass]
+    if family == "vllm":
+        model: MemoryModel | VllmMemoryModel = VllmMemoryModel.from_trials(same, vllm_fixed(space))
+    else:
+        model = MemoryModel.from_trials(same, target=space.target_level, batch_tokens=workload_batch_tokens(space))
+    model.klass = klass
+    return model
+
+
+#: Free flags (a name, or a prefix ending in ``-``) that change the memory a server's weights, KV cache or graphs
+#: take: the KV dtype (bytes per token), speculative decoding (a draft model's weights and KV, and from SGLang
+#: 0.5.2 to 0.5.13 a larger reserve: runners/engines/sglang_memory.py), weight dtype and quantisation, paging,
+#: DP attention, offloading and the hierarchical cache.
+MEMORY_FLAGS = ("--kv-cache-dtype", "--speculative-", "--dtype", "--quantization", "--page-size",
+                "--enable-dp-attention", "--dp-size", "--data-parallel-size", "--cpu-offload-gb",
+                "--enable-hierarchical-cache", "--hicache-", "--context-length", "--max-total-tokens",
+                "--max-model-len", "--kv-cache-memory-bytes", "--block-size", "--swap-space")
+
+
+def memory_class(params: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The values of the memory-moving free flags (:data:`MEMORY_FLAGS`) in ``params``: launches of one class
+    share the memory arithmetic's figures."""
+    return tuple(sorted((k, str(v)) for k, v in params.items() if k.startswith("--") and v is not None
+                        and any(k == f or (f.endswith("-") and k.startswith(f)) for f in MEMORY_FLAGS)))

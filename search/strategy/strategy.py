@@ -15,6 +15,7 @@ memory model lets it launch, and the memory margin its launch showed.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,14 +34,15 @@ from search.strategy.confirm import (
     confirmation_plan,
     noise_sd,
 )
-from search.strategy.design import start_point
+from search.strategy.design import probe_params, start_point
 from search.strategy.distributions import sample
 from search.strategy.front import confirmation_plan as front_confirmation_plan
 from search.strategy.memory import MARGIN_CONSTRAINT, MemoryModel, VllmMemoryModel
 from search.strategy.view import StudyView
 from search.strategy.warm import Prior, prior_records, warm_point
 from search.trial.records import TrialFacts
-from spaces.schema import Space
+from spaces.correctness import changes_numerics
+from spaces.schema import UNSET, Space
 
 __all__ = ["MAX_SKIPS_IN_A_ROW", "MAX_TRIALS_PER_LAUNCH", "Action", "Done", "Enqueue", "Sample", "Strategy",
            "TrialGate", "Wait", "apply", "make_sampler", "stop_bar"]
@@ -50,6 +52,9 @@ MAX_TRIALS_PER_LAUNCH = 20
 #: After this many skips in a row the next sampled configuration is launched whatever the model says
 #: (a wrong model must not starve the search).
 MAX_SKIPS_IN_A_ROW = 30
+
+#: The Optuna constraint a configuration that breaks a space's constraint between knobs sets (positive: broken).
+COUPLING_CONSTRAINT = "space_constraint"
 
 #: The phase a skip is recorded at, for the need the memory model found short.
 _SKIP_PHASE = {"kv_pool": Phase.KV_POOL, "cuda_graph": Phase.CUDA_GRAPH, "serve": Phase.SERVING,
@@ -184,6 +189,18 @@ class Strategy:
     def sample(self, trial: optuna.Trial) -> dict[str, Any]:
         return sample(trial, self.space)
 
+    def gate_reference(self) -> dict[str, Any]:
+        """The correctness gate's reference configuration: the space's (``correctness.reference``), else the
+        probe, the study's safe first launch, with every knob that can change numerics at the engine default,
+        so its answers are the engine's own and its memory settings start (the engine's memory defaults may
+        not: seed 003's host dies of SGLang's default ``--mem-fraction-static``)."""
+        if self.space.correctness.reference:
+            return dict(self.space.correctness.reference)
+        probe = probe_params(self.space, self.gpu_mem_mib, self.engine_version)
+        reset = {k: (UNSET if k.startswith(("nccl.", "env.")) else None) if changes_numerics(k) else v
+                 for k, v in probe.items()}
+        return self.space.knobs.active(reset)
+
 
 def apply(study: optuna.Study, action: Action) -> optuna.Trial | None:
     """Carry out ``action`` on ``study``: queue its params (Enqueue) and ask, or ask (Sample); None for Wait and
@@ -212,6 +229,12 @@ class TrialGate:
         launched as asked; the start-up design's points are ours and the model may skip them."""
         if self.strategy.early_stop and facts.confirmation_of is None:
             facts.stop_bar = stop_bar(self.view)
+        for constraint in self.strategy.space.knobs.parsed_constraints():
+            if not constraint.holds(params):
+                facts.outcome, facts.phase = FailureKind.CONSTRAINT, None
+                facts.reason = f"breaks the space's constraint {constraint.text}"
+                trial.set_constraint(COUPLING_CONSTRAINT, 1.0)
+                raise optuna.TrialPruned(facts.reason)
         model = self.model
         if model is None or facts.confirmation_of is not None or (was_enqueued(trial) and not facts.design):
             return
@@ -275,9 +298,15 @@ def stop_bar(view: StudyView) -> float | None:
     return max(values) * (1 - STOP_Z * math.sqrt(sd * sd + FIRST_REQUESTS_SD ** 2))
 
 
-def make_sampler(seed: int | None, n_trials: int | None) -> optuna.samplers.BaseSampler:
+def make_sampler(seed: int | None, n_trials: int | None, *, conditional: bool = False) -> optuna.samplers.BaseSampler:
     """servetune's sampler: Optuna's TPE, which learns the feasible region from the trials' constraints
-    (the memory margin, the SLOs), over fewer random start-up trials than launches. The same sampler serves a
-    ``pareto`` study: TPE is multi-objective (MOTPE) when the study has several directions."""
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(1, (n_trials or 10) // 4)),
-                                      multivariate=True)
+    (the memory margin, the SLOs, the correctness gate), over fewer random start-up trials than launches. The same
+    sampler serves a ``pareto`` study: TPE is multi-objective (MOTPE) when the study has several directions. A
+    space with conditional knobs (``when``) gets TPE's ``group=True``: the trials that searched the same knobs
+    are modelled together, so a knob is learnt only from the trials that had it."""
+    with warnings.catch_warnings():
+        # group=True is marked experimental by Optuna (a warning at construction); it is the documented way
+        # to sample define-by-run conditional spaces with multivariate TPE.
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(1, (n_trials or 10) // 4)),
+                                          multivariate=True, group=conditional)

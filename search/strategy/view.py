@@ -83,6 +83,13 @@ class StudyView:
         return self.study.study_name
 
     @property
+    def reference_seconds(self) -> float | None:
+        """What asking the correctness gate's reference configuration cost (s), when a launch was made for it."""
+        stored = self.study.user_attrs.get("servetune.correctness_reference")
+        value = stored.get("seconds") if isinstance(stored, dict) else None
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
     def direction(self) -> StudyDirection:
         """The direction of the study's (first) objective."""
         return StudyDirection.MAXIMIZE if self.goal.senses[0] == "maximize" else StudyDirection.MINIMIZE

@@ -81,6 +81,9 @@ class TrialEnv:
     abort: threading.Event = field(default_factory=threading.Event)
     smi_interval: float = 1.0
     preflight_cache: dict[str, HostInfo] = field(default_factory=dict)
+    gate_reference: dict[str, Any] | None = None
+    """The correctness gate's reference configuration (params), as the strategy chose it (None: the space's
+    ``correctness.reference``, or every knob at the engine default)."""
     artifacts_error: str = ""
     """Set when a trial's files could not be written (a full disk): the run stops before the next trial."""
 
@@ -153,7 +156,8 @@ class Objective:
         try:
             gate.verdict(trial, params, facts)
         except optuna.TrialPruned:
-            emit(env, trial, Ended(FailureKind.PREDICTED_OOM.value))
+            kind = facts.outcome if isinstance(facts.outcome, FailureKind) else FailureKind.PREDICTED_OOM
+            emit(env, trial, Ended(kind.value))
             raise
         try:
             value = self.evaluator.evaluate(trial, launch, slot, facts)

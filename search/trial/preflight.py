@@ -12,7 +12,7 @@ from runners.checkpoint import CheckpointFacts, parse_checkpoint
 from runners.engines import Engine
 from runners.errors import HostMisconfigured
 from runners.host import Host, HostInfo
-from search.spaces import engine_of
+from search.spaces import engine_of, free_flag_problem
 from spaces.nccl import parse_nccl_version
 from spaces.schema import Space
 
@@ -52,6 +52,11 @@ def preflight(host: Host, space: Space, engine: Engine | None = None) -> HostInf
     info.checkpoint = host_checkpoint(host, engine, python, space.model_path)
     check_nccl_on(host, space, info.nccl_version)
     host.gpu_dir()  # where the host's leases and claim live: a host_dir that cannot be made drops the host
+    if not space.engine.version and info.engine_version:
+        # The free flags were checked against the newest tabled release; the host's own release decides.
+        problem = free_flag_problem(space, engine, info.engine_version)
+        if problem is not None:
+            raise HostMisconfigured(f"{host.name}: {problem}", host=host.name, fault="engine_flags")
     return info
 
 

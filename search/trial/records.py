@@ -44,11 +44,13 @@ from search._optuna_compat import known_params, set_trial_user_attr
 from spaces.launch import LaunchConfig
 
 __all__ = [
+    "CORRECTNESS_CONSTRAINT",
     "DEPLOY_ATTR",
     "FACTS_ATTR",
     "FLOAT_DIGITS",
     "QUEUED_TAGS",
     "ROLES",
+    "CorrectnessFacts",
     "LevelResult",
     "MemoryFacts",
     "Outcome",
@@ -56,6 +58,7 @@ __all__ = [
     "RateStepFacts",
     "Role",
     "TrialFacts",
+    "WrongAnswer",
     "mark_interrupted",
     "normal_params",
     "note_host",
@@ -263,6 +266,51 @@ class RankFacts(BaseModel):
     memory: MemoryFacts = Field(default_factory=MemoryFacts)
 
 
+#: The Optuna constraint the correctness gate sets (positive: below the space's threshold, infeasible).
+CORRECTNESS_CONSTRAINT = "correctness"
+
+
+class WrongAnswer(BaseModel):
+    """A prompt the configuration answered differently from the reference (or wrongly, against ``expected``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    index: int
+    prompt: str
+    reference: str
+    got: str
+    diverged_at: int | None = None
+    """The first token that differs (None: the answers agree, but the expected answer is missed)."""
+    expected: str | None = None
+
+
+class CorrectnessFacts(BaseModel):
+    """What the gate found for one configuration (stored with its trial)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    passed: bool
+    agreement: float | None = None
+    logprob_gap: float | None = None
+    accuracy: float | None = None
+    prompts: int = 0
+    wrong: list[WrongAnswer] = Field(default_factory=list)
+    seconds: float | None = None
+    """What asking the prompts cost this configuration (wall clock)."""
+    reference: str = "engine defaults"
+    reason: str = ""
+    """Why it failed, in one line ("" when it passed)."""
+    same_as_reference: bool = False
+    """The configuration renders the reference's launch: its answers are the reference."""
+    from_trial: int | None = None
+    """The answers were checked on this trial's launch of the same configuration (a repeat is not asked again)."""
+
+    @property
+    def constraint(self) -> float:
+        """The Optuna constraint value: <= 0 passed, > 0 infeasible."""
+        return 0.0 if self.passed else 1.0
+
+
 class TrialFacts(BaseModel):
     """What servetune knows about one trial.
 
@@ -371,6 +419,18 @@ class TrialFacts(BaseModel):
     """The trials whose memory figures the prediction uses."""
     measured_margin_gib: float | None = None
     """The margin the launch showed (an OOM's deficit, else the headroom the model gives it)."""
+
+    # ---- the correctness gate, cost and energy ----------------------------------------------------------
+    correctness: CorrectnessFacts | None = None
+    """The gate's verdict on the configuration's answers (None: the gate is off, or the server never served)."""
+    power_w: float | None = None
+    """Mean ``power.draw`` (W, all the server's GPUs) over the target level's load window."""
+    energy_per_token_j: float | None = None
+    """Joules per output token at the target level: :attr:`power_w` / output throughput."""
+    cost_per_mtok: float | None = None
+    """Price per million output tokens at the target level, from the host's price per GPU-hour."""
+    price_per_gpu_hour: float | None = None
+    """The host's price per GPU-hour (the inventory's), as the trial used it."""
     sim_seconds: float | None = None
     """Simulated GPU seconds of a launch evaluated in-process (the efficiency benchmark)."""
     stop_bar: float | None = None
@@ -467,9 +527,9 @@ class TrialFacts(BaseModel):
 
     @property
     def launched(self) -> bool:
-        """A server was (or is being) launched for it: not a predicted-OOM skip, not a reused duplicate. Only
-        such a trial measured anything."""
-        return not self.predicted_oom and self.duplicate_of is None
+        """A server was (or is being) launched for it: not a predicted-OOM skip, not a configuration that broke
+        the space's constraints, not a reused duplicate. Only such a trial measured anything."""
+        return not self.predicted_oom and self.outcome != FailureKind.CONSTRAINT and self.duplicate_of is None
 
     @property
     def ok(self) -> bool:

@@ -9,6 +9,7 @@ death records its telemetry and raises :class:`optuna.TrialPruned`; infrastructu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -29,10 +30,18 @@ from runners.host import Host, HostInfo, Resources
 from runners.nodes import NodeSession
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
 from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
+from search.trial.correctness import GatePlan, compare, gate_files, gate_plan, store_reference, stored_reference
 from search.trial.evaluate import Slot, level_order
 from search.trial.objective import Benchmarking, Ended, HostChosen, TrialEnv, TrialFailed, emit, run_folder
 from search.trial.preflight import preflight
-from search.trial.records import LevelResult, MemoryFacts, RankFacts, RateStepFacts, TrialFacts
+from search.trial.records import (
+    CORRECTNESS_CONSTRAINT,
+    LevelResult,
+    MemoryFacts,
+    RankFacts,
+    RateStepFacts,
+    TrialFacts,
+)
 from search.trial.slo import find_max_rate
 from search.trial.workload import bench_plan, run_files
 from spaces.launch import LaunchConfig
@@ -50,6 +59,7 @@ class ServerEvaluator:
 
     def __init__(self, env: TrialEnv) -> None:
         self.env = env
+        self._gpus_used = 1
 
     def _preflight(self, slot: Slot, engine: Engine, host: Host | None = None) -> HostInfo:
         """Stop orphans, check the host (``slot``'s, or one of its group's) is reachable, the engine present and
@@ -92,7 +102,7 @@ class ServerEvaluator:
         emit(self.env, trial, HostChosen(slot.name))
         facts.host = slot.name
         engine = engine_for(launch)  # resolved once per trial and passed on
-        session, script = self._prepare(trial, slot, launch, engine, facts)
+        session, script, gate, reference = self._prepare(trial, slot, launch, engine, facts)
         failure: Failure | None = None
         levels: list[dict[str, Any]] = []
         started = time.monotonic()
@@ -109,6 +119,8 @@ class ServerEvaluator:
             if failure is None:
                 failure = self._wait_ready(session)
             facts.startup_s = round(time.monotonic() - started, 3)
+            if failure is None and gate is not None:
+                self._check(trial, _head(session), gate, reference, facts)
             if failure is None:
                 emit(self.env, trial, Benchmarking())
                 bench_started = time.monotonic()
@@ -121,18 +133,7 @@ class ServerEvaluator:
                 facts.bench_s = round(time.monotonic() - bench_started, 3)
                 levels, failure = bench.levels, bench.failure
         finally:
-            try:
-                stop = session.stop()
-                slot.last_server_stop = time.monotonic()
-                if stop is not None:
-                    facts.stop_method = stop.method
-                    facts.stop_s = round(stop.seconds, 3)
-                if isinstance(session, NodeSession) and space.engine.device == "gpu":
-                    held = session.check_gpus_free()  # every node's GPUs, at once
-                    if held:
-                        facts.stop_error = "GPU memory still held after the stop: " + "; ".join(held)
-            except RunnerError as exc:
-                facts.stop_error = str(exc)
+            self._stop(session, slot, facts)
             self._record(trial, facts, session, levels, script)
         if failure is None:
             return self._complete(trial, facts)
@@ -141,12 +142,36 @@ class ServerEvaluator:
         self._fail(trial, facts, failure)
         raise AssertionError("unreachable")
 
+    def _stop(self, session: ServerSession | NodeSession, slot: Slot, facts: TrialFacts) -> None:
+        """Stop the server (every rank) and note how it went; a server spanning nodes: every node's GPUs are
+        checked free."""
+        try:
+            stop = session.stop()
+            slot.last_server_stop = time.monotonic()
+            if stop is not None:
+                facts.stop_method = stop.method
+                facts.stop_s = round(stop.seconds, 3)
+            if isinstance(session, NodeSession) and self.env.space.engine.device == "gpu":
+                held = session.check_gpus_free()  # every node's GPUs, at once
+                if held:
+                    facts.stop_error = "GPU memory still held after the stop: " + "; ".join(held)
+        except RunnerError as exc:
+            facts.stop_error = str(exc)
+
     def _prepare(self, trial: optuna.Trial, slot: Slot, launch: LaunchConfig, engine: Engine,
-                 facts: TrialFacts) -> tuple[ServerSession | NodeSession, str]:
+                 facts: TrialFacts) -> tuple[ServerSession | NodeSession, str, GatePlan | None,
+                                             list[dict[str, Any]] | None]:
         """Preflight the trial's host (every node's), render its command (one per rank) and make its session;
-        the launch script the trial records. Fails or prunes the trial when it cannot be launched."""
+        the launch script the trial records, the correctness gate's plan and the reference's answers. Fails or
+        prunes the trial when it cannot be launched."""
         env = self.env
         space = env.space
+        self._gpus_used = engine.tp_size(launch.fixed_args)
+        facts.price_per_gpu_hour = slot.host.price_per_gpu_hour
+        if space.objective.needs_price and slot.host.price_per_gpu_hour is None:
+            self._fail(trial, facts, Failure(FailureKind.HOST_CONFIG, None,
+                                             f"{slot.name}: the cost_per_mtok objective needs the host's price: set "
+                                             "price_per_gpu_hour for it in the inventory"))
         hosts = [slot.host, *slot.workers][:launch.nodes] if launch.nodes > 1 else [slot.host]
         facts.nodes = launch.nodes
         if len(hosts) < launch.nodes:
@@ -173,6 +198,8 @@ class ServerEvaluator:
             self._fail(trial, facts, Failure(kind_of_error(exc), Phase.STARTING, str(exc)))
         facts.argv = list(scripts[0][1].argv)
         facts.env = dict(scripts[0][1].env)
+        gate = self._gate(trial, launch, engine, version, list(scripts[0][1].argv), scripts[0][1].env, facts)
+        reference = self._reference_answers(trial, slot, engine, version, gate, facts) if gate else None
         sessions = [
             ServerSession(
                 host, engine, ranked, script=rendered.script, run_dir=host.run_dir(run_folder(env), str(trial.number)),
@@ -180,16 +207,17 @@ class ServerEvaluator:
                 python=launch.python, stop_grace=space.budget.stop_grace,
                 smi_interval=env.smi_interval if space.engine.device == "gpu" else 0.0,
                 on_event=(lambda event: emit(self.env, trial, event)) if rank == 0 else None,
-                memory_limit_bytes=space.memory_limit_bytes, files=run_files(space) if rank == 0 else None,
+                memory_limit_bytes=space.memory_limit_bytes,
+                files={**run_files(space), **gate_files(gate)} if rank == 0 else None,
                 resources=_resources(engine, launch, gpu=space.engine.device == "gpu") if len(hosts) == 1
                 else Resources(),
             )
             for rank, (host, (ranked, rendered)) in enumerate(zip(hosts, scripts, strict=True))
         ]
         if len(sessions) == 1:
-            return sessions[0], scripts[0][1].script
+            return sessions[0], scripts[0][1].script, gate, reference
         facts.host = f"{slot.name} ({', '.join(h.name for h in hosts)})"
-        return NodeSession(sessions), "\n".join(r.script for _, r in scripts)
+        return NodeSession(sessions), "\n".join(r.script for _, r in scripts), gate, reference
 
     def _render(self, engine: Engine, launch: LaunchConfig, version: str, hosts: Sequence[Host],
                 header: Sequence[str]) -> list[tuple[LaunchConfig, RenderedLaunch]]:
@@ -268,6 +296,108 @@ class ServerEvaluator:
         facts.slo_limits = dict(space.objective.slo.limits())
         return out
 
+    # ---- the correctness gate ----------------------------------------------------------------------
+
+    def _gate(self, trial: optuna.Trial, launch: LaunchConfig, engine: Engine, version: str, argv: list[str],
+              env: Mapping[str, str], facts: TrialFacts) -> GatePlan | None:
+        """The gate's plan for this launch, or None: the gate is off, or a launch of the same configuration was
+        checked already (a repeat takes its verdict: the gate runs once per configuration)."""
+        space = self.env.space
+        if not space.gate_on:
+            return None
+        if facts.confirmation_of is not None:
+            origin = next((t for t in trial.study.get_trials(deepcopy=False)
+                           if t.number == facts.confirmation_of), None)
+            checked = TrialFacts.from_trial(origin).correctness if origin is not None else None
+            if checked is not None:
+                facts.correctness = checked.model_copy(update={"from_trial": facts.confirmation_of, "seconds": 0.0})
+                return None
+        return gate_plan(space, launch, engine, version, argv, env, self.env.gate_reference)
+
+    def _reference_answers(self, trial: optuna.Trial, slot: Slot, engine: Engine, version: str, plan: GatePlan,
+                           facts: TrialFacts) -> list[dict[str, Any]] | None:
+        """The reference configuration's answers: stored with the study once asked; else its server is launched
+        here, on this trial's host, asked, and stopped. None when this launch is the reference itself."""
+        if plan.same_as_reference:
+            return None
+        stored = stored_reference(trial.study, plan.key)
+        if stored is not None:
+            return stored
+        env, space = self.env, self.env.space
+        launch = plan.reference_launch
+        rendered = render(engine, launch, version,
+                          header=[f"servetune correctness reference for study {env.study_name}"])
+        run_id = f"{env.study_name}-{trial.number}-reference-{uuid.uuid4().hex[:8]}"
+        session = ServerSession(
+            slot.host, engine, launch, script=rendered.script,
+            run_dir=slot.host.run_dir(run_folder(env), f"{trial.number}-reference"), run_id=run_id,
+            python=launch.python, stop_grace=space.budget.stop_grace, smi_interval=0.0,
+            memory_limit_bytes=space.memory_limit_bytes, files=gate_files(plan),
+        )
+        started = time.monotonic()
+        error = ""
+        answers: list[dict[str, Any]] = []
+        try:
+            session.start()
+            failure = self._wait_ready(session)
+            if failure is not None:
+                error = failure.reason
+            else:
+                answers, error = session.answers(plan.answer_plan(launch.model_path))
+        except RunnerError as exc:
+            error = str(exc)
+        finally:
+            with contextlib.suppress(RunnerError):
+                session.stop()
+            slot.last_server_stop = time.monotonic()
+        if error or not answers:
+            self._fail(trial, facts, Failure(FailureKind.INFRA, Phase.STARTING,
+                                             f"the correctness gate's reference ({plan.reference_name}) did not "
+                                             f"answer: {error or 'no answer'}"))
+        store_reference(trial.study, plan.key, answers, time.monotonic() - started, trial.number)
+        return answers
+
+    def _check(self, trial: optuna.Trial, session: ServerSession, plan: GatePlan,
+               reference: list[dict[str, Any]] | None, facts: TrialFacts) -> None:
+        """Ask this server the gate's prompts and judge its answers (``facts.correctness``)."""
+        started = time.monotonic()
+        answers, error = session.answers(plan.answer_plan(session.launch.model_path))
+        seconds = round(time.monotonic() - started, 3)
+        if reference is None:  # this launch is the reference: its answers become the study's reference
+            if answers:
+                store_reference(trial.study, plan.key, answers, seconds, trial.number)
+            verdict = compare(answers, answers, plan.prompts, plan.settings, reference_name=plan.reference_name)
+            facts.correctness = verdict.model_copy(update={"seconds": seconds, "same_as_reference": True})
+            return
+        verdict = compare(reference, answers, plan.prompts, plan.settings, reference_name=plan.reference_name)
+        if error and not answers:
+            verdict = verdict.model_copy(update={"passed": False, "reason": f"no answers: {error}"})
+        facts.correctness = verdict.model_copy(update={"seconds": seconds})
+
+    def _power(self, facts: TrialFacts, session: ServerSession) -> None:
+        """Power, energy per output token and cost per million output tokens at the target level (its own load
+        window only: start-up, warm-up and other levels excluded)."""
+        target = self.env.space.target_level
+        index = next((i for i, lv in enumerate(facts.levels) if lv.max_concurrency == target and lv.served), None)
+        if index is None:
+            return
+        throughput = facts.levels[index].output_throughput
+        if not throughput:
+            return
+        gpus = self._gpus_used
+        if facts.price_per_gpu_hour is not None:
+            facts.cost_per_mtok = round(facts.price_per_gpu_hour * gpus / 3600 / throughput * 1e6, 6)
+        if index < len(session.level_windows):
+            power = session.power_during(*session.level_windows[index], gpus=gpus)
+            if power is not None:
+                facts.power_w = round(power, 2)
+                facts.energy_per_token_j = round(power / throughput, 6)
+
+    @staticmethod
+    def _set_gate_constraint(trial: optuna.Trial, facts: TrialFacts) -> None:
+        if facts.correctness is not None:
+            trial.set_constraint(CORRECTNESS_CONSTRAINT, facts.correctness.constraint)
+
     # ---- recording -----------------------------------------------------------------------------
 
     def _record_ranks(self, facts: TrialFacts, session: NodeSession) -> None:
@@ -307,6 +437,7 @@ class ServerEvaluator:
             if lv.served and lv.output_throughput is not None:
                 # A rate search measures one level at several rates: its steps are numbered.
                 trial.report(float(lv.output_throughput), step=i if rate_search else lv.max_concurrency)
+        self._power(facts, _head(session))
         facts.log_tail = session.log_tail(60)
         if session.exit_code is not None:
             facts.exit_code = session.exit_code
@@ -343,7 +474,8 @@ class ServerEvaluator:
         target = space.target_level
         names = space.objective.metric_names
         row = next((lv for lv in facts.levels if lv.max_concurrency == target), None)
-        missing = [m for m in names if row is None or row.figure(m) is None]
+        derived = {"cost_per_mtok": facts.cost_per_mtok, "energy_per_token_j": facts.energy_per_token_j}
+        missing = [m for m in names if row is None or (derived[m] if m in derived else row.figure(m)) is None]
         if missing:
             self._fail(trial, facts, Failure(FailureKind.INFRA, Phase.SERVING,
                                              f"no {missing[0]} at concurrency {target}"
@@ -354,9 +486,10 @@ class ServerEvaluator:
             trial.set_constraint("p99_ttft_ms", float(row.p99_ttft_ms or 0) - slo.p99_ttft_ms)
         if slo.p99_tpot_ms is not None:
             trial.set_constraint("p99_tpot_ms", float(row.p99_tpot_ms or 0) - slo.p99_tpot_ms)
+        self._set_gate_constraint(trial, facts)
         facts.outcome, facts.phase, facts.reason = "ok", None, ""
         emit(self.env, trial, Ended("ok"))
-        values = [float(row.figure(m)) for m in names]
+        values = [float(derived[m] if m in derived else row.figure(m)) for m in names]  # type: ignore[arg-type]
         return values if space.objective.kind == "pareto" else values[0]
 
     def _complete_rate(self, trial: optuna.Trial, facts: TrialFacts) -> float:
@@ -365,6 +498,7 @@ class ServerEvaluator:
         objective = self.env.space.objective
         rate = facts.slo_rate
         trial.set_constraint("slo_rate", 0.0 if rate is not None else 1.0)
+        self._set_gate_constraint(trial, facts)
         facts.outcome, facts.phase, facts.reason = "ok", None, ""
         emit(self.env, trial, Ended("ok"))
         if rate is None:
@@ -391,6 +525,11 @@ class ServerEvaluator:
     def _fail(self, trial: optuna.Trial, facts: TrialFacts, failure: Failure) -> None:
         self._set_failure(trial, facts, failure)
         raise TrialFailed(failure)
+
+
+def _head(session: ServerSession | NodeSession) -> ServerSession:
+    """The server's rank 0 (the session itself on one node)."""
+    return session.head if isinstance(session, NodeSession) else session
 
 
 def _resources(engine: Engine, launch: LaunchConfig, *, gpu: bool) -> Resources:

@@ -228,3 +228,12 @@ def test_validate_rejects_a_bare_tree_in_one_line(tmp_path: Path) -> None:
     output = proc.stdout + proc.stderr
     assert "allreduce:tree" in output and "AllGather" in output
     assert len([ln for ln in output.splitlines() if ln.strip()]) == 1, output
+
+
+def test_every_engine_has_a_flag_table_that_knows_the_flags_servetune_owns(engine: Engine) -> None:
+    table = engine.flag_table(None)
+    assert table is not None, f"{engine.name} ships no flag table (make flag-tables)"
+    assert {"--host", "--port"} <= engine.owned_flags and {"--host", "--port"} <= set(table.flags)
+    assert {f for f in engine.tp_flags if f.startswith("--")} <= engine.owned_flags
+    for knob in engine.knob_flags:  # every named knob's flag is one the newest release has
+        assert engine.knob_flag(knob, table.release) in table.flags, (engine.name, knob)

@@ -137,7 +137,7 @@ EXPECTED = {
     "oom": True, "nccl_error": True, "bad_flag": True, "crash": True,
     "startup_timeout": False, "benchmark_timeout": False, "host_unreachable": False, "host_busy": False,
     "host_config": False, "port_in_use": False, "stopped_from_outside": False, "scheduler": False,
-    "interrupted": False, "infra": False, "predicted_oom": True, "dist_init_timeout": False,
+    "interrupted": False, "infra": False, "predicted_oom": True, "dist_init_timeout": False, "constraint": True,
 }
 
 

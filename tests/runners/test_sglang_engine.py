@@ -29,6 +29,7 @@ class Launch:
     host: str = "127.0.0.1"
     port: int = 30000
     knobs: Mapping[str, Any] = field(default_factory=dict)
+    flags: Mapping[str, Any] = field(default_factory=dict)
     fixed_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     engine_options: Mapping[str, Any] = field(default_factory=dict)

@@ -59,10 +59,12 @@ def test_pareto_loads_with_its_metrics_and_directions(tmp_path: Path) -> None:
 
 def test_every_pareto_metric_is_a_figure_the_load_generator_reports() -> None:
     from runners.loadgen import RECORD_KEYS
+    from spaces.objective import DERIVED_METRICS
     from spaces.schema import PARETO_METRICS
 
-    assert set(PARETO_METRICS) <= set(RECORD_KEYS)
-    assert all(sense == ("minimize" if name.endswith("_ms") else "maximize") for name, sense in PARETO_METRICS.items())
+    assert set(PARETO_METRICS) <= set(RECORD_KEYS) | set(DERIVED_METRICS)
+    assert all(sense == ("minimize" if name.endswith("_ms") or name in DERIVED_METRICS else "maximize")
+               for name, sense in PARETO_METRICS.items())
 
 
 @pytest.mark.parametrize("objective, message", [
@@ -72,7 +74,8 @@ def test_every_pareto_metric_is_a_figure_the_load_generator_reports() -> None:
     ({"kind": "throughput_at", "rate": {"start": 1}}, "objective: rate is only for kind max_rate_under_slo"),
     ({"kind": "max_rate_under_slo", "slo": {"p99_ttft_ms": 100}, "rate": {"start": 1, "low": 2}},
      "objective.rate: need low <= start <= high"),
-    ({"kind": "fastest"}, "objective.kind: Input should be 'throughput_at', 'max_rate_under_slo' or 'pareto'"),
+    ({"kind": "fastest"}, "objective.kind: Input should be 'throughput_at', 'max_rate_under_slo', 'pareto', 'cost_per_mtok' or "
+     "'energy_per_token'"),
     # pareto: two or more known metrics, each once, in their direction; SLO keys that apply to it
     ({"kind": "pareto", "metrics": [{"name": "output_throughput"}]},
      "objective: pareto needs 2 or more metrics to trade off (got 1); for one metric use kind throughput_at"),
