@@ -167,6 +167,20 @@ class FloatRange(Strict):
         return math.floor((self.high - self.low) / self.step + 1e-9) + 1
 
 
+def _grid_count(spec: Any) -> int | None:
+    """How many values a searched knob takes in the grid (None: continuous)."""
+    if isinstance(spec, FloatRange):
+        return spec.levels()
+    if isinstance(spec, FlagRange):
+        if spec.step is None:
+            continuous = isinstance(spec.low, float) or isinstance(spec.high, float)
+            return None if continuous else int(spec.high - spec.low) + 1
+        return math.floor((spec.high - spec.low) / spec.step + 1e-9) + 1
+    if isinstance(spec, FlagValues | EnvValues):
+        return len(spec.values)
+    return len(spec.choices if isinstance(spec, IntChoices | BoolChoices) else spec)
+
+
 class IntChoices(Strict):
     choices: list[int | None] = Field(min_length=1)
 
@@ -310,9 +324,7 @@ class Knobs(Strict):
     def _grid(self) -> Knobs:
         total = 1
         for spec in self.searched().values():
-            count = spec.levels() if isinstance(spec, FloatRange) else len(
-                spec.choices if isinstance(spec, IntChoices | BoolChoices) else spec)
-            total *= count or 1
+            total *= _grid_count(spec) or 1
         if total > MAX_GRID:
             raise ValueError(f"the searched grid holds {total:,} configurations; at most {MAX_GRID:,} are allowed "
                              "(coarser steps or fewer choices)")
