@@ -16,7 +16,8 @@ from typing import Any
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
-from search.strategy.design import MEMORY_KNOB, place_memory, safe_memory
+from search.strategy.confirm import confirmed_best
+from search.strategy.design import MEMORY_KNOB, safe_memory
 from search.strategy.distributions import distributions
 from search.strategy.memory import MemoryModel
 from search.trial.records import TrialFacts, normal_params
@@ -99,8 +100,8 @@ def prior_records(priors: Sequence[Prior]) -> list[TrialFacts]:
 
 
 def _ranked(space: Space, priors: Sequence[Prior]) -> list[dict[str, Any]]:
-    """The earlier studies' measured configurations, best first (each by its best figure in its own study),
-    restricted to the knobs and values this space searches."""
+    """The earlier studies' measured configurations, best first (each study's confirmed choice, then each
+    configuration by its best figure in its own study), restricted to the knobs and values this space searches."""
     dists = distributions(space)
     best: list[tuple[float, dict[str, Any]]] = []
     for prior in priors:
@@ -114,6 +115,14 @@ def _ranked(space: Space, priors: Sequence[Prior]) -> list[dict[str, Any]]:
                 continue
             best.append((sign * float(rec.value), params))
     best.sort(key=lambda b: -b[0])
+    # Each earlier study's confirmed choice first (chosen on repeated launches), then the rest by their figure.
+    chosen = []
+    for prior in priors:
+        confirmed = confirmed_best(prior.records, prior.direction)
+        first = next((r for r in prior.records if confirmed is not None and r.number == confirmed.trial), None)
+        if first is not None:
+            chosen.append((float("inf"), normal_params(first.params)))
+    best = [b for b in chosen if set(b[1]) == set(dists)] + best
     out: list[dict[str, Any]] = []
     for _, params in best:
         key = {k: v for k, v in params.items() if k != MEMORY_KNOB}
@@ -134,7 +143,11 @@ def warm_point(space: Space, trials: Sequence[TrialFacts], model: MemoryModel | 
     for params in _ranked(space, priors)[:WARM_POINTS]:
         if {k: v for k, v in params.items() if k != MEMORY_KNOB} in asked:
             continue
-        if model is None or safe_memory(space, model, params) is None:
+        sure = None if model is None else safe_memory(space, model, params)
+        if model is None or sure is None:
             return params
-        return place_memory(space, model, params)
+        # The higher of what the model is sure of and what launches proved: an earlier study's choice served its
+        # workload at its fraction, and a new workload of no larger prefill batches needs no more.
+        proven = safe_memory(space, model, params, proven=True)
+        return {**params, MEMORY_KNOB: max(sure, proven or sure)}
     return None
