@@ -56,7 +56,7 @@ from search.spaces import engine_of
 from search.strategy.confirm import CONFIRM_FINAL, MAX_FINAL, confirmation_launches
 from search.strategy.distributions import distributions, inert_knobs
 from search.strategy.strategy import MAX_TRIALS_PER_LAUNCH, Strategy, apply, make_sampler
-from search.strategy.warm import Prior
+from search.strategy.warm import Prior, workload_tokens
 from search.trial.objective import Gate, Objective, TrialEnv, TrialFailed
 from search.trial.records import TrialFacts, normal_params, records
 from spaces.launch import LaunchConfig, engine_options
@@ -220,7 +220,8 @@ def warm_run(job: tuple[Path, int, int]) -> dict[str, Any]:
     path, seed, launches = job
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     first = run_servetune(LANDS[path], seed, launches)
-    prior = Prior("first", StudyDirection.MAXIMIZE, tuple(records(first.study)))  # type: ignore[attr-defined]
+    prior = Prior("first", StudyDirection.MAXIMIZE, tuple(records(first.study)),  # type: ignore[attr-defined]
+                  workload_tokens(LANDS[path].space))
     second = SECOND[path]
     optimum = OPTIMA[second.path]
     out: dict[str, Any] = {"seed": seed}

@@ -23,12 +23,15 @@ from search.strategy.memory import MemoryModel
 from search.trial.records import TrialFacts, normal_params
 from spaces.schema import Space
 
-__all__ = ["WARM_ATTR", "WARM_POINTS", "WARM_USED_ATTR", "Prior", "WarmKey", "prior_records", "usable", "warm_point"]
+__all__ = ["WARM_ATTR", "WARM_POINTS", "WARM_TOKENS_ATTR", "WARM_USED_ATTR", "Prior", "WarmKey", "prior_records",
+           "usable", "warm_point", "workload_tokens"]
 
 #: The study attribute that holds its :class:`WarmKey` (written by ``servetune run`` after the preflight).
 WARM_ATTR = "warm_key"
 #: The study attribute that holds the warm start's lines (the studies used, those asked for and not used).
 WARM_USED_ATTR = "warm_start"
+#: The study attribute that holds the most tokens its workload held at once (:func:`workload_tokens`).
+WARM_TOKENS_ATTR = "warm_tokens"
 #: How many of the earlier studies' best configurations a warm-started study launches before its sampler.
 WARM_POINTS = 2
 
@@ -86,6 +89,8 @@ class Prior:
     name: str
     direction: StudyDirection
     records: tuple[TrialFacts, ...]
+    tokens: int | None = None
+    """The most tokens its workload held at once at its target level (None: not known)."""
 
 
 def prior_records(priors: Sequence[Prior]) -> list[TrialFacts]:
@@ -131,6 +136,14 @@ def _ranked(space: Space, priors: Sequence[Prior]) -> list[dict[str, Any]]:
     return out
 
 
+def workload_tokens(space: Space) -> int | None:
+    """The most tokens the workload holds at once at its target level (None: prompts of unknown length)."""
+    wl = space.workload
+    if wl.dataset or wl.input_len is None:
+        return None
+    return space.target_level * (wl.input_len + (wl.prefix.len if wl.prefix is not None else 0) + wl.output_len)
+
+
 def warm_point(space: Space, trials: Sequence[TrialFacts], model: MemoryModel | None,
                priors: Sequence[Prior]) -> dict[str, Any] | None:
     """The next warm-start launch (tagged ``design``), or None once :data:`WARM_POINTS` have been asked or no
@@ -146,8 +159,14 @@ def warm_point(space: Space, trials: Sequence[TrialFacts], model: MemoryModel | 
         sure = None if model is None else safe_memory(space, model, params)
         if model is None or sure is None:
             return params
-        # The higher of what the model is sure of and what launches proved: an earlier study's choice served its
-        # workload at its fraction, and a new workload of no larger prefill batches needs no more.
-        proven = safe_memory(space, model, params, proven=True)
-        return {**params, MEMORY_KNOB: max(sure, proven or sure)}
+        # The higher of what the model is sure of and the highest fraction at which the same configuration served
+        # in an earlier study (a new workload of no more tokens at once needs no more memory).
+        key = {k: v for k, v in params.items() if k != MEMORY_KNOB}
+        served = [float(r.params[MEMORY_KNOB]) for prior in priors for r in prior.records
+                  if r.state == TrialState.COMPLETE and r.ok and MEMORY_KNOB in r.params
+                  and {k: v for k, v in normal_params(r.params).items() if k != MEMORY_KNOB} == key]
+        smaller = workload_tokens(space) is not None and all(
+            (t := prior.tokens) is not None and t >= (workload_tokens(space) or 0) for prior in priors)
+        proven = max(served) if served and smaller else sure
+        return {**params, MEMORY_KNOB: max(sure, proven)}
     return None
