@@ -2,7 +2,7 @@
 
     benchmarks/efficiency_table.py FILE.json [FILE.json ...] [warm-FILE.json ...]
 
-Files named ``warm-*.json`` are servetune-only runs with ``--warm``: their honest-figure and warm-start lines
+Files whose name holds ``warm-`` are servetune-only runs with ``--warm``: their honest-figure and warm-start lines
 are printed under the landscape's own (and replace a main run's warm-start line).
 
 One row per landscape and strategy: launches to 98% of the optimum (median / worst / misses), GPU-minutes to 98%
@@ -93,8 +93,8 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    main_files = [p for p in argv if not Path(p).name.startswith("warm-")]
-    extra_files = [p for p in argv if Path(p).name.startswith("warm-")]
+    main_files = [p for p in argv if "warm-" not in Path(p).name]
+    extra_files = [p for p in argv if "warm-" in Path(p).name]
     reports = [json.loads(Path(p).read_text()) for p in main_files]
     extra = [json.loads(Path(p).read_text()) for p in extra_files]
     print("\n".join(table(reports, extra)))
