@@ -1,6 +1,9 @@
 """The docs' efficiency table (Markdown) from the JSON files ``benchmarks/efficiency.py --json`` wrote.
 
-    benchmarks/efficiency_table.py FILE.json [FILE.json ...]
+    benchmarks/efficiency_table.py FILE.json [FILE.json ...] [warm-FILE.json ...]
+
+Files whose name holds ``warm-`` are servetune-only runs with ``--warm``: their honest-figure and warm-start lines
+are printed under the landscape's own (and replace a main run's warm-start line).
 
 One row per landscape and strategy: launches to 98% of the optimum (median / worst / misses), GPU-minutes to 98%
 (median over every seed; a miss counts its whole run), GPU-minutes of the whole run (to the confirmed answer),
@@ -23,7 +26,10 @@ def _f(v: Any, spec: str = "g") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def table(reports: list[dict[str, Any]]) -> list[str]:
+def table(reports: list[dict[str, Any]], extra: list[dict[str, Any]] | None = None) -> list[str]:
+    """The table of ``reports``; ``extra``: servetune-only runs (``--warm``) whose honest-figure and warm-start
+    lines replace those of the same landscape in ``reports``."""
+    later = {name: entry for report in (extra or []) for name, entry in report["spaces"].items()}
     revs = sorted({r["metadata"]["git"] for r in reports})
     seeds = sorted({r["seeds"] for r in reports})
     launches = sorted({r["launches"] for r in reports})
@@ -51,7 +57,13 @@ def table(reports: list[dict[str, Any]]) -> list[str]:
                 out.append(f"| {head} | {bold}{NAMES.get(strategy, strategy)}{bold} | "
                            + " | ".join(f"{bold}{c}{bold}" for c in cells) + " |")
                 head = ""
-            notes += _notes(name, entry, report["seeds"])
+            mine = _notes(name, entry, report["seeds"])
+            if name in later:  # the later servetune-only run's warm start replaces this run's
+                seeds = next(r["seeds"] for r in extra or [] if name in r["spaces"])
+                rev = next(r["metadata"]["git"] for r in extra or [] if name in r["spaces"])
+                mine = [line for line in mine if not line.startswith("  second study")]
+                mine += [f"  servetune alone, {seeds} seeds at `{rev}`:", *_notes(name, later[name], seeds)[1:]]
+            notes += mine
     return [*out, "", *notes]
 
 
@@ -81,8 +93,11 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    reports = [json.loads(Path(p).read_text()) for p in argv]
-    print("\n".join(table(reports)))
+    main_files = [p for p in argv if "warm-" not in Path(p).name]
+    extra_files = [p for p in argv if "warm-" in Path(p).name]
+    reports = [json.loads(Path(p).read_text()) for p in main_files]
+    extra = [json.loads(Path(p).read_text()) for p in extra_files]
+    print("\n".join(table(reports, extra)))
     return 0
 
 

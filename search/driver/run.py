@@ -43,7 +43,15 @@ from search.strategy.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS
 from search.strategy.distributions import conditional
 from search.strategy.strategy import Strategy, make_sampler
 from search.strategy.view import StudyView
-from search.strategy.warm import WARM_ATTR, WARM_USED_ATTR, Prior, WarmKey, usable
+from search.strategy.warm import (
+    WARM_ATTR,
+    WARM_TOKENS_ATTR,
+    WARM_USED_ATTR,
+    Prior,
+    WarmKey,
+    usable,
+    workload_tokens,
+)
 from search.trial.objective import Ended, HostChosen, Objective, ProgressHook, TrialEnv, TrialFailed
 from search.trial.preflight import preflight
 from search.trial.records import (
@@ -492,6 +500,7 @@ def _strategy(space: Space, hosts: Sequence[Host], options: RunOptions, study: o
     priors, warm_lines = find_priors(storage, study, key, options.warm_start)
     if key is not None:
         study.set_user_attr(WARM_ATTR, key.stored())
+        study.set_user_attr(WARM_TOKENS_ATTR, workload_tokens(space))
     if warm_lines:
         study.set_user_attr(WARM_USED_ATTR, warm_lines)
     strategy = Strategy(space, options.n_trials, confirm_k=options.confirm_k,
@@ -556,7 +565,8 @@ def find_priors(storage: RDBStorage, study: optuna.Study, key: WarmKey | None,
             continue
         earlier = optuna.load_study(study_name=name, storage=storage)
         recs = tuple(records(earlier))
-        priors.append(Prior(name, earlier.directions[0], recs))
+        tokens = summary.user_attrs.get(WARM_TOKENS_ATTR)
+        priors.append(Prior(name, earlier.directions[0], recs, tokens if isinstance(tokens, int) else None))
         launched = sum(1 for r in recs if r.launched and r.outcome is not None)
         lines.insert(0, f"warm start from {name}: {launched} launches (its memory figures and its best "
                         f"configurations; same cards, model, engine version and fixed args)")

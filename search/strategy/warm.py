@@ -16,18 +16,22 @@ from typing import Any
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
-from search.strategy.design import MEMORY_KNOB, place_memory, safe_memory
+from search.strategy.confirm import confirmed_best
+from search.strategy.design import MEMORY_KNOB, safe_memory
 from search.strategy.distributions import distributions
 from search.strategy.memory import MemoryModel
 from search.trial.records import TrialFacts, normal_params
 from spaces.schema import Space
 
-__all__ = ["WARM_ATTR", "WARM_POINTS", "WARM_USED_ATTR", "Prior", "WarmKey", "prior_records", "usable", "warm_point"]
+__all__ = ["WARM_ATTR", "WARM_POINTS", "WARM_TOKENS_ATTR", "WARM_USED_ATTR", "Prior", "WarmKey", "prior_records",
+           "usable", "warm_point", "workload_tokens"]
 
 #: The study attribute that holds its :class:`WarmKey` (written by ``servetune run`` after the preflight).
 WARM_ATTR = "warm_key"
 #: The study attribute that holds the warm start's lines (the studies used, those asked for and not used).
 WARM_USED_ATTR = "warm_start"
+#: The study attribute that holds the most tokens its workload held at once (:func:`workload_tokens`).
+WARM_TOKENS_ATTR = "warm_tokens"
 #: How many of the earlier studies' best configurations a warm-started study launches before its sampler.
 WARM_POINTS = 2
 
@@ -85,6 +89,8 @@ class Prior:
     name: str
     direction: StudyDirection
     records: tuple[TrialFacts, ...]
+    tokens: int | None = None
+    """The most tokens its workload held at once at its target level (None: not known)."""
 
 
 def prior_records(priors: Sequence[Prior]) -> list[TrialFacts]:
@@ -99,8 +105,8 @@ def prior_records(priors: Sequence[Prior]) -> list[TrialFacts]:
 
 
 def _ranked(space: Space, priors: Sequence[Prior]) -> list[dict[str, Any]]:
-    """The earlier studies' measured configurations, best first (each by its best figure in its own study),
-    restricted to the knobs and values this space searches."""
+    """The earlier studies' measured configurations, best first (each study's confirmed choice, then each
+    configuration by its best figure in its own study), restricted to the knobs and values this space searches."""
     dists = distributions(space)
     best: list[tuple[float, dict[str, Any]]] = []
     for prior in priors:
@@ -114,12 +120,28 @@ def _ranked(space: Space, priors: Sequence[Prior]) -> list[dict[str, Any]]:
                 continue
             best.append((sign * float(rec.value), params))
     best.sort(key=lambda b: -b[0])
+    # Each earlier study's confirmed choice first (chosen on repeated launches), then the rest by their figure.
+    chosen = []
+    for prior in priors:
+        confirmed = confirmed_best(prior.records, prior.direction)
+        first = next((r for r in prior.records if confirmed is not None and r.number == confirmed.trial), None)
+        if first is not None:
+            chosen.append((float("inf"), normal_params(first.params)))
+    best = [b for b in chosen if set(b[1]) == set(dists)] + best
     out: list[dict[str, Any]] = []
     for _, params in best:
         key = {k: v for k, v in params.items() if k != MEMORY_KNOB}
         if all({k: v for k, v in p.items() if k != MEMORY_KNOB} != key for p in out):
             out.append(params)
     return out
+
+
+def workload_tokens(space: Space) -> int | None:
+    """The most tokens the workload holds at once at its target level (None: prompts of unknown length)."""
+    wl = space.workload
+    if wl.dataset or wl.input_len is None:
+        return None
+    return space.target_level * (wl.input_len + (wl.prefix.len if wl.prefix is not None else 0) + wl.output_len)
 
 
 def warm_point(space: Space, trials: Sequence[TrialFacts], model: MemoryModel | None,
@@ -134,7 +156,17 @@ def warm_point(space: Space, trials: Sequence[TrialFacts], model: MemoryModel | 
     for params in _ranked(space, priors)[:WARM_POINTS]:
         if {k: v for k, v in params.items() if k != MEMORY_KNOB} in asked:
             continue
-        if model is None or safe_memory(space, model, params) is None:
+        sure = None if model is None else safe_memory(space, model, params)
+        if model is None or sure is None:
             return params
-        return place_memory(space, model, params)
+        # The higher of what the model is sure of and the highest fraction at which the same configuration served
+        # in an earlier study (a new workload of no more tokens at once needs no more memory).
+        key = {k: v for k, v in params.items() if k != MEMORY_KNOB}
+        served = [float(r.params[MEMORY_KNOB]) for prior in priors for r in prior.records
+                  if r.state == TrialState.COMPLETE and r.ok and MEMORY_KNOB in r.params
+                  and {k: v for k, v in normal_params(r.params).items() if k != MEMORY_KNOB} == key]
+        smaller = workload_tokens(space) is not None and all(
+            (t := prior.tokens) is not None and t >= (workload_tokens(space) or 0) for prior in priors)
+        proven = max(served) if served and smaller else sure
+        return {**params, MEMORY_KNOB: max(sure, proven)}
     return None

@@ -397,9 +397,9 @@ def test_a_noisy_host_gets_more_final_launches_and_the_figure_states_its_interva
     best = confirmed_best(noisy, StudyDirection.MAXIMIZE)
     assert best is not None and best.interval is not None and best.interval > HONEST_HALF_WIDTH
     quiet = [*screened()[:3], trial(3, 12.01, cfg(0.7, 32), confirmation_of=1),
-             trial(4, 11.0, cfg(0.6, 64), confirmation_of=2),
-             trial(5, 10.01, cfg(0.6, 16), confirmation_of=0)]
-    quiet += [trial(6 + i, v, cfg(0.7, 32), confirmation_of=1, final=True) for i, v in enumerate([12.0, 12.02, 11.99])]
+             trial(4, 11.0, cfg(0.6, 64), confirmation_of=2), trial(5, 10.01, cfg(0.6, 16), confirmation_of=0)]
+    quiet += [trial(6 + i, v, cfg(0.7, 32), confirmation_of=1, final=True)
+              for i, v in enumerate([12.0, 12.02, 11.99])]
     assert finals_needed(quiet, 3) == 3
     assert confirmation_plan(quiet, StudyDirection.MAXIMIZE, k=3, repeats=1, final=3) == []
     chosen = confirmed_best(quiet, StudyDirection.MAXIMIZE)

@@ -10,7 +10,9 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from optuna.study import StudyDirection
 
+from search.strategy.confirm import confirmed_best
 from search.strategy.design import MEMORY_KNOB
 from search.strategy.warm import WARM_ATTR, WARM_USED_ATTR
 from search.trial.records import records
@@ -51,7 +53,9 @@ def test_a_second_study_starts_from_the_first(first: Path) -> None:
     assert "warm start from first: " in out and "same cards, model, engine version and fixed args" in out, out
     recs = list(records(study(wd, "second")))
     assert not any(r.probe for r in recs)  # no probe: the first launch is the earlier study's best
-    best = max((r for r in earlier if r.value is not None and r.launched), key=lambda r: r.value or 0.0)
+    chosen = confirmed_best(earlier, StudyDirection.MAXIMIZE)  # the first study's choice
+    assert chosen is not None
+    best = next(r for r in earlier if r.number == chosen.trial)
     assert recs[0].design and without_memory(recs[0].params) == without_memory(best.params)
     assert not any(r.oom for r in recs)
     assert study(wd, "second").user_attrs[WARM_ATTR]["engine_version"] == "0.5.10"
