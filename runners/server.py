@@ -473,12 +473,21 @@ class ServerSession:
         """Mean ``power.draw`` (W) summed over the server's ``gpus`` GPUs (those holding the most memory), over the
         nvidia-smi samples taken between ``start`` and ``end`` (wall clock); None without a sample there or
         without power figures."""
-        totals = []
+        totals: list[float] = []
+        after: list[float] = []
+        late = end + max(2.0, 4 * max(self.smi_interval, BENCH_SMI_INTERVAL))
         with self._lock:
             for ts, sample in self.smi_samples:
                 ours = sorted(sample, key=lambda g: -(g.used_mib or 0))[:max(1, gpus)]
-                if start <= ts <= end and all(g.power_w is not None for g in ours):
+                if not ours or any(g.power_w is None for g in ours):
+                    continue
+                if start <= ts <= end:
                     totals.append(sum(g.power_w or 0.0 for g in ours))
+                elif end < ts <= late and not after:
+                    after.append(sum(g.power_w or 0.0 for g in ours))
+        # A level shorter than the sampling period (a fast simulated one): nvidia-smi's power.draw is an average
+        # over the period before the sample, so the first sample after the window still reads the load.
+        totals = totals or after
         return sum(totals) / len(totals) if totals else None
 
     def answers(self, plan: AnswerPlan) -> tuple[list[dict[str, Any]], str]:
