@@ -98,6 +98,7 @@ class SimServer:
         self.ranks = range(launch.first_rank, launch.first_rank + launch.local_ranks)
         """This node's TP ranks (all of them on one node)."""
         self.rendezvous: Rendezvous | None = None
+        self.world_others_gib = 0.0  # the most memory other processes hold on any GPU of any node (multi-node)
         self.ready = threading.Event()
         self.http_up = False
         self.plan: StartupPlan | None = None
@@ -249,6 +250,7 @@ class SimServer:
         except RendezvousError as exc:
             self._die([traceback("init", arch, str(exc)) for _ in self.ranks], running=False)
         self.rendezvous = meeting
+        self.world_others_gib = world
         meeting.watch(self._peer_lost)
         self.plan = plan_startup(self.profile, launch, other_used_gib=self.gpu_memory.other_used_gib(),
                                  seed=self.seed, world_other_used_gib=world)
@@ -319,12 +321,17 @@ class SimServer:
         self.gpu_memory.set_used(plan.ctx_gib)
         log.ranks(texts.dist_init_end(v, plan.durations.get("dist_init", 0.0) / self.speed, plan.ctx_gib))
         assert mem.pre_load_avail_gib is not None and mem.weights_gib is not None
-        if any(self.gpu_memory.others.get(g) for g in self.gpus):
-            mine = mem.pre_load_avail_gib
+        # SGLang warns when the least free memory of any rank (the MIN all-reduce over the world) is under 0.9
+        # of this rank's own, never for memory that every GPU lost alike (python/sglang/srt/model_executor/
+        # model_runner.py, init_torch_distributed). Here: the freest GPU of this node against the fullest anywhere.
+        others = self.gpu_memory.other_used_gib()
+        local = mem.pre_load_avail_gib + max(others) - min(others)
+        least = mem.pre_load_avail_gib - max(0.0, self.world_others_gib - max(others))
+        if least < local * 0.9:
             log.ranks(
                 f"The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
-                f"pre_model_load_memory={mine:.2f}, local_gpu_memory={mine:.2f}, "
-                f"local_gpu_memory * 0.9={mine * 0.9:.2f}",
+                f"pre_model_load_memory={least:.2f}, local_gpu_memory={local:.2f}, "
+                f"local_gpu_memory * 0.9={local * 0.9:.2f}",
                 level="warning",
             )
         return fail

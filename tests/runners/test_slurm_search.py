@@ -137,9 +137,12 @@ def test_trials_run_as_parallel_jobs_and_a_third_waits_in_the_queue(cluster: Slu
     # ... so the third waited in the queue, and that wait is not in its start-up time.
     assert max(f.queue_s or 0 for f in facts.values()) > 0
     for n, f in facts.items():
-        script = (trial_dir(tmp_path / "runs", "slurm", n) / "job.sbatch").read_text()
+        run_dir = trial_dir(tmp_path / "runs", "slurm", n)
+        script = (run_dir / "job.sbatch").read_text()
         assert "#SBATCH --gres=gpu:4" in script and "#SBATCH --nodes=1" in script
-        assert f"#SBATCH --comment=servetune,study=slurm,trial={n}," in script
+        # The comment names the study and its id (the run folder), so recovery finds this study's jobs.
+        assert run_dir.parent.name.startswith("slurm.") and run_dir.parent.name != "slurm."
+        assert f"#SBATCH --comment=servetune,study={run_dir.parent.name},trial={n}," in script
         assert "#SBATCH --partition=gpu" in script and "#SBATCH --time=00:10:00" in script
         assert f.stop_method == "term"
         assert (trial_dir(tmp_path / "runs", "slurm", n) / "exit_code").is_file()
@@ -210,7 +213,7 @@ def test_a_controller_killed_with_sigkill_leaves_no_job_after_the_next_run(clust
     args = ("run", str(space_path), "--study", "slurm", "--storage", storage, "--no-mlflow", "--no-live",
             "--inventory", str(inv), "--n-trials", "2", "--seed", "1")
     first = start_cli(*args, cwd=tmp_path, log="killed.log")
-    job = kit_wait_for("trial 0's job", lambda: (tmp_path / "runs/slurm/0/job_id").exists()
+    job = kit_wait_for("trial 0's job", lambda: (trial_dir(tmp_path / "runs", "slurm", 0) / "job_id").exists()
                        and job_of(tmp_path, "slurm", 0), timeout=60)
     kit_wait_for("the job running", lambda: (job, "RUNNING") in {(j, s) for j, s, _ in cluster.jobs()},
                  timeout=60)
@@ -284,5 +287,5 @@ def test_a_search_through_a_login_node_over_ssh(cluster: SlurmCluster, tmp_path:
     t = trials[0]
     assert t.state == TrialState.COMPLETE, TrialFacts.from_trial(t).reason
     assert TrialFacts.from_trial(t).stop_method == "term"
-    assert "#SBATCH --gres=gpu:4" in (tmp_path / "runs/slurm/0/job.sbatch").read_text()
+    assert "#SBATCH --gres=gpu:4" in (trial_dir(tmp_path / "runs", "slurm", 0) / "job.sbatch").read_text()
     assert sshd.log.read_text().count("Accepted publickey") > logins  # sbatch, srun, squeue went through sshd

@@ -11,6 +11,7 @@ the simulated GPU host, an ``nvidia-smi`` that prints garbage, far too much, or 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -52,7 +53,8 @@ def fake_smi(directory: Path, body: str) -> Path:
 def inventory(tmp_path: Path, env: dict[str, str], name: str = "gpu-bad") -> Path:
     path = tmp_path / "hosts.yaml"
     path.write_text(yaml.safe_dump({"hosts": [
-        {"name": name, "address": "local", "runs_root": str(tmp_path / "runs"), "env": env}]}))
+        {"name": name, "address": "local", "runs_root": str(tmp_path / "runs"), "host_dir": str(tmp_path / "host"),
+         "env": env}]}))
     return path
 
 
@@ -140,8 +142,8 @@ case "$1" in
   --query-gpu*) "{sim_bin}/nvidia-smi" "$@" | sed "s/, /, ${{esc}}]0;pwned${{bel}}${{esc}}[2J/" ;;
   *) exec "{sim_bin}/nvidia-smi" "$@" ;;
 esac''')
-    hosts = inventory(tmp_path, {"PATH": f"{wrapper}:{sim['PATH']}", "SERVETUNE_SIM_STATE":
-                                 sim["SERVETUNE_SIM_STATE"]}, name="evil")
+    evil_env = {"PATH": f"{wrapper}:{sim['PATH']}", "SERVETUNE_SIM_STATE": sim["SERVETUNE_SIM_STATE"]}
+    hosts = inventory(tmp_path, evil_env, name="evil")
     storage = f"sqlite:///{tmp_path}/s.db"
     env = cli_env(tmp_path, COLUMNS="400")
 
@@ -161,11 +163,22 @@ esac''')
     report = cli("report", "--study", "hostile", "--storage", storage, cwd=tmp_path, env=env).stdout
     assert "\\x1b]0;pwned\\x07" in report
 
-    other = open_host(HostSpec(address="local", runs_root=str(tmp_path / "runs")))
+    # Another controller holds the host; beside its lease lie two that no controller wrote: one whose text
+    # fields hold escapes, one whose file name does. Both are ignored (as any broken lease file), each with
+    # one line naming the file, escaped; none of their text reaches the terminal.
+    other = open_host(HostSpec(address="local", runs_root=str(tmp_path / "runs"), env=evil_env,
+                               host_dir=str(tmp_path / "host")))
     other.controller_id = "ctl-other"
-    other.renew_lease(Lease("ctl-other", os.getpid(), f"box{ESC}]0;pwned{BEL}", f"study{HOSTILE}",
-                            "postgresql://u:***@pg/db", 600))
+    other.renew_lease(Lease("ctl-other", os.getpid(), "box", "study-other", "postgresql://u:***@pg/db", 600))
     assert other.claim().ok
+    [leases] = (tmp_path / "host").glob("gpus-*/leases")
+    forged = {**json.loads((leases / "ctl-other.json").read_text()), "controller": "ctl-forged",
+              "hostname": f"box{ESC}]0;forged{BEL}", "study": f"study{HOSTILE}"}
+    (leases / "ctl-forged.json").write_text(json.dumps(forged))
+    (leases / f"ctl{ESC}]0;named{BEL}.json").write_text("{}")
     check = cli("hosts", "check", "--space", str(space), "--inventory", str(hosts), cwd=tmp_path, env=env)
-    assert "study\\x1b]0;pwned" in "".join(check.stdout.split())
+    assert "study-other" in "".join(check.stdout.split()), check.stdout  # the valid lease's holder is named
+    assert "ctl-forged.json on evil: hostname holds control characters" in check.stderr
+    assert "forged" not in check.stdout and "forged\\x07" not in check.stderr
+    assert "ctl\\x1b]0;named\\x07.json" in check.stdout + check.stderr
     assert raw_controls(check.stdout + check.stderr) == [], check.stdout
