@@ -475,19 +475,24 @@ class ServerSession:
         without power figures."""
         totals: list[float] = []
         after: list[float] = []
-        late = end + max(2.0, 4 * max(self.smi_interval, BENCH_SMI_INTERVAL))
+        before: list[float] = []
+        slack = max(2.0, 4 * max(self.smi_interval, BENCH_SMI_INTERVAL))
         with self._lock:
             for ts, sample in self.smi_samples:
                 ours = sorted(sample, key=lambda g: -(g.used_mib or 0))[:max(1, gpus)]
                 if not ours or any(g.power_w is None for g in ours):
                     continue
+                watts = sum(g.power_w or 0.0 for g in ours)
                 if start <= ts <= end:
-                    totals.append(sum(g.power_w or 0.0 for g in ours))
-                elif end < ts <= late and not after:
-                    after.append(sum(g.power_w or 0.0 for g in ours))
-        # A level shorter than the sampling period (a fast simulated one): nvidia-smi's power.draw is an average
-        # over the period before the sample, so the first sample after the window still reads the load.
-        totals = totals or after
+                    totals.append(watts)
+                elif end < ts <= end + slack and not after:
+                    after.append(watts)
+                elif start - slack <= ts < start:
+                    before = [watts]
+        # A level shorter than the sampling period (a fast simulated one, or a sampler slowed by a busy host):
+        # nvidia-smi's power.draw is an average over the period before a sample, so the first sample after the
+        # window reads the load; failing that, the last one before it (the level before, or the warm-up's load).
+        totals = totals or after or before
         return sum(totals) / len(totals) if totals else None
 
     def answers(self, plan: AnswerPlan) -> tuple[list[dict[str, Any]], str]:
