@@ -154,9 +154,15 @@ def confirmation_plan(trials: Sequence[TrialFacts], direction: StudyDirection, *
 def measured_noise(trials: Sequence[TrialFacts]) -> float | None:
     """The run-to-run noise the study's repeated configurations show, final launches included (one sd, a share
     of the value; pooled within configurations); None before two repeats."""
+    return _pooled_sd([t for t in trials if not t.stopped_early])
+
+
+def _pooled_sd(trials: Sequence[TrialFacts]) -> float | None:
+    """The pooled within-configuration sd (a share of the value) of the measured launches of ``trials``
+    grouped by configuration; None below two degrees of freedom."""
     groups: dict[int, list[float]] = {}
     for t in trials:
-        if t.state == TrialState.COMPLETE and t.value is not None and is_launch(t) and not t.stopped_early:
+        if t.state == TrialState.COMPLETE and t.value is not None and is_launch(t):
             groups.setdefault(origin(t), []).append(float(t.value))
     ss = dof = 0.0
     for values in groups.values():
@@ -244,19 +250,9 @@ def _noise_sd(trials: Sequence[TrialFacts], pooled: dict[int, float]) -> float |
     """The run-to-run noise as a share of the value: the pooled within-configuration sd of the
     configurations launched more than once, else the residual sd of ``pooled``, :func:`pooled_estimates`'s
     fit to ``trials``."""
-    groups: dict[int, list[float]] = {}
-    for t in trials:
-        if t.state == TrialState.COMPLETE and t.value is not None and is_launch(t) and not t.final:
-            groups.setdefault(origin(t), []).append(float(t.value))
-    ss = dof = 0.0
-    for values in groups.values():
-        if len(values) > 1:
-            mean = statistics.fmean(values)
-            if mean:
-                ss += sum((v / mean - 1) ** 2 for v in values)
-                dof += len(values) - 1
-    if dof >= 2:
-        return math.sqrt(ss / dof)
+    sd = _pooled_sd([t for t in trials if not t.final])
+    if sd is not None:
+        return sd
     resid = [float(t.value) / pooled[t.number] - 1 for t in trials
              if t.number in pooled and t.value is not None and pooled[t.number]]
     dof = len(resid) - _columns(trials) - 1  # the fit's own parameters leave that many degrees of freedom
