@@ -62,11 +62,11 @@ def run_dir(runs_root: str, study: str, trial: str) -> str:
     return f"{runs_root}/{plain_name(study)}/{plain_name(trial)}"
 
 
-def start(shell: Shell, directory: str, launch_script: str, run_id: str, *, controller: str,
-          files: Mapping[str, str] | None = None, scratch_vars: tuple[str, ...] = ("TMPDIR",),
-          memory_limit_bytes: int | None = None, timeout: float = 30.0) -> RunRef:
-    """Start ``launch_script`` detached in ``directory`` (created fresh) and return its reference; the
-    ``owner`` file names the host, the run and ``controller`` (see :mod:`runners.host.orphans`)."""
+def prepare(shell: Shell, directory: str, launch_script: str, run_id: str, *, controller: str,
+            files: Mapping[str, str] | None = None, scratch_vars: tuple[str, ...] = ("TMPDIR",),
+            timeout: float = 30.0) -> str:
+    """Create ``directory`` fresh and write a run's files into it (the launch script, ``run.sh``, the ``owner``
+    file, the scratch variables and ``files``); its absolute path."""
     # One round trip: the absolute form of the directory (as resolve() gives it), then a fresh one there.
     mk = shell.run(f'd={shell.shell_path(directory)}; echo "$d"; rm -rf "$d" && mkdir -p "$d"', timeout=timeout)
     abs_dir = mk.stdout.strip()
@@ -78,6 +78,16 @@ def start(shell: Shell, directory: str, launch_script: str, run_id: str, *, cont
     shell.put(f"{abs_dir}/scratch_vars", "".join(f"{v}\n" for v in scratch_vars).encode())
     for name, text in (files or {}).items():
         shell.put(f"{abs_dir}/{name}", text.encode(), mode=0o644)
+    return abs_dir
+
+
+def start(shell: Shell, directory: str, launch_script: str, run_id: str, *, controller: str,
+          files: Mapping[str, str] | None = None, scratch_vars: tuple[str, ...] = ("TMPDIR",),
+          memory_limit_bytes: int | None = None, timeout: float = 30.0) -> RunRef:
+    """Start ``launch_script`` detached in ``directory`` (created fresh) and return its reference; the
+    ``owner`` file names the host, the run and ``controller`` (see :mod:`runners.host.orphans`)."""
+    abs_dir = prepare(shell, directory, launch_script, run_id, controller=controller, files=files,
+                      scratch_vars=scratch_vars, timeout=timeout)
     if memory_limit_bytes is not None:
         shell.put(f"{abs_dir}/memory_limit", f"{int(memory_limit_bytes)} {plain_name(run_id)}\n".encode())
     res = shell.run_script("start.sh", abs_dir, run_id, timeout=timeout)

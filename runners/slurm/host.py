@@ -35,11 +35,11 @@ from importlib import resources
 
 import runners.host.gpu as gpu
 import runners.host.ports as ports
+import runners.host.runs as runs
 from runners.errors import ConfigError, HostMisconfigured, RunnerError
 from runners.host import Claim, Host, HostInfo, Lease, Resources, RunRef, StopResult
 from runners.host.ports import Holder
 from runners.host.shell import Shell, env_value, plain_name
-from runners.host.shipped import text as host_script
 from runners.slurm.jobs import COMMENT_TAG, FAULTS, JobInfo, SlurmClient
 from runners.slurm.spec import SlurmSpec
 from runners.smi import ComputeApp, GpuStatus
@@ -236,16 +236,8 @@ class SlurmHost(Host):
         HostMisconfigured. ``memory_limit_bytes`` becomes ``--mem`` (Slurm's cgroup enforces it where the
         cluster has one)."""
         need = resources or Resources()
-        mk = self.run(f'd={self.shell_path(run_dir)}; echo "$d"; rm -rf "$d" && mkdir -p "$d"', timeout=timeout)
-        abs_dir = mk.stdout.strip()
-        if not mk.ok:
-            raise RunnerError(f"cannot create {abs_dir} on {self.name}: {mk.stderr.strip()[:200]}", host=self.name)
-        self.put(f"{abs_dir}/launch.sh", launch_script.encode(), mode=0o755)
-        self.put(f"{abs_dir}/run.sh", host_script("run.sh").encode(), mode=0o755)
-        self.put(f"{abs_dir}/owner", f"{self.name}\n{run_id}\n{self.controller_id}\n".encode())
-        self.put(f"{abs_dir}/scratch_vars", "".join(f"{v}\n" for v in scratch_vars).encode())
-        for name, text in (files or {}).items():
-            self.put(f"{abs_dir}/{name}", text.encode(), mode=0o644)
+        abs_dir = runs.prepare(self, run_dir, launch_script, run_id, controller=self.controller_id, files=files,
+                               scratch_vars=scratch_vars, timeout=timeout)
         study, trial = ["", "", *abs_dir.rstrip("/").split("/")][-2:]  # <runs_root>/<study>/<trial>
         comment = ",".join([COMMENT_TAG, f"study={plain_name(study)}", f"trial={plain_name(trial)}",
                             f"cluster={plain_name(self.cluster)}", f"slot={self.slot}",
