@@ -161,11 +161,11 @@ def test_the_per_node_script_takes_the_rank_and_runs_each_ranks_command(engine: 
     path.write_text(render_node_script(engine, launch, version, 2, header=["contract"]).replace(
         "\nexec ", "\nprintf '%s\\n' "))
     for rank in (0, 1):
-        out = subprocess.run(["bash", str(path), str(rank), "10.0.0.1", "29511"], capture_output=True, text=True,
+        out = subprocess.run(["bash", str(path), str(rank), "127.0.0.42", "29511"], capture_output=True, text=True,
                              check=True).stdout.splitlines()
-        want = render_nodes(engine, launch, version, ["10.0.0.1", "10.0.0.1"], 29511)[rank].argv
+        want = render_nodes(engine, launch, version, ["127.0.0.42", "127.0.0.42"], 29511)[rank].argv
         assert out == want
-    bad = subprocess.run(["bash", str(path), "2", "10.0.0.1"], capture_output=True, text=True, check=False)
+    bad = subprocess.run(["bash", str(path), "2", "127.0.0.42"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "RANK must be 0-1" in bad.stderr
 
 
