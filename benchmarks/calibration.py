@@ -55,6 +55,9 @@ _INFERENCEX_870 = ("https://github.com/SemiAnalysisAI/InferenceX/issues/870 (Dee
 _INFERENCEX_1544 = ("https://github.com/SemiAnalysisAI/InferenceX/pull/1544 (Qwen3.5-397B-A17B-FP8, SGLang, TP8/EP8, "
                     "8x H100, 1k/1k, the 2026-06-04 non-MTP rows; tok/s/gpu is total tokens, so output = half x 8; "
                     "TPOT = 1000 / median tok/s/user)")
+_INFERENCEX_3363 = ("https://github.com/SemiAnalysisAI/InferenceX/pull/3363 (DeepSeek-R1-0528 FP8, SGLang v0.5.12, "
+                    "TP8 EP1, 8x B200, 1k/1k, the baseline rows published 2026-05-22; output tok/s per GPU x 8, "
+                    "mean TPOT)")
 _QWEN_C16 = ("the published C=16 row is slower per user than its C=32 row (66.5 against 64.6 tok/s/user, 255.8 "
              "against 453.4 tok/s/gpu): the tuned recipe differs between concurrencies, and no single "
              "configuration's monotone curve passes through both")
@@ -64,6 +67,10 @@ _QWEN = ("--model-path", "Qwen/Qwen3.5-397B-A17B-FP8", "--tp", "8", "--trust-rem
 FIGURES: tuple[Published, ...] = (
     *(Published("deepseek-v3-tp8-h200", _INFERENCEX_870, "0.5.7", _DS, 1024, 1024, c, 10 * c, thr, tpot, True)
       for c, thr, tpot in ((8, 74.6 * 8, 12.8), (16, 111.9 * 8, 17.2), (32, 151.1 * 8, 25.6), (64, 223.6 * 8, 34.6))),
+    *(Published("deepseek-v3-tp8-b200", _INFERENCEX_3363, "0.5.12", _DS, 1024, 1024, c, 10 * c, thr * 8, tpot,
+                True)
+      for c, thr, tpot in ((1, 17.01, 7.18), (2, 30.74, 7.93), (4, 53.72, 8.82), (8, 87.31, 10.96),
+                           (16, 145.25, 13.09), (32, 234.01, 16.21), (64, 338.97, 21.73))),
     Published("deepseek-v3-tp8-h200",
               "gpustack performance lab (issue 21): SGLang 0.5.3 on 8x H200 served 1000 concurrent ShareGPT requests; "
               "ShareGPT's mean lengths (about 220 in / 200 out) stand in for the dataset",
