@@ -26,7 +26,8 @@ from search.trial.records import TrialFacts
 #: 700-character OOM line would make the trial page thousands of pixels wide.
 LOG_WIDTH = 100
 
-__all__ = ["NotesCallback", "note_markdown", "notes_callback", "oom_lines", "write_choice_notes", "write_note"]
+__all__ = ["LOG_WIDTH", "NotesCallback", "note_markdown", "notes_callback", "oom_lines", "write_choice_notes",
+           "write_note"]
 
 logger = logging.getLogger(__name__)
 
