@@ -25,6 +25,7 @@ __all__ = [
     "OptunaCompatError",
     "enter_optimize_loop",
     "note_target",
+    "set_trial_system_attr",
     "set_trial_user_attr",
     "storage_of",
     "study_id",
@@ -95,6 +96,13 @@ def enter_optimize_loop(study: optuna.Study) -> None:
     worker threads ask, run under a heartbeat and tell exactly as Optuna's loop does.
     """
     _attr(study, "_thread_local").in_optimize_loop = True
+
+
+def set_trial_system_attr(trial: optuna.Trial, key: str, value: Any) -> None:
+    """Set a system attr of a live trial: ``optuna.Trial`` has no setter for them since Optuna 3 (its
+    ``set_system_attr`` was removed); the storage call is what it did underneath. optuna-dashboard shows a
+    trial's user attrs, not its system attrs."""
+    trial.storage.set_trial_system_attr(trial_id(trial), key, value)
 
 
 def set_trial_user_attr(study: optuna.Study, trial: FrozenTrial, key: str, value: Any) -> None:

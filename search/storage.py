@@ -75,16 +75,22 @@ def fail_stale(study: optuna.Study, storage: RDBStorage | None = None) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
+#: The trial system attr that holds a trial's whole record (``search.trial.records.FACTS_ATTR``).
+RECORD_ATTR = "servetune.facts"
+
+
 class RetryStaleTrial(RetryHeartbeatStaleTrialCallback):
     """Optuna's retry of a stale trial, re-queued with clean user attrs.
 
-    Optuna copies the dead trial's user attrs into the retry (its host, run id, start-up time...), which
-    would describe a run that never happened; the retry carries only ``retried_from`` instead.
+    Optuna copies the dead trial's user and system attrs into the retry (its host, run id, start-up time, a
+    record written just before the controller died...), which would describe a run that never happened; the
+    retry carries only ``retried_from`` and Optuna's own system attrs instead.
     """
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         clean = copy.copy(trial)
         clean.user_attrs = {"retried_from": trial.number}
+        clean.system_attrs = {k: v for k, v in trial.system_attrs.items() if k != RECORD_ATTR}
         super().__call__(study, clean)
 
 

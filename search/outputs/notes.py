@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import textwrap
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -21,7 +22,12 @@ from search.outputs.text import THIN_HEADROOM_GIB, figure_text, fmt, levels_tabl
 from search.strategy.view import StudyView
 from search.trial.records import TrialFacts
 
-__all__ = ["NotesCallback", "note_markdown", "notes_callback", "oom_lines", "write_choice_notes", "write_note"]
+#: Characters per line of a log line quoted in a trial's note: the dashboard shows a code block unwrapped, so a
+#: 700-character OOM line would make the trial page thousands of pixels wide.
+LOG_WIDTH = 100
+
+__all__ = ["LOG_WIDTH", "NotesCallback", "note_markdown", "notes_callback", "oom_lines", "write_choice_notes",
+           "write_note"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +102,8 @@ def note_markdown(trial: FrozenTrial, view: StudyView | None = None) -> str:
         out += ["### Results per concurrency level", "", *levels_table(rec.levels), ""]
     lines = oom_lines(rec.log_tail or "")
     if lines:
-        out += ["### OOM lines from the log tail", "", "```text", *lines, "```", ""]
+        wrapped = [part for line in lines for part in textwrap.wrap(line, LOG_WIDTH, subsequent_indent="  ") or [""]]
+        out += ["### OOM lines from the log tail", "", "```text", *wrapped, "```", ""]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -5,15 +5,19 @@ while a trial runs and writes it with :func:`write_facts` when the trial ends; M
 notes, the report, ``status``, ``export``, the live progress, ``trials --json`` and the reuse of a measured
 configuration read it with :meth:`TrialFacts.from_trial`. No other module reads a trial's raw user attrs.
 
-How it is stored (Optuna user attrs, JSON values):
+How it is stored (JSON values):
 
 ========================  ==================================================================================
-``servetune.facts``       the whole record (:meth:`TrialFacts.stored`): outcome, phase, reason, host/GPU/engine,
-                          the frozen launch config, argv/env, memory telemetry, levels, the objective...
-``host``                  where the trial runs: written when the trial is created for a host (so a RUNNING
-                          trial names it), and again with the record
-``outcome``, ``phase``,   shown by optuna-dashboard's attribute table (the record holds them too)
-``reason``, ``duplicate_of``
+``servetune.facts``       a trial *system* attr (optuna-dashboard does not show those): the whole record
+                          (:meth:`TrialFacts.stored`): outcome, phase, reason, host/GPU/engine, the frozen
+                          launch config, argv/env, memory telemetry, levels, the objective... Studies written
+                          before 0.3 hold it as a user attr of that name; :meth:`TrialFacts.from_trial` reads
+                          both (a user attr would be a 9,000-px row of the dashboard's attribute table)
+``host``                  user attr: where the trial runs: written when the trial is created for a host (so a
+                          RUNNING trial names it), and again with the record
+``outcome``, ``phase``,   short user attrs shown by optuna-dashboard's attribute table (the record holds them
+``reason``, ``role``,     too; ``reason`` cut to :data:`SHORT_REASON` characters there)
+``duplicate_of``
 ``retried_from``          written by Optuna's stale-trial retry onto the re-queued trial
 ``waiting_for``           while a trial waits for a twin that another host is running
 ``probe``, ``design``,    tags set when the trial is queued (``enqueue_trial(user_attrs=...)``): the study's
@@ -40,7 +44,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from runners.errors import validation_line
 from runners.telemetry import FailureKind, Phase, Telemetry
-from search._optuna_compat import known_params, set_trial_user_attr
+from search._optuna_compat import known_params, set_trial_system_attr, set_trial_user_attr
+from search.storage import RECORD_ATTR
 from spaces.launch import LaunchConfig
 
 __all__ = [
@@ -59,6 +64,7 @@ __all__ = [
     "Role",
     "TrialFacts",
     "WrongAnswer",
+    "facts_attrs",
     "mark_interrupted",
     "normal_params",
     "note_host",
@@ -68,14 +74,16 @@ __all__ = [
     "write_facts",
 ]
 
-#: The user attr that holds the whole record.
-FACTS_ATTR = "servetune.facts"
+#: The trial system attr that holds the whole record (a user attr of that name in older studies).
+FACTS_ATTR = RECORD_ATTR
 #: The study's user attr with the space's ``deploy`` section (what ``export --engine`` serves with).
 DEPLOY_ATTR = "servetune.deploy"
 #: The study's user attr that says, in one line, what a simulated host's profile is calibrated to.
 SIM_CALIBRATION_ATTR = "servetune.sim_calibration"
 #: The user attrs optuna-dashboard shows in its table besides the record (written from it).
 DASHBOARD_ATTRS = ("host", "outcome", "phase", "reason", "duplicate_of")
+#: How much of the reason the dashboard's attribute table shows (the record keeps all of it).
+SHORT_REASON = 200
 #: Prefix of the memory figures in studies of servetune 0.1.0 (``mem.free_after_capture_gib``...); also the
 #: prefix of their MLflow metric names.
 MEM_PREFIX = "mem."
@@ -446,7 +454,9 @@ class TrialFacts(BaseModel):
     def from_trial(cls, trial: FrozenTrial) -> TrialFacts:
         """The trial's record (stored by this release or by servetune 0.1.0) with Optuna's own facts."""
         attrs = trial.user_attrs
-        stored = attrs.get(FACTS_ATTR)
+        stored = trial.system_attrs.get(FACTS_ATTR)
+        if not isinstance(stored, Mapping):  # a study written before the record moved to a system attr
+            stored = attrs.get(FACTS_ATTR)
         data = dict(stored) if isinstance(stored, Mapping) else _legacy(attrs)
         for key in ("host", "controller"):  # a RUNNING trial: only who runs it is written yet
             if data.get(key) is None and attrs.get(key) is not None:
@@ -615,13 +625,26 @@ class TrialFacts(BaseModel):
 # ---- writing -------------------------------------------------------------------------------------
 
 
+def facts_attrs(facts: TrialFacts, tags: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(user attrs, system attrs)`` that store ``facts``: the whole record as a system attr, which
+    optuna-dashboard does not show, and a few short fields for its attribute table. ``tags``: the trial's
+    user attrs so far (the tags it was queued with say its role)."""
+    stored = facts.stored()
+    user = {key: stored[key] for key in DASHBOARD_ATTRS if stored.get(key) is not None}
+    if isinstance(user.get("reason"), str) and len(user["reason"]) > SHORT_REASON:
+        user["reason"] = user["reason"][:SHORT_REASON - 1] + "…"
+    if facts.outcome is not None:
+        user["role"] = facts.model_copy(update=_queued_tags(tags or {}, {})).role
+    return user, {FACTS_ATTR: stored}
+
+
 def write_facts(trial: optuna.Trial, facts: TrialFacts) -> None:
     """Store the record with the trial (once, when the trial ends), and the attrs the dashboard shows."""
-    stored = facts.stored()
-    trial.set_user_attr(FACTS_ATTR, stored)
-    for key in DASHBOARD_ATTRS:
-        if stored.get(key) is not None:
-            trial.set_user_attr(key, stored[key])
+    user, system = facts_attrs(facts, trial.user_attrs)
+    for key, value in system.items():
+        set_trial_system_attr(trial, key, value)
+    for key, value in user.items():
+        trial.set_user_attr(key, value)
 
 
 def note_host(trial: optuna.Trial, host: str) -> None:

@@ -105,8 +105,6 @@ def test_study_page_has_the_choice_figure_and_fits(demo: DemoStudy, study: optun
     assert overlapping_text(page, graph) == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20 point 3: the memory ladder's legend overlaps its axis title at "
-                                       "the dashboard's card width")
 def test_no_figure_on_the_study_page_overlaps_its_text(demo: DemoStudy, board: Dashboard, page: Any) -> None:
     page.goto(f"{board.url}/dashboard/studies/{study_id(board, demo.name)}")
     for graph_id in (CHOICE_FIGURE_ID, *FIGURE_IDS):
@@ -124,8 +122,6 @@ def test_pruned_trial_shows_its_note_and_files(demo: DemoStudy, board: Dashboard
         assert page.get_by_text(name, exact=True).count() > 0, name
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20 point 5: the trial's whole record is one user attribute, "
-                                       "9,000 px wide in the dashboard's table; it becomes a JSON artifact")
 def test_pruned_trial_page_fits_1440_px(demo: DemoStudy, board: Dashboard, page: Any) -> None:
     page.goto(f"{board.url}/dashboard/studies/{study_id(board, demo.name)}/trials?numbers=0")
     page.get_by_text(re.compile(r"Trial 0: PRUNED")).first.wait_for()

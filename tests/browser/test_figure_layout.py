@@ -46,7 +46,7 @@ def _launch(mfs: float, cgbs: int, value: float, start: float, **tags: Any) -> o
                        memory={"gpu_total_gib": 79.19, "avail_before_weights_gib": 75.0, "weights_gib": 15.3,
                                "kv_gib": mfs * 75.0 - 15.8, "graph_gib": 2.4, "free_after_capture_gib":
                                (1 - mfs) * 75.0 - 2.4, "sim_speed": 100, "smi_peak_used_mib": 70000.0})
-    trial.user_attrs = {**trial.user_attrs, FACTS_ATTR: {**trial.user_attrs[FACTS_ATTR], **tags}}
+    trial.system_attrs = {**trial.system_attrs, FACTS_ATTR: {**trial.system_attrs[FACTS_ATTR], **tags}}
     return trial
 
 

@@ -24,7 +24,7 @@ from runners.errors import ConfigError, HostUnreachable, ServetuneError
 from search.cli import app
 from search.strategy.view import StudyView
 from search.trial.records import DEPLOY_ATTR, TrialFacts
-from tests.fixtures.trials import build_study, level, make_trial, stored_attrs
+from tests.fixtures.trials import build_study, level, make_trial, store_facts
 from tests.search.test_export import bash_n, exec_argv, exports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -238,7 +238,7 @@ def test_status_counts_search_confirmations_skips_and_deaths_apart(tmp_path: Pat
     from search.trial.records import FACTS_ATTR
 
     def tagged(trial: optuna.trial.FrozenTrial, **tags: object) -> optuna.trial.FrozenTrial:
-        trial.user_attrs = {**trial.user_attrs, FACTS_ATTR: {**trial.user_attrs[FACTS_ATTR], **tags}}
+        trial.system_attrs = {**trial.system_attrs, FACTS_ATTR: {**trial.system_attrs[FACTS_ATTR], **tags}}
         return trial
 
     ok = [make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=128, value=2000.0 + i, levels=[level(16, 2000.0)],
@@ -445,7 +445,7 @@ def test_export_engine_keeps_the_gpus_the_trial_was_given(tmp_path: Path) -> Non
     facts = TrialFacts.from_trial(trial)
     assert facts.launch_config is not None
     launch = facts.launch_config.model_copy(update={"env": {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}})
-    trial.user_attrs = stored_attrs(facts.model_copy(update={"launch_config": launch}))
+    store_facts(trial, facts.model_copy(update={"launch_config": launch}))
     study = build_study(f"sqlite:///{tmp_path / 'o.db'}", "real", [trial])
     script = export_script(StudyView.of(study), engine="sglang", deploy=Deploy())
     bash_n(tmp_path, script)
@@ -460,7 +460,7 @@ def test_the_live_head_counts_the_search_against_its_budget_and_the_rest_apart(t
     from search.trial.records import FACTS_ATTR
 
     def tagged(trial: optuna.trial.FrozenTrial, **tags: object) -> optuna.trial.FrozenTrial:
-        trial.user_attrs = {**trial.user_attrs, FACTS_ATTR: {**trial.user_attrs[FACTS_ATTR], **tags}}
+        trial.system_attrs = {**trial.system_attrs, FACTS_ATTR: {**trial.system_attrs[FACTS_ATTR], **tags}}
         return trial
 
     trials = [make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=128, value=2000.0 + i, levels=[level(16, 2000.0)],

@@ -16,7 +16,7 @@ from runners.errors import ConfigError
 from search.outputs.export import export_script
 from search.strategy.view import StudyView
 from search.trial.records import TrialFacts
-from tests.fixtures.trials import build_study, level, make_trial, standard_trials, stored_attrs
+from tests.fixtures.trials import build_study, level, make_trial, standard_trials, store_facts
 
 NOW = datetime(2026, 11, 29, 7, 30, tzinfo=UTC)
 
@@ -131,7 +131,7 @@ def test_simulated_trial_says_so(tmp_path: Path) -> None:
 
 def test_trial_without_launch_config(tmp_path: Path) -> None:
     trial = make_trial(state=TrialState.COMPLETE, mfs=0.85, cgbs=64, value=1.0, levels=[level(16, 1.0)])
-    trial.user_attrs = stored_attrs(TrialFacts.from_trial(trial).model_copy(update={"launch_config": None}))
+    store_facts(trial, TrialFacts.from_trial(trial).model_copy(update={"launch_config": None}))
     study = build_study(f"sqlite:///{tmp_path / 'o.db'}", "old", [trial])
     with pytest.raises(ConfigError, match="trial 0 of study 'old' has no stored launch_config"):
         export_script(StudyView.of(study))
@@ -141,7 +141,7 @@ def test_the_header_says_what_min_free_gib_excluded_and_the_gpus_the_server_held
     trials = standard_trials()
     # trial 0 ran with --tp 4 on a host of 8 GPUs
     facts = TrialFacts.from_trial(trials[0])
-    trials[0].user_attrs = stored_attrs(facts.model_copy(update={"gpu_count": 8}))
+    store_facts(trials[0], facts.model_copy(update={"gpu_count": 8}))
     view = StudyView.of(build_study(f"sqlite:///{tmp_path / 'e.db'}", "bar", trials))
     header = [line for line in export_script(view, min_free_gib=2.0, now=NOW).splitlines() if line.startswith("# ")]
     assert header[0] == "# servetune export: study bar, trial 0"  # trial 1 ranks first but kept 0.82 GiB

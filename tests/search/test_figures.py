@@ -179,7 +179,7 @@ def test_top_configurations_list_each_configuration_once_by_its_median(tmp_path:
     def launch(mfs: float, cgbs: int, value: float, start: float, **tags: object) -> optuna.trial.FrozenTrial:
         trial = make_trial(state=TrialState.COMPLETE, mfs=mfs, cgbs=cgbs, value=value, start_min=start,
                            levels=[level(1, value / 10), level(16, value)])
-        trial.user_attrs = {**trial.user_attrs, FACTS_ATTR: {**trial.user_attrs[FACTS_ATTR], **tags}}
+        trial.system_attrs = {**trial.system_attrs, FACTS_ATTR: {**trial.system_attrs[FACTS_ATTR], **tags}}
         return trial
 
     # trial 2's one lucky launch (2500) against trial 0's three (2200, 2230, 2160; median 2200)

@@ -35,7 +35,7 @@ FINALS = (2150.0, 2170.0, 2160.0)
 def launch(mfs: float, cgbs: int, value: float, start: float, **tags: Any) -> FrozenTrial:
     trial = make_trial(state=TrialState.COMPLETE, mfs=mfs, cgbs=cgbs, value=value, start_min=start,
                        levels=[level(1, value / 10), level(16, value)], memory={"free_after_capture_gib": 4.0})
-    trial.user_attrs = {**trial.user_attrs, FACTS_ATTR: {**trial.user_attrs[FACTS_ATTR], **tags}}
+    trial.system_attrs = {**trial.system_attrs, FACTS_ATTR: {**trial.system_attrs[FACTS_ATTR], **tags}}
     return trial
 
 

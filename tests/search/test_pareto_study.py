@@ -41,10 +41,11 @@ def pareto_trial(mfs: float, cgbs: int, out: float, tpot: float, *, free: float,
     """A COMPLETE trial of a pareto study: its values are its C=16 level's output throughput and p99 TPOT."""
     made = make_trial(state=TrialState.COMPLETE, mfs=mfs, cgbs=cgbs, value=out, start_min=start,
                       levels=[{**level(16, out), "p99_tpot_ms": tpot}], memory={"free_after_capture_gib": free})
-    attrs: dict[str, Any] = dict(made.user_attrs)
-    attrs[FACTS_ATTR] = {**attrs[FACTS_ATTR], "objective_metrics": METRICS}
+    system: dict[str, Any] = dict(made.system_attrs)
+    system[FACTS_ATTR] = {**system[FACTS_ATTR], "objective_metrics": METRICS}
     trial = optuna.trial.create_trial(state=TrialState.COMPLETE, values=[out, tpot], params=made.params,
-                                      distributions=DISTRIBUTIONS, user_attrs=attrs)
+                                      distributions=DISTRIBUTIONS, user_attrs=made.user_attrs,
+                                      system_attrs=system)
     trial.datetime_start, trial.datetime_complete = made.datetime_start, made.datetime_complete
     return trial
 

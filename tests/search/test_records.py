@@ -30,7 +30,7 @@ from tests.fixtures.release import (
     release_tags,
     without_added_sections,
 )
-from tests.fixtures.trials import make_trial, standard_trials, stored_attrs
+from tests.fixtures.trials import make_trial, standard_trials, store_facts
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -56,12 +56,13 @@ def test_facts_round_trip_through_the_trial(tmp_path: Path) -> None:
     trial = make_trial(state=TrialState.PRUNED, mfs=0.9, cgbs=128, outcome="oom", phase="decode",
                        reason="Decode out of memory", memory={"free_after_capture_gib": 1.2},
                        levels=[{"max_concurrency": 1, "completed": 1, "failed": 0, "output_throughput": 9.0}])
-    assert set(trial.user_attrs) == {FACTS_ATTR, "host", "outcome", "phase", "reason"}
+    assert set(trial.user_attrs) == {"host", "outcome", "phase", "reason", "role"}  # short, for the dashboard
+    assert set(trial.system_attrs) == {FACTS_ATTR}
     facts = TrialFacts.from_trial(trial)
     assert (facts.state, facts.outcome, facts.phase) == (TrialState.PRUNED, FailureKind.OOM, Phase.DECODE)
     assert facts.oom_phase == "decode" and facts.free_after_capture_gib == 1.2
     assert facts.levels[0].output_throughput == 9.0 and facts.level_reached == 1
-    assert TrialFacts.from_trial(trial).stored() == trial.user_attrs[FACTS_ATTR]
+    assert TrialFacts.from_trial(trial).stored() == trial.system_attrs[FACTS_ATTR]
     assert facts.telemetry.free_after_capture_gib == 1.2
 
 
@@ -74,9 +75,9 @@ def test_a_running_trial_names_its_host_only() -> None:
 
 def test_unknown_facts_from_a_newer_release_are_ignored() -> None:
     trial = make_trial(state=TrialState.COMPLETE, mfs=0.8, cgbs=64, value=1.0)
-    attrs = dict(trial.user_attrs)
+    attrs = dict(trial.system_attrs)
     attrs[FACTS_ATTR] = {**attrs[FACTS_ATTR], "a_fact_of_tomorrow": 42}
-    trial.user_attrs = attrs
+    trial.system_attrs = attrs
     assert TrialFacts.from_trial(trial).outcome == "ok"
 
 
@@ -96,7 +97,7 @@ def rewritten(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
     old = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{db}")
     new = optuna.create_study(storage=f"sqlite:///{db}", study_name="rewritten", direction="maximize")
     for trial in old.get_trials():
-        trial.user_attrs = stored_attrs(TrialFacts.from_trial(trial))
+        store_facts(trial, TrialFacts.from_trial(trial))
         new.add_trial(trial)
     return new
 
@@ -104,7 +105,8 @@ def rewritten(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
 def test_the_new_record_makes_what_the_old_attrs_made(rewritten: optuna.Study) -> None:
     expected: dict[str, Any] = json.loads((DATA / "study-0.1.0.expected.json").read_text())
     trials = rewritten.get_trials()
-    assert all(set(t.user_attrs) <= {FACTS_ATTR, "host", "outcome", "phase", "reason", "duplicate_of"} for t in trials)
+    assert all(set(t.user_attrs) <= {"host", "outcome", "phase", "reason", "role", "duplicate_of"} for t in trials)
+    assert all(FACTS_ATTR in t.system_attrs for t in trials)
     assert without_added_sections(report_markdown(StudyView.of(rewritten))) == expected["report"].replace(
         f"report: {STUDY}", "report: rewritten")
     # The export names how many launches its figures hold (a 0.1.0 study has no confirmation repeats).
@@ -123,3 +125,22 @@ def test_the_new_record_makes_what_the_old_attrs_made(rewritten: optuna.Study) -
         for m, r in zip(expected["mlflow_metrics"], recs, strict=True)]
     assert [tracking._tags(STUDY, r) for r in recs] == [
         release_tags(t, r.role) for t, r in zip(expected["mlflow_tags"], recs, strict=True)]
+
+
+def test_a_record_stored_as_a_user_attr_still_reads() -> None:
+    """Studies written before the record moved to a system attr hold it as the user attr ``servetune.facts``."""
+    trial = make_trial(state=TrialState.PRUNED, mfs=0.9, cgbs=128, outcome="oom", phase="decode",
+                       reason="Decode out of memory", memory={"free_after_capture_gib": 1.2})
+    record = trial.system_attrs[FACTS_ATTR]
+    trial.system_attrs = {}
+    trial.user_attrs = {**trial.user_attrs, FACTS_ATTR: record}
+    facts = TrialFacts.from_trial(trial)
+    assert (facts.outcome, facts.free_after_capture_gib) == (FailureKind.OOM, 1.2)
+
+
+def test_the_dashboard_attrs_are_short_and_the_record_keeps_the_whole_reason() -> None:
+    reason = "CUDA out of memory. " + "x" * 5000
+    trial = make_trial(state=TrialState.PRUNED, mfs=0.9, cgbs=128, outcome="oom", phase="decode", reason=reason)
+    assert all(len(str(v)) <= 200 for v in trial.user_attrs.values())
+    assert trial.user_attrs["role"] == "search"
+    assert TrialFacts.from_trial(trial).reason == reason
