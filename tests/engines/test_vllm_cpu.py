@@ -34,6 +34,7 @@ from search.trial.records import TrialFacts
 from spaces.launch import LaunchConfig
 from spaces.schema import Space
 from tests.engines.proctree import cmdline, environ, live, ppid, tree_members, vllm_temp_files, wait_for
+from tests.fixtures.runs import trial_dir
 
 pytestmark = [pytest.mark.engines, pytest.mark.ssh]
 
@@ -140,7 +141,7 @@ def test_kernel_oom_kill_in_a_memory_cgroup_is_pruned_as_oom(
     assert facts.memory.figure("cgroup_limit_gib") == 2.5
     assert facts.memory.figure("cgroup_peak_gib") >= 2.4
     # the memory cgroup is gone with the server
-    run_dir = Path(ssh_host.resolve(ssh_host.run_dir("vllm-cpu-oom-kill", str(t.number))))
+    run_dir = trial_dir(Path(ssh_host.resolve(ssh_host.runs_root)), "vllm-cpu-oom-kill", t.number)
     _version, _, path = (run_dir / "cgroup").read_text().strip().partition(" ")
     assert not Path(path).exists()
 
