@@ -309,13 +309,15 @@ def sync_mlflow(study: StudyOpt, storage: StorageOpt = None, mlflow_uri: MlflowO
     settings = _settings(storage=storage, mlflow_uri=mlflow_uri)
     st = _open(study, settings=settings)
     from search.storage import artifact_store
-
-    store = artifact_store(settings.artifacts_dir)
     from search.strategy.view import StudyView
 
+    # The study is read in full before MLflow is touched: a broken storage is one line, and no MLflow
+    # database is made (with MLflow's own set-up lines on stderr) for a sync that cannot happen.
+    view = StudyView.of(st)
+    store = artifact_store(settings.artifacts_dir)
     tracker = MlflowTracker(settings.mlflow_uri, optuna_artifact_store=store)
     result = tracker.sync(st)
-    tracker.finish_study(StudyView.of(st))  # the parent run too: an outage may have left it RUNNING
+    tracker.finish_study(view)  # the parent run too: an outage may have left it RUNNING
     console.print(f"mlflow: {result.added} run(s) added, {result.present} already present")
 
 
