@@ -117,6 +117,9 @@ def run(
         "--warm-start", help="Start from an earlier study in the same storage (its memory figures and best "
                              "configurations), if it ran on the same cards, model, engine version and fixed args; "
                              "repeatable; 'auto': every such study.")] = None,
+    early_stop: Annotated[bool, typer.Option(
+        "--early-stop/--no-early-stop", help="Stop a launch's benchmark after the target level's first quarter "
+                                             "of requests when they show it cannot beat the best.")] = True,
 ) -> None:
     """Run (or resume) a search: launch, benchmark and record one trial after another.
 
@@ -148,7 +151,7 @@ def run(
         progress=Progress(console, n_trials=None, metric=space.objective.scored_by, live=live,
                           simulated=space.engine.simulated),
         on_start=on_start, confirm_k=confirm_top, confirm_repeats=confirm_repeats, confirm_final=confirm_final,
-        warm_start=warm_start or (),
+        warm_start=warm_start or (), early_stop=early_stop,
     )
     print_run(console, err_console, summary, space)
     name = summary.study.study_name
