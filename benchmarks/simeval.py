@@ -19,14 +19,13 @@ from runners.simhost.model import LevelResult as SimLevel
 from runners.simhost.model import Outcome, Workload, noise_factor, predict_from_argv
 from runners.simhost.profile import SimProfile, load_profile
 from runners.telemetry import Failure, FailureKind, Phase
+from search.trial.early import FIRST_SHARE, stop_early
 from search.trial.evaluate import Slot, level_order
 from search.trial.objective import TrialFailed
 from search.trial.records import LevelResult, TrialFacts
 from spaces.launch import LaunchConfig
 from spaces.schema import Space
 
-#: The share of the target level's requests (and time) after which a clear loser stops.
-FIRST_SHARE = 0.25
 #: How far the first requests' figure strays from the whole level's (one sd, a share), beyond the run's noise.
 FIRST_REQUESTS_SD = 0.03
 
@@ -79,6 +78,8 @@ class SimEvaluator:
     def outcome(self, launch: LaunchConfig) -> Outcome:
         """The noiseless outcome of ``launch`` with the levels in fail-fast order (cached)."""
         argv = SGLangEngine().argv(launch.model_copy(update={"engine": "sglang"}), self.version or "")[3:]
+        if launch.nodes > 1:  # rank 0 of a server spanning nodes (every node runs the profile: the same outcome)
+            argv += ["--nnodes", str(launch.nodes), "--node-rank", "0", "--dist-init-addr", "127.0.0.1:5000"]
         env = launch.env
         key = (*argv, *sorted(f"{k}={v}" for k, v in env.items()))
         if key not in self._cache:
@@ -156,23 +157,22 @@ class SimEvaluator:
 
     def _early_stop(self, levels: list[dict[str, Any]], seconds: float,
                     facts: TrialFacts) -> tuple[list[dict[str, Any]], float]:
-        """The benchmark stopped after the target level's first requests when their figure is below the trial's
-        stop bar (``facts.stop_bar``): the levels and the simulated seconds that leaves. The target level runs
-        first (:func:`level_order`); its first requests' figure is the level's, with the run's noise, off by a
-        further :data:`FIRST_REQUESTS_SD` (one sd) for being a part of the level."""
+        """The benchmark stopped after the target level's first requests when the product's rule
+        (:func:`search.trial.early.stop_early`) says so: the levels and the simulated seconds that leaves. The
+        target level runs first (:func:`level_order`); its first requests' figure is the level's, with the
+        run's noise, off by a further :data:`FIRST_REQUESTS_SD` (one sd) for being a part of the level, and they
+        take :data:`~search.trial.early.FIRST_SHARE` of its time."""
         target, metric = self.space.target_level, self.space.objective.metric
         row = next((r for r in levels if r["max_concurrency"] == target), None)
         if row is None or row.get(metric) is None or not row.get("duration") or facts.stop_bar is None:
             return levels, seconds
         first = float(row[metric]) * (1 + self._rng.gauss(0.0, FIRST_REQUESTS_SD))
-        if first >= facts.stop_bar:
+        if not stop_early(facts, metric, target, first):
             return levels, seconds
         part = {**row, metric: first, "duration": row["duration"] * FIRST_SHARE,
                 "completed": max(1, round(row["completed"] * FIRST_SHARE))}
         cut = (seconds - sum(r.get("duration", 0.0) for r in levels)) + part["duration"]
         self.saved_seconds += seconds - cut
-        facts.stopped_early = (f"stopped after the first {FIRST_SHARE:.0%} of concurrency {target}: {metric} "
-                               f"{first:.1f} is below {facts.stop_bar:.1f}, the best less the noise bound")
         return [part], cut
 
 

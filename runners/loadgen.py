@@ -42,8 +42,15 @@ an open loop's planned offset) so the server runs exactly the batches the arriva
 do not depend on how busy this machine is; the record says ``clock: simulated``. Elsewhere times are this
 machine's wall clock (times ``time_scale`` for an older simulated host) and the record says ``clock: wall``.
 
+Early look (``--early-look N --stop-file NAME``, closed loop only): once the first level's first ``N`` requests
+have finished, a record of that moment is printed with ``"partial": true``: its ``output_throughput`` counts every
+token streamed so far (finished requests or not) over the time so far, the rest is the finished requests'. The
+caller decides; if it then creates ``NAME`` (in the working directory) while the level still runs, the level
+takes no more requests, the partial figures are printed again as the level's record with ``"stopped_early":
+true``, and the sweep ends there (exit 4) without waiting for the requests in flight.
+
 Exit codes: 0 done; 2 bad arguments; 3 every request of a level failed (the server is gone): that level's
-record is printed and the sweep stops.
+record is printed and the sweep stops; 4 stopped after the early look (``--stop-file``).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ import argparse
 import http.client
 import json
 import math
+import os
 import queue
 import random
 import sys
@@ -66,6 +74,7 @@ from urllib.parse import urlsplit
 EXIT_OK = 0
 EXIT_BAD_ARGS = 2
 EXIT_LEVEL_FAILED = 3
+EXIT_STOPPED = 4
 
 MAX_ERRORS = 5
 
@@ -230,6 +239,44 @@ class Target:
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
 
+class Progress:
+    """Output tokens streamed so far in one level by every request, finished or not, and when: the early look's
+    throughput (a level's finished requests alone undercount it while many are in flight)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.start = time.perf_counter()
+        self.tokens = 0
+        self.wall_only = False
+        self.first_arrival: float | None = None
+        self.last_sim: float | None = None
+
+    def add(self, tokens: int, times: tuple[float, float] | None) -> None:
+        """``tokens`` more arrived, at ``times`` (simulated time of the chunk, of its request's arrival) or None."""
+        with self._lock:
+            self.tokens += tokens
+            if times is None:
+                self.wall_only = True
+                return
+            self.last_sim = times[0] if self.last_sim is None else max(self.last_sim, times[0])
+            self.first_arrival = times[1] if self.first_arrival is None else min(self.first_arrival, times[1])
+
+    @staticmethod
+    def note(progress: Progress | None, tokens: int, times: tuple[float, float] | None) -> None:
+        """Tell ``progress`` (if any) of ``tokens``."""
+        if progress is not None:
+            progress.add(tokens, times)
+
+    def rate(self, time_scale: float) -> float:
+        """Output tokens per second so far: on the server's simulated clock when every chunk carried it."""
+        with self._lock:
+            if not self.wall_only and self.last_sim is not None and self.first_arrival is not None:
+                seconds = self.last_sim - self.first_arrival
+            else:
+                seconds = (time.perf_counter() - self.start) * time_scale
+            return self.tokens / seconds if seconds > 0 else 0.0
+
+
 def _error_text(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -269,11 +316,12 @@ def _chunks(resp: http.client.HTTPResponse, deadline: float, timeout: float) -> 
 
 
 def stream_request(target: Target, api: BenchApi, model: str, prompt: list[int], output_len: int,
-                   timeout: float, hint: dict[str, Any] | None = None) -> RequestResult:
+                   timeout: float, hint: dict[str, Any] | None = None,
+                   progress: Progress | None = None) -> RequestResult:
     """Send one streaming request and time it. Never raises: a failure is ``ok=False`` with ``error``.
 
     ``hint``: the simulated host's level fields to add to the body (see the module doc); when every chunk
-    carries the server's simulated times the result's times are those."""
+    carries the server's simulated times the result's times are those. ``progress``: told of every token."""
     result = RequestResult()
     result.input_tokens = len(prompt)
     start = time.perf_counter()
@@ -305,6 +353,7 @@ def stream_request(target: Target, api: BenchApi, model: str, prompt: list[int],
                 result.sim_arrival, result.sim_end = times[1], times[0]
             if new_tokens <= 0:
                 continue
+            Progress.note(progress, new_tokens, times)
             if times is None:
                 sim_ok = False
             else:
@@ -545,9 +594,30 @@ def arrival_offsets(rng: random.Random, count: int, rate: float | None, burstine
     return offsets
 
 
+class Look:
+    """The early look at one level: once ``after`` of its requests have finished, ``on_first`` is called with
+    them (in the worker that finished the last one); setting :attr:`stop` ends the level."""
+
+    def __init__(self, after: int, on_first: Callable[[list[RequestResult]], None]) -> None:
+        self.after = after
+        self.on_first = on_first
+        self.progress = Progress()
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self._done: list[RequestResult] = []
+
+    def finished(self, result: RequestResult) -> None:
+        with self._lock:
+            self._done.append(result)
+            first = list(self._done) if len(self._done) == self.after else None
+        if first is not None:
+            self.on_first(first)
+
+
 def run_level(target: Target, api: BenchApi, model: str, requests: list[tuple[list[int], int]] | list[list[int]],
               level: int, output_len: int, timeout: float,
-              offsets: list[float] | None = None, sim_clock: bool = False) -> tuple[list[RequestResult], float]:
+              offsets: list[float] | None = None, sim_clock: bool = False,
+              look: Look | None = None) -> tuple[list[RequestResult], float]:
     """Send every request with at most ``level`` in flight; the results (in request order) and wall time.
 
     ``requests`` are (prompt ids, output length) pairs, or bare prompts that all ask ``output_len``. Without
@@ -556,7 +626,10 @@ def run_level(target: Target, api: BenchApi, model: str, requests: list[tuple[li
 
     ``sim_clock``: the server is a simulated host with its own clock; each request declares the level, the
     simulated time its slot was freed, and its planned offset (in the server's time), and leaves as soon as
-    a slot is free: the server places it on its clock (see the module doc)."""
+    a slot is free: the server places it on its clock (see the module doc).
+
+    ``look`` (closed loop only): told once its first requests have finished; once its ``stop`` is set, no
+    request leaves and the level returns without waiting for those in flight (they are "not run")."""
     jobs = [r if isinstance(r, tuple) else (r, output_len) for r in requests]
     results: list[RequestResult | None] = [None] * len(jobs)
     level_hint: dict[str, Any] | None = None
@@ -570,19 +643,24 @@ def run_level(target: Target, api: BenchApi, model: str, requests: list[tuple[li
         if level_hint is not None:
             hint = dict(level_hint, sim_after_s=after,
                         sim_offset_s=offsets[index] if offsets is not None else None)
-        result = stream_request(target, api, model, prompt, n_out, timeout, hint)
+        result = stream_request(target, api, model, prompt, n_out, timeout, hint,
+                                look.progress if look is not None else None)
         results[index] = result
+        if look is not None:
+            look.finished(result)
         return result
 
     start = time.perf_counter()
+    stop = look.stop if look is not None else None
     if offsets is None:
-        threads = _closed_loop(len(jobs), level, one)
+        threads = _closed_loop(len(jobs), level, one, stop)
     elif sim_clock:
         threads = _sim_open_loop(len(jobs), level, one)
     else:
         threads = _open_loop(offsets[:len(jobs)], level, one, start)
     for t in threads:
-        t.join()
+        while t.is_alive() and not (stop is not None and stop.is_set()):
+            t.join(0.05)
     duration = time.perf_counter() - start
     done: list[RequestResult] = []
     for r in results:
@@ -593,15 +671,16 @@ def run_level(target: Target, api: BenchApi, model: str, requests: list[tuple[li
     return done, duration
 
 
-def _closed_loop(count: int, level: int, one: Callable[[int, float | None], RequestResult]) -> list[threading.Thread]:
+def _closed_loop(count: int, level: int, one: Callable[[int, float | None], RequestResult],
+                 stop: threading.Event | None = None) -> list[threading.Thread]:
     """Start ``level`` workers that each take the next request as soon as theirs is done (passing on the
-    simulated time it ended, when the server gave one)."""
+    simulated time it ended, when the server gave one), until ``stop`` is set."""
     lock = threading.Lock()
     cursor = [0]
 
     def worker() -> None:
         after: float | None = None
-        while True:
+        while stop is None or not stop.is_set():
             with lock:
                 index = cursor[0]
                 if index >= count:
@@ -702,6 +781,8 @@ class Sweep:
         self.api = APIS[args.api]
         self.out = out if out is not None else sys.stdout
         self.rng = random.Random(args.seed)
+        self.partial: dict[str, Any] | None = None
+        self._emit_lock = threading.Lock()
 
     def time_scale(self) -> tuple[float, bool, bool]:
         """(time scale, simulated, the server's own simulated clock)."""
@@ -735,8 +816,12 @@ class Sweep:
                 offsets = arrival_offsets(self.rng, count, a.request_rate, a.burstiness)
                 if not sim_clock:
                     offsets = [t / scale for t in offsets]
+            look = self._look(level, scale, simulated, workload) if index == 0 and a.early_look else None
             results, duration = run_level(self.target, self.api, a.model, jobs, level, a.output_len, a.timeout,
-                                          offsets, sim_clock=sim_clock)
+                                          offsets, sim_clock=sim_clock, look=look)
+            if look is not None and look.stop.is_set() and self.partial is not None:
+                self.emit(dict(self.partial, partial=False, stopped_early=True))
+                return EXIT_STOPPED
             record = summarize(results, duration, level=level, api=a.api, input_len=a.input_len,
                                output_len=a.output_len, time_scale=scale, simulated=simulated,
                                meta=workload.meta())
@@ -745,11 +830,36 @@ class Sweep:
                 return EXIT_LEVEL_FAILED
         return EXIT_OK
 
-    def emit(self, record: dict[str, Any]) -> None:
+    def _look(self, level: int, scale: float, simulated: bool, workload: Workload) -> Look:
+        """The early look at the first level: the partial record printed, then the stop file watched."""
+        a = self.args
+
+        def on_first(first: list[RequestResult]) -> None:
+            record = summarize(first, time.perf_counter() - look.progress.start, level=level, api=a.api,
+                               input_len=a.input_len, output_len=a.output_len, time_scale=scale,
+                               simulated=simulated, meta=workload.meta())
+            record["output_throughput"] = round(look.progress.rate(scale), 6)
+            self.partial = dict(record, partial=True)
+            self.emit(self.partial, keep=False)
+            threading.Thread(target=watch, name="loadgen-stop-file", daemon=True).start()
+
+        def watch() -> None:
+            while not look.stop.is_set():
+                if os.path.exists(a.stop_file):
+                    look.stop.set()
+                    return
+                time.sleep(0.02)
+
+        look = Look(a.early_look, on_first)
+        return look
+
+    def emit(self, record: dict[str, Any], *, keep: bool = True) -> None:
+        """Print ``record`` as one line; ``keep``: append it to ``--out`` too (a partial record is not)."""
         line = json.dumps(record)
-        self.out.write(line + "\n")
-        self.out.flush()
-        if self.args.out:
+        with self._emit_lock:
+            self.out.write(line + "\n")
+            self.out.flush()
+        if keep and self.args.out:
             with open(self.args.out, "a", encoding="utf-8") as fh:
                 fh.write(line + "\n")
 
@@ -823,6 +933,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default=None, help="a local ShareGPT-shaped JSON file of prompts")
     p.add_argument("--prefix-len", type=_non_negative, default=0, help="tokens of each shared system prompt")
     p.add_argument("--prefix-groups", type=_positive(int), default=1, help="how many shared system prompts")
+    p.add_argument("--early-look", type=_positive(int), default=None,
+                   help="print a partial record once this many of the first level's requests have finished")
+    p.add_argument("--stop-file", default="stop-level",
+                   help="with --early-look: this file appearing after the partial record ends the sweep (exit 4)")
     p.add_argument("--request-rate", type=_positive(float), default=None,
                    help="open loop: requests per second (Poisson arrivals); default: closed loop")
     p.add_argument("--burstiness", type=_positive(float), default=1.0,
@@ -844,6 +958,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         Target(args.base_url)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.early_look is not None and args.request_rate is not None:
+        parser.error("--early-look looks at a closed loop: give it without --request-rate")
     if args.dataset and args.prefix_len:
         parser.error("--dataset and --prefix-len are two workloads: give one")
     if args.dataset:

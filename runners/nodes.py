@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -197,10 +197,12 @@ class NodeSession:
 
     # ---- benchmark -----------------------------------------------------------------------------
 
-    def benchmark(self, plan: BenchPlan, *, timeout: float) -> BenchResult:
+    def benchmark(self, plan: BenchPlan, *, timeout: float,
+                  on_partial: Callable[[Mapping[str, Any]], bool] | None = None) -> BenchResult:
         """The load generator on the head; the death of any rank ends it at once (every rank is stopped)."""
         out: dict[str, BenchResult] = {}
-        runner = threading.Thread(target=lambda: out.setdefault("r", self.head.benchmark(plan, timeout=timeout)),
+        runner = threading.Thread(target=lambda: out.setdefault(
+            "r", self.head.benchmark(plan, timeout=timeout, on_partial=on_partial)),
                                   name="bench-nodes", daemon=True)
         runner.start()
         while runner.is_alive():

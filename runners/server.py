@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import queue
 import shlex
 import threading
@@ -32,10 +33,13 @@ from runners.errors import HostUnreachable, RunnerError
 from runners.events import EventSink, FatalSeen, LevelDone, PhaseReached, ServerEvent, ServerReady
 from runners.host import Host, Resources, RunRef, StopResult
 from runners.host.shell import Shell
+from runners.loadgen import EXIT_STOPPED
 from runners.logkeep import LogKeep
 from runners.smi import GpuStatus
 from runners.telemetry import Failure, FailureKind, Phase
 from runners.transport import LineStream
+
+log = logging.getLogger(__name__)
 
 _FATAL_TO_EXIT = 15.0  # how long a server may keep running after a fatal log line before we call it dead
 _ADDRESS_IN_USE = "address already in use"
@@ -48,6 +52,10 @@ BENCH_SMI_INTERVAL = 0.25
 #: model_runner.py, "The memory capacity is unbalanced. Some GPUs may be occupied by other processes.").
 _OTHER_PROCESSES = "may be occupied by other processes"
 _OUTSIDE_SIGNALS = {129: "SIGHUP", 130: "SIGINT", 131: "SIGQUIT", 143: "SIGTERM"}
+
+
+#: The file in the run directory whose appearance stops the load generator after its early look.
+STOP_FILE = "stop-level"
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,9 @@ class BenchPlan:
     seed: int = 1
     request_rate: float | None = None
     """Open loop: requests per second (Poisson arrivals); None: closed loop."""
+    early_look: int | None = None
+    """Closed loop: after this many of the first level's requests have finished, the load generator prints a
+    partial record and the caller may stop the sweep there (``ServerSession.benchmark``'s ``on_partial``)."""
 
     def loadgen_args(self) -> list[str]:
         """The load generator's workload and arrival flags for this plan."""
@@ -80,6 +91,8 @@ class BenchPlan:
             args += ["--prefix-len", str(self.prefix_len), "--prefix-groups", str(self.prefix_groups)]
         if self.request_rate is not None:
             args += ["--request-rate", f"{self.request_rate:g}"]
+        if self.early_look is not None:
+            args += ["--early-look", str(self.early_look), "--stop-file", STOP_FILE]
         return args
 
 
@@ -603,8 +616,13 @@ class ServerSession:
 
     # ---- benchmark -----------------------------------------------------------------------------
 
-    def benchmark(self, plan: BenchPlan, *, timeout: float) -> BenchResult:
-        """Run the load generator on the host; stop at once if the server dies or the host is lost."""
+    def benchmark(self, plan: BenchPlan, *, timeout: float,
+                  on_partial: Callable[[Mapping[str, Any]], bool] | None = None) -> BenchResult:
+        """Run the load generator on the host; stop at once if the server dies or the host is lost.
+
+        ``on_partial``: asked about the load generator's partial record (``plan.early_look``); True stops the
+        sweep there (the stop file is created in the run directory), and the level's record is then that partial
+        figure, marked ``stopped_early``."""
         assert self.ref is not None
         with self._lock:
             if self._load_started_at is None:
@@ -660,23 +678,43 @@ class ServerSession:
                 if line is None:
                     result.failure = self._bench_end(stream.exit_code, result)
                     break
-                record = _json_record(line)
-                if record is not None:
-                    now = time.time()
-                    self.level_windows.append((window_start, now))
-                    window_start = now
-                    result.levels.append(record)
-                    self._on_event(LevelDone(record))
+                window_start = self._take(_json_record(line), result, window_start, on_partial)
         finally:
             self._loading.clear()
             stream.close()
             pumper.join(timeout=5)
         return result
 
+    def _take(self, record: dict[str, Any] | None, result: BenchResult, window_start: float,
+              on_partial: Callable[[Mapping[str, Any]], bool] | None) -> float:
+        """One record of the load generator: a level's (kept, its load window noted) or the early look's partial
+        one (``on_partial`` asked). Returns when the next level's window starts."""
+        if record is None:
+            return window_start
+        if record.get("partial"):
+            if on_partial is not None and on_partial(record):
+                self._stop_load()
+            return window_start
+        now = time.time()
+        self.level_windows.append((window_start, now))
+        result.levels.append(record)
+        self._on_event(LevelDone(record))
+        return now
+
+    def _stop_load(self) -> None:
+        """Create the stop file the load generator watches after its early look."""
+        assert self.ref is not None
+        try:
+            self._beside().run(f"touch {shlex.quote(self.ref.run_dir)}/{STOP_FILE}", timeout=30)
+        except RunnerError as exc:  # the load then runs to its end: a cost, not a wrong figure
+            log.warning("could not stop the load generator after its early look: %s", exc)
+
     def _bench_end(self, code: int | None, result: BenchResult) -> Failure | None:
         failed = any(level.get("failed") for level in result.levels)
         if code == 0 and result.levels and not failed:
             return None
+        if code == EXIT_STOPPED and result.levels and result.levels[-1].get("stopped_early"):
+            return None  # stopped after the early look, as asked: the requests not sent are not failures
         # Requests failed or the load generator stopped early: most likely the server died under load.
         # The follower sees the exit within a poll; give it that moment, then ask the host directly.
         with self._changed:

@@ -66,7 +66,7 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
               cooldown: float = 300.0, progress: Progress | None = None,
               on_start: Callable[[RunPlan], None] | None = None, confirm_k: int = CONFIRM_K,
               confirm_repeats: int = CONFIRM_REPEATS, confirm_final: int = CONFIRM_FINAL,
-              warm_start: Sequence[str] = ()) -> RunSummary:
+              warm_start: Sequence[str] = (), early_stop: bool = True) -> RunSummary:
     """Run (or resume) the study of ``space`` until its budget, its timeout or a signal.
 
     ``study_name``, ``n_trials`` and ``timeout`` default to the space's. ``hosts`` are ``user@name[:port]``
@@ -77,7 +77,8 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
     reported figure is the median of those (:mod:`search.strategy.confirm`; in a ``pareto`` study, those of the front
     nearest its ideal point are repeated, :mod:`search.strategy.front`). ``warm_start`` names earlier studies in
     the same storage to start from (``auto``: all on the same cards, model, engine version and fixed args;
-    :mod:`search.strategy.warm`). The morning summary is written to
+    :mod:`search.strategy.warm`). ``early_stop``: a search launch whose target level's first requests show it
+    cannot beat the best stops its benchmark there (:mod:`search.trial.early`). The morning summary is written to
     ``<artifacts>/<study>/report.md`` and ``report.html`` (``RunSummary.report_path``, ``report_html_path``;
     the HTML is also a study artifact and is logged with the figures to the MLflow parent run); an MLflow
     failure at the end is reported in ``RunSummary.mlflow_error``, never raised. Raises ServetuneError for
@@ -108,7 +109,7 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
         heartbeat_interval=settings.heartbeat_interval, grace_period=settings.heartbeat_grace,
         storage_retry=settings.storage_retry, callbacks=callbacks, hook=progress.hook if progress is not None else None,
         confirm_k=confirm_k, confirm_repeats=confirm_repeats, confirm_final=confirm_final,
-        warm_start=tuple(warm_start),
+        warm_start=tuple(warm_start), early_stop=early_stop,
     )
     if on_start is not None:
         on_start(RunPlan(name, [h.name for h in opened], redact(settings.storage), budget, seconds, tuple(warnings)))

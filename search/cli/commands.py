@@ -117,6 +117,9 @@ def run(
         "--warm-start", help="Start from an earlier study in the same storage (its memory figures and best "
                              "configurations), if it ran on the same cards, model, engine version and fixed args; "
                              "repeatable; 'auto': every such study.")] = None,
+    early_stop: Annotated[bool, typer.Option(
+        "--early-stop/--no-early-stop", help="Stop a launch's benchmark after the target level's first quarter "
+                                             "of requests when they show it cannot beat the best.")] = True,
 ) -> None:
     """Run (or resume) a search: launch, benchmark and record one trial after another.
 
@@ -148,7 +151,7 @@ def run(
         progress=Progress(console, n_trials=None, metric=space.objective.scored_by, live=live,
                           simulated=space.engine.simulated),
         on_start=on_start, confirm_k=confirm_top, confirm_repeats=confirm_repeats, confirm_final=confirm_final,
-        warm_start=warm_start or (),
+        warm_start=warm_start or (), early_stop=early_stop,
     )
     print_run(console, err_console, summary, space)
     name = summary.study.study_name
@@ -309,13 +312,15 @@ def sync_mlflow(study: StudyOpt, storage: StorageOpt = None, mlflow_uri: MlflowO
     settings = _settings(storage=storage, mlflow_uri=mlflow_uri)
     st = _open(study, settings=settings)
     from search.storage import artifact_store
-
-    store = artifact_store(settings.artifacts_dir)
     from search.strategy.view import StudyView
 
+    # The study is read in full before MLflow is touched: a broken storage is one line, and no MLflow
+    # database is made (with MLflow's own set-up lines on stderr) for a sync that cannot happen.
+    view = StudyView.of(st)
+    store = artifact_store(settings.artifacts_dir)
     tracker = MlflowTracker(settings.mlflow_uri, optuna_artifact_store=store)
     result = tracker.sync(st)
-    tracker.finish_study(StudyView.of(st))  # the parent run too: an outage may have left it RUNNING
+    tracker.finish_study(view)  # the parent run too: an outage may have left it RUNNING
     console.print(f"mlflow: {result.added} run(s) added, {result.present} already present")
 
 

@@ -109,6 +109,9 @@ class RunOptions:
     warm_start: tuple[str, ...] = ()
     """Earlier studies (names in the same storage) to warm-start from; ``auto``: every study there stored on the
     same host cards, model, engine version and fixed args (:mod:`search.strategy.warm`)."""
+    early_stop: bool = True
+    """Stop a search launch's benchmark after the target level's first requests when they show it cannot beat
+    the study's best (:mod:`search.trial.early`)."""
 
 
 class StopReason(StrEnum):
@@ -508,7 +511,7 @@ def _strategy(space: Space, hosts: Sequence[Host], options: RunOptions, study: o
                         gpu_mem_mib=smallest_card_mib(found),
                         engine_version=next((info.engine_version for info in found if info.engine_version), None),
                         checkpoint=next((info.checkpoint for info in found if info.checkpoint), None),
-                        priors=priors)
+                        priors=priors, early_stop=options.early_stop)
     return strategy, warm_lines
 
 

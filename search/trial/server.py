@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -31,6 +31,7 @@ from runners.nodes import NodeSession
 from runners.server import BenchPlan, BenchResult, ServerSession, merge_smi_peak
 from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
 from search.trial.correctness import GatePlan, compare, gate_files, gate_plan, store_reference, stored_reference
+from search.trial.early import first_requests, stop_early
 from search.trial.evaluate import Slot, level_order
 from search.trial.objective import Benchmarking, Ended, HostChosen, TrialEnv, TrialFailed, emit, run_folder
 from search.trial.preflight import preflight
@@ -129,7 +130,10 @@ class ServerEvaluator:
                 else:
                     plan = _fail_fast(bench_plan(space, api=engine.bench_api, model=launch.model_path),
                                       space.target_level)
-                    bench = self._benchmark(session, plan)
+                    plan, on_partial = self._early_look(plan, facts)
+                    bench = self._benchmark(session, plan, on_partial)
+                    if not any(level.get("stopped_early") for level in bench.levels):
+                        facts.stopped_early = None  # the stop came too late: the sweep ran whole
                 facts.bench_s = round(time.monotonic() - bench_started, 3)
                 levels, failure = bench.levels, bench.failure
         finally:
@@ -249,12 +253,34 @@ class ServerEvaluator:
                                    f"(last phase: {session.parser.phase.value})")
                 return failure
 
-    def _benchmark(self, session: ServerSession | NodeSession, plan: BenchPlan) -> BenchResult:
+    def _early_look(self, plan: BenchPlan,
+                    facts: TrialFacts) -> tuple[BenchPlan, Callable[[Mapping[str, Any]], bool] | None]:
+        """The plan with the early look at the target level (:mod:`search.trial.early`) and the callback that
+        decides on the load generator's partial record; the plan unchanged for a trial without a stop bar, or
+        an objective the partial record does not estimate (it counts every output token streamed so far, so
+        ``output_throughput`` only)."""
+        space = self.env.space
+        target, metric = space.target_level, space.objective.metric
+        if (facts.stop_bar is None or space.objective.kind != "throughput_at" or metric != "output_throughput"
+                or not plan.levels or plan.levels[0] != target or plan.request_rate is not None):
+            return plan, None
+
+        def on_partial(record: Mapping[str, Any]) -> bool:
+            first = record.get(metric)
+            if record.get("max_concurrency") != target or not isinstance(first, int | float):
+                return False
+            return stop_early(facts, metric, target, float(first))
+
+        return dataclasses.replace(plan, early_look=first_requests(plan.requests[0])), on_partial
+
+    def _benchmark(self, session: ServerSession | NodeSession, plan: BenchPlan,
+                   on_partial: Callable[[Mapping[str, Any]], bool] | None = None) -> BenchResult:
         # The abort event is honoured by running the sweep in a thread and stopping the server.
         result: dict[str, Any] = {}
 
         def run() -> None:
-            result["bench"] = session.benchmark(plan, timeout=self.env.space.budget.benchmark_timeout)
+            result["bench"] = session.benchmark(plan, timeout=self.env.space.budget.benchmark_timeout,
+                                                on_partial=on_partial)
 
         t = threading.Thread(target=run, daemon=True)
         t.start()
@@ -487,7 +513,7 @@ class ServerEvaluator:
         if slo.p99_tpot_ms is not None:
             trial.set_constraint("p99_tpot_ms", float(row.p99_tpot_ms or 0) - slo.p99_tpot_ms)
         self._set_gate_constraint(trial, facts)
-        facts.outcome, facts.phase, facts.reason = "ok", None, ""
+        facts.outcome, facts.phase, facts.reason = "ok", None, facts.stopped_early or ""
         emit(self.env, trial, Ended("ok"))
         values = [float(derived[m] if m in derived else row.figure(m)) for m in names]  # type: ignore[arg-type]
         return values if space.objective.kind == "pareto" else values[0]

@@ -388,3 +388,46 @@ def test_a_reply_whose_tokens_have_no_text_yet_is_still_a_reply(server: FakeServ
     assert code == 0
     (rec,) = records
     assert rec["completed"] == 4 and rec["failed"] == 0 and rec["total_output_tokens"] == 4 * 5
+
+
+# ---- the early look --------------------------------------------------------------------------------
+
+
+def test_early_look_prints_a_partial_record_and_the_sweep_goes_on(server: FakeServer, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    server.gap = 0.01
+    out = tmp_path / "bench.jsonl"
+    args = common(server.url, "sglang", **{"--levels": "4,1", "--requests": "16,2", "--out": str(out),
+                                           "--early-look": "4", "--stop-file": str(tmp_path / "stop")})
+    code, records = run_main(args, capsys)
+    assert code == 0
+    partial, *levels = records
+    assert partial["partial"] is True and partial["max_concurrency"] == 4 and partial["completed"] == 4
+    # Every token streamed so far counts (requests in flight too): about the level's own rate, never the
+    # finished requests' alone.
+    assert partial["output_throughput"] >= partial["total_output_tokens"] / partial["duration"] * 0.99
+    assert [r["max_concurrency"] for r in levels] == [4, 1] and levels[0]["completed"] == 16
+    assert [json.loads(line) for line in out.read_text().splitlines()] == levels  # the partial one is not kept
+
+
+def test_the_stop_file_ends_the_sweep_after_the_early_look(server: FakeServer, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    server.gap = 0.02
+    stop = tmp_path / "stop"
+    stop.touch()  # the caller's verdict is already there: the look stops the level at once
+    out = tmp_path / "bench.jsonl"
+    args = common(server.url, "sglang", **{"--levels": "4,1", "--requests": "16,2", "--out": str(out),
+                                           "--early-look": "4", "--stop-file": str(stop)})
+    code, records = run_main(args, capsys)
+    assert code == loadgen.EXIT_STOPPED
+    partial, stopped = records
+    assert stopped == dict(partial, partial=False, stopped_early=True)
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [stopped]
+    assert len(server.bodies) < 1 + 16  # the warm-up and fewer than the level's requests: the rest never left
+
+
+def test_early_look_needs_a_closed_loop(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--base-url", "http://127.0.0.1:1", "--levels", "4", "--requests", "8", "--early-look", "2",
+            "--request-rate", "5"]
+    assert loadgen.main(args) == 2
+    assert "--early-look looks at a closed loop" in capsys.readouterr().err

@@ -95,3 +95,24 @@ def test_the_evaluator_needs_a_simulated_space() -> None:
     real = load_space(ROOT / "spaces" / "example-sglang-dsv4-tp4.yaml")
     with pytest.raises(ValueError, match=r"engine\.kind sim"):
         SimEvaluator(real)
+
+
+def test_the_simulated_evaluator_stops_by_the_products_rule(space: Space) -> None:
+    """The benchmark's evaluator asks ``search.trial.early.stop_early``, as the server path does: under the bar
+    the target level's first quarter is the figure, the other levels never run, and the saving is counted."""
+    ev = SimEvaluator(space)
+    true = ev.true_value(LaunchConfig.from_params(space, SURVIVES))
+    assert true is not None
+    launch = LaunchConfig.from_params(space, SURVIVES)
+    study = optuna.create_study(direction="maximize")
+    for bar, stops in ((true * 2, True), (true * 0.5, False)):
+        study.enqueue_trial(SURVIVES)
+        facts = TrialFacts(stop_bar=bar)
+        value = ev.evaluate(study.ask(), launch, None, facts)
+        assert (facts.stopped_early is not None) is stops
+        if facts.stopped_early is not None:
+            assert facts.stopped_early.startswith("stopped after the first 25% of concurrency 64")
+            assert facts.reason == facts.stopped_early and isinstance(value, float) and value < bar
+            assert [lv.max_concurrency for lv in facts.levels] == [64] and ev.saved_seconds > 0
+        else:
+            assert [lv.max_concurrency for lv in facts.levels] == [64, 16, 1]

@@ -25,8 +25,9 @@ from optuna.trial import TrialState
 
 from runners.errors import HostKeyError, HostMisconfigured
 from runners.host import Lease
-from runners.inventory import HostSpec, open_host
+from runners.inventory import open_host
 from runners.telemetry import FailureKind
+from search.driver.hosts import local_host
 from search.driver.run import RunOptions, run_search
 from search.trial.records import TrialFacts
 from spaces.schema import load_space
@@ -63,10 +64,11 @@ def test_a_run_whose_every_host_was_retired_exits_non_zero(tmp_path: Path) -> No
     assert all(t.user_attrs.get("outcome") == "host_busy" for t in trials(f"sqlite:///{tmp_path}/s.db", "retired"))
 
 
-@pytest.mark.xfail(strict=False, reason="known defect after merging issue 23's host ownership: the test's claim lands in the machine-wide GPU-set folder, not the simulated host's, so the run is not held")
 def test_a_run_in_which_no_trial_ran_exits_non_zero(tmp_path: Path) -> None:
     space = make_space(tmp_path / "space.yaml", budget={"n_trials": 1})
-    other = open_host(HostSpec(address="local", runs_root=str(tmp_path / "runs")))
+    # The same simulated GPUs (the CLI's sim folder) and host_dir as the CLI's host: the same claim.
+    other = local_host(load_space(space), runs_root=str(tmp_path / "runs"), sim_dir=tmp_path / ".servetune/simhost",
+                       host_dir=str(tmp_path / "hostdir"))
     other.controller_id = "ctl-other"
     other.renew_lease(Lease("ctl-other", os.getpid(), "another-machine", "their-study", "sqlite:///x.db", 600))
     assert other.claim().ok
@@ -79,7 +81,6 @@ def test_a_run_in_which_no_trial_ran_exits_non_zero(tmp_path: Path) -> None:
 # ---- broken storages ----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=False, reason="known defect after the merge: one command's output no longer matches the one-line form the test expects (open)")
 def test_a_corrupt_sqlite_study_is_one_line_in_every_command(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     space = make_space(tmp_path / "space.yaml", budget={"n_trials": 1})
