@@ -175,7 +175,7 @@ class RunSummary:
             why = "; ".join(f"{s.host}: {s.last_error or s.state}" for s in self.host_states)
             return f"every host was retired before the budget was spent ({why}); {self.ran} trial(s) ran"
         if self.ran == 0 and self.stopped_by is StopReason.TIMEOUT:
-            held = "; ".join(f"{s.host} held by {s.held_by}" for s in self.host_states if s.held_by)
+            held = "; ".join(s.held_by for s in self.host_states if s.held_by)  # each names its host
             return f"no trial ran in this run (stopped by: {self.stopped_by})" + (f"; {held}" if held else "")
         return None
 
