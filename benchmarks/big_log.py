@@ -18,27 +18,22 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, metadata, stats, workdir, write_space
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._common import ROOT, metadata, stats, workdir, write_space
+from benchmarks.peak_rss import run_measured
 from runners.events import ServerReady
 from search.driver.hosts import local_host
 from search.driver.run import RunOptions, run_search
 from spaces.schema import load_space
 
 READY = b"The server is fired up and ready to roll!"
-MEASURED = ("import atexit, resource, sys\n"
-            "atexit.register(lambda: sys.stderr.write(f'peak-rss-kib {resource.getrusage(resource.RUSAGE_SELF)"
-            ".ru_maxrss}\\n'))\n"
-            "sys.argv[0] = 'servetune'\n"
-            "from search.cli.commands import main\n"
-            "main()\n")
 FAST = {"input_len": 64, "output_len": 16, "concurrency": [1, 4], "requests_per_level": [1, 4], "warmup_requests": 0}
 
 
@@ -55,13 +50,12 @@ def space_file(wd: Path, flood_mb: float) -> Path:
 def peak_rss_mib(wd: Path, flood_mb: float, study: str) -> float:
     space = space_file(wd, flood_mb)
     env = {**os.environ, "SERVETUNE_RUNS_ROOT": str(wd / "runs"), "SERVETUNE_ARTIFACTS_DIR": str(wd / "artifacts"),
-           "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-c", MEASURED, "run", str(space), "--study", study, "--storage",
-                          f"sqlite:///{wd}/rss.db", "--no-mlflow", "--no-live", "--confirm-top", "0"], cwd=wd,
-                         env=env, capture_output=True, text=True, check=False)
-    if res.returncode != 0 or "peak-rss-kib" not in res.stderr:
-        raise SystemExit(f"servetune run failed:\n{res.stdout}\n{res.stderr}")
-    return int(res.stderr.split("peak-rss-kib ")[-1].split()[0]) / 1024
+           "SERVETUNE_HOST_DIR": str(wd / "hostdir"), "PYTHONPATH": str(ROOT)}
+    res = run_measured(("run", str(space), "--study", study, "--storage", f"sqlite:///{wd}/rss.db", "--no-mlflow",
+                        "--no-live", "--confirm-top", "0"), cwd=wd, env=env)
+    if res.proc.returncode != 0 or res.peak_kib is None:
+        raise SystemExit(f"servetune run failed:\n{res.output()}")
+    return res.peak_mib
 
 
 def ready_delay(wd: Path, flood_mb: float, study: str) -> float:
@@ -73,7 +67,7 @@ def ready_delay(wd: Path, flood_mb: float, study: str) -> float:
 
     def watch() -> None:
         while not stop.is_set() and "line" not in seen:
-            for log in (runs / study).glob("*/server.log"):
+            for log in runs.glob(f"{study}.*/*/server.log"):  # <study>.<study id>/<trial>
                 with open(log, "rb") as fh:
                     fh.seek(max(0, os.path.getsize(log) - 65536))
                     if READY in fh.read():
@@ -86,7 +80,7 @@ def ready_delay(wd: Path, flood_mb: float, study: str) -> float:
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    host = local_host(space, runs_root=str(runs), sim_dir=wd / "sim")
+    host = local_host(space, runs_root=str(runs), sim_dir=wd / "sim", host_dir=str(wd / "hostdir"))
     options = RunOptions(study_name=study, storage_url=f"sqlite:///{wd}/ready.db", artifacts_dir=wd / "artifacts",
                          n_trials=1, timeout=None, hook=hook, confirm_k=0)
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from pathlib import Path
 
 from _common import metadata, run, stats, workdir, write_space
 from optuna.trial import TrialState
@@ -35,10 +34,10 @@ def main() -> None:
     for t in study.trials:
         if t.state != TrialState.PRUNED or not TrialFacts.from_trial(t).launched:
             continue
-        run_dir = Path(wd / "runs" / "bench" / str(t.number))
-        exit_file = run_dir / "exit_code"
-        if not exit_file.exists():
+        found = sorted((wd / "runs").glob(f"bench.*/{t.number}/exit_code"))  # <study>.<study id>/<trial>
+        if not found:
             continue
+        exit_file = found[0]
         died = os.stat(exit_file).st_mtime
         stored = t.datetime_complete.timestamp()
         delays.append(stored - died)

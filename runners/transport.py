@@ -22,9 +22,11 @@ from runners.errors import CommandTimeout, HostMisconfigured
 
 
 def command_timeout(host: str, timeout: float, command: str) -> CommandTimeout:
-    """The error every transport raises when ``command`` outlives its ``timeout`` on ``host``."""
-    return CommandTimeout(f"command timed out after {timeout:g}s on {host}: {shlex.quote(command)[:120]}",
-                          host=host)
+    """The error every transport raises when ``command`` outlives its ``timeout`` on ``host``: one line, with
+    the command's first line cut to 120 characters (a script's text is never dumped)."""
+    lines = command.strip().splitlines() or [""]
+    shown = lines[0][:120] + (" ..." if len(lines) > 1 or len(lines[0]) > 120 else "")
+    return CommandTimeout(f"command timed out after {timeout:g}s on {host}: {shlex.quote(shown)}", host=host)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any
 
 from runners.errors import HostMisconfigured, HostUnreachable, RunnerError
 from runners.host.shell import Shell, plain_name
+from runners.printable import printable
 
 __all__ = ["CLAIM_DIR", "LEASE_DIR", "MAX_PID", "MAX_TTL", "QUEUE_DIR", "Claim", "Lease", "claim", "drop",
            "gpu_dir", "here", "holder", "live", "new_controller_id", "parse_lease", "read_all", "release",
@@ -46,6 +47,8 @@ MAX_PID = 2**22
 MAX_TTL = 86400.0
 #: Seconds after which a waiting controller that stopped asking loses its place in the queue.
 QUEUE_STALE = 30
+#: Seconds a claim waits for the lock of the claim folder (``claim.lock``) before it calls the host busy.
+LOCK_WAIT = 5
 
 
 def new_controller_id() -> str:
@@ -308,12 +311,19 @@ def claim(shell: Shell, controller: str, *, timeout: float = 15.0) -> Claim:
     _check_controller(controller)
     now, leases = read_all(shell, timeout=timeout)
     others = [lease for lease in leases if lease.live(now) and lease.controller != controller]
-    res = shell.run_script("claim.sh", gpu_dir(shell), controller, QUEUE_STALE,
-                           *(lease.controller for lease in others), timeout=timeout)
+    where = gpu_dir(shell)
+    res = shell.run_script("claim.sh", where, controller, QUEUE_STALE, LOCK_WAIT,
+                           *(lease.controller for lease in others), timeout=max(timeout, LOCK_WAIT + 10))
     out = res.stdout.strip()
     if out == "ok":
         return Claim(True)
     verb, _, who = out.partition(" ")
+    if verb == "locked":
+        pid, _, command = who.partition(" ")
+        by = f"process {pid} ({command})" if pid.isdigit() else "a process servetune cannot see"
+        return Claim(False, None, printable(
+            f"{shell.name} is busy: {by} has held the lock {where}/claim.lock for over {LOCK_WAIT}s "
+            "(not a servetune controller taking its turn)", newlines=False)[:300])
     if verb not in ("held", "queued"):
         raise RunnerError(f"cannot claim {shell.name}: {res.stderr.strip()[:200]}", host=shell.name)
     found = next((lease for lease in others if lease.controller == who), None)

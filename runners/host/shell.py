@@ -7,8 +7,9 @@ import re
 import shlex
 from collections.abc import Mapping
 
+from runners.errors import CommandTimeout
 from runners.host.shipped import command as script_command
-from runners.transport import CommandResult, LineStream, Transport
+from runners.transport import CommandResult, LineStream, Transport, command_timeout
 
 DEFAULT_HOST_DIR = "/var/tmp/servetune"
 """Where controllers keep their leases and the claim of a host's GPUs (:mod:`runners.host.leases`): one folder
@@ -58,14 +59,22 @@ class Shell:
         return "".join(f"export {k}={env_value(v)}; " for k, v in self.env.items())
 
     def run(self, command: str, *, timeout: float = 30.0) -> CommandResult:
-        return self.transport.run(self._prefix() + command, timeout=timeout)
+        try:
+            return self.transport.run(self._prefix() + command, timeout=timeout)
+        except CommandTimeout:  # said without the environment exported before the command
+            raise command_timeout(self.name, timeout, command) from None
 
     def stream(self, command: str) -> LineStream:
         return self.transport.stream(self._prefix() + command)
 
     def run_script(self, name: str, *args: str | int, timeout: float = 30.0) -> CommandResult:
-        """Run shipped script ``name`` (:mod:`runners.host.shipped`) with ``args`` as its parameters."""
-        return self.run(script_command(name, *args), timeout=timeout)
+        """Run shipped script ``name`` (:mod:`runners.host.shipped`) with ``args`` as its parameters. A timeout
+        names the script, never its text."""
+        try:
+            return self.run(script_command(name, *args), timeout=timeout)
+        except CommandTimeout:
+            raise CommandTimeout(f"the host script {name} did not finish within {timeout:g}s on {self.name}",
+                                 host=self.name) from None
 
     def stream_script(self, name: str, *args: str | int) -> LineStream:
         """Stream the stdout lines of shipped script ``name`` run with ``args``."""

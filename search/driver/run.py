@@ -39,6 +39,7 @@ from search.driver.signals import Heartbeat, Signals
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL, STORAGE_RETRY, study_name
 from search.spaces import sim_calibration
 from search.storage import artifact_store, create_or_load, open_storage, redact, study_uid
+from search.strategy.choice import CHOICE_ATTR, NO_CHOICE_YET
 from search.strategy.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS
 from search.strategy.distributions import conditional
 from search.strategy.strategy import Strategy, make_sampler
@@ -178,7 +179,7 @@ class RunSummary:
             why = "; ".join(f"{s.host}: {s.last_error or s.state}" for s in self.host_states)
             return f"every host was retired before the budget was spent ({why}); {self.ran} trial(s) ran"
         if self.ran == 0 and self.stopped_by is StopReason.TIMEOUT:
-            held = "; ".join(f"{s.host} held by {s.held_by}" for s in self.host_states if s.held_by)
+            held = "; ".join(s.held_by for s in self.host_states if s.held_by)  # each names its host
             return f"no trial ran in this run (stopped by: {self.stopped_by})" + (f"; {held}" if held else "")
         return None
 
@@ -408,6 +409,8 @@ def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions,
     sampler = make_sampler(options.seed, options.n_trials, conditional=conditional(space))
     study = create_or_load(storage, options.study_name, sampler=sampler, directions=space.objective.directions,
                            metric_names=space.objective.metric_names)
+    if CHOICE_ATTR not in study.user_attrs:  # first, so it is the first row of the dashboard's attribute table
+        study.set_user_attr(CHOICE_ATTR, NO_CHOICE_YET)
     study.set_user_attr("space_name", space.name)
     study.set_user_attr("engine", space.engine.kind)
     calibration = sim_calibration(space)

@@ -19,6 +19,7 @@ from search._optuna_compat import note_target
 from search.outputs.dashboard import save_note
 from search.outputs.explain import optuna_best, study_note_markdown, why_not
 from search.outputs.text import THIN_HEADROOM_GIB, figure_text, fmt, levels_table, memory_table, unit
+from search.strategy.choice import CHOICE_ATTR, NO_CHOICE_YET
 from search.strategy.view import StudyView
 from search.trial.records import TrialFacts
 
@@ -37,8 +38,6 @@ _OOM_LINE = re.compile(
     re.IGNORECASE,
 )
 _MAX_OOM_LINES = 20
-#: The study user attr that names servetune's choice in one line.
-CHOICE_ATTR = "servetune.choice"
 
 
 def write_note(study: optuna.Study, trial: FrozenTrial, view: StudyView | None = None) -> None:
@@ -54,10 +53,10 @@ def write_choice_notes(view: StudyView) -> None:
 
     save_note(view.study, study_note_markdown(view))
     choice = view.choice
-    if choice is not None:
-        # The study's user attributes are a table on the dashboard's study page: the choice in one line there.
-        view.study.set_user_attr(CHOICE_ATTR, f"trial {choice.number}: {fmt(choice.value)} "
-                                              f"({choice.why()}); why: the study's Note page")
+    # The study's user attributes are a table on the dashboard's study page: the choice in one line there.
+    view.study.set_user_attr(CHOICE_ATTR, NO_CHOICE_YET if choice is None else
+                             f"trial {choice.number}: {fmt(choice.value)} ({choice.why()}); "
+                             "why: the study's Note page")
     numbers = {r.number for r in (view.choice.record if view.choice else None, optuna_best(view)) if r is not None}
     for trial in view.study.get_trials(deepcopy=False):
         if trial.number in numbers:

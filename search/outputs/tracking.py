@@ -20,7 +20,9 @@ What a child run holds (read from the trial record, :mod:`search.trial.records`)
   study on the simulated host, skips included), ``mlflow.parentRunId``, ``mlflow.note.content`` (the trial's
   note, shown as the run's description);
 * artifacts: the files of the trial's ``artifacts_dir``, or, when that directory is gone, the same files
-  fetched from Optuna's artifact store by the ids in ``artifact_ids``.
+  fetched from Optuna's artifact store by the ids in ``artifact_ids``; and ``trial.json``
+  (:data:`RECORD_ARTIFACT`, :func:`record_document`): the trial's whole record, Optuna's facts of the trial and
+  the ``servetune.facts`` system attr, as one JSON file to read or download, where no page has to show it.
 
 How the MLflow 3 UI opens it. MLflow 3.17's UI decides between its GenAI view and its "Model training" view from
 the ``workflowType`` URL parameter, else the browser's stored choice, else GenAI: the experiment tag
@@ -89,7 +91,7 @@ from search.outputs.status import study_status
 from search.settings import DEFAULT_TRACKING_URI
 from search.storage import redact, sqlite_file
 from search.strategy.view import StudyView
-from search.trial.records import MEM_PREFIX, TrialFacts
+from search.trial.records import FACTS_ATTR, MEM_PREFIX, TrialFacts
 from spaces.schema import OBJECTIVE_UNITS
 
 if TYPE_CHECKING:
@@ -99,8 +101,8 @@ if TYPE_CHECKING:
 
     from search._optuna_compat import ArtifactStore
 
-__all__ = ["DEFAULT_ARTIFACT_ROOT", "DEFAULT_TRACKING_URI", "MlflowCallback", "MlflowTracker", "SyncResult",
-           "experiment_url", "run_name", "run_status", "shared_view", "simulated"]
+__all__ = ["DEFAULT_ARTIFACT_ROOT", "DEFAULT_TRACKING_URI", "RECORD_ARTIFACT", "MlflowCallback", "MlflowTracker",
+           "SyncResult", "experiment_url", "record_document", "run_name", "run_status", "shared_view", "simulated"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +123,8 @@ TAG_PARENT = "mlflow.parentRunId"
 TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 TAG_DESCRIPTION = "mlflow.note.content"
+#: The child run's artifact holding the trial's whole record (:func:`record_document`).
+RECORD_ARTIFACT = "trial.json"
 
 #: Units of the metrics whose names do not say them (shown in the experiment's description).
 METRIC_UNITS = {
@@ -508,6 +512,8 @@ class MlflowTracker:
             for i in range(0, len(metrics), 1000):
                 client.log_batch(run_id, metrics=metrics[i:i + 1000])
             note = self._log_artifacts(run_id, rec)
+            client.log_text(run_id, json.dumps(record_document(trial), indent=2, sort_keys=False, default=str)
+                            + "\n", RECORD_ARTIFACT)
             if note:
                 client.log_batch(run_id, tags=[RunTag(TAG_ARTIFACTS, note)])
             client.set_terminated(run_id, run_status(rec), end_time=end)
@@ -612,6 +618,24 @@ class MlflowCallback:
 
 
 # ---- what a run holds ------------------------------------------------------------------------------
+
+
+def record_document(trial: FrozenTrial) -> dict[str, Any]:
+    """The trial's whole record, as the child run's :data:`RECORD_ARTIFACT`: Optuna's facts of the trial (number,
+    state, value or values, params, times, user attrs) and, under :data:`~search.trial.records.FACTS_ATTR`,
+    the record servetune wrote (read back through :meth:`TrialFacts.from_trial`, so a study written by an older
+    release gives the same document)."""
+    rec = TrialFacts.from_trial(trial)
+    return {
+        "number": trial.number,
+        "state": trial.state.name,
+        "values": trial.values,
+        "params": rec.params,
+        "datetime_start": trial.datetime_start.isoformat() if trial.datetime_start else None,
+        "datetime_complete": trial.datetime_complete.isoformat() if trial.datetime_complete else None,
+        "user_attrs": trial.user_attrs,
+        FACTS_ATTR: rec.stored(),
+    }
 
 
 def _params(rec: TrialFacts) -> dict[str, str]:

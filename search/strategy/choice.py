@@ -26,9 +26,16 @@ from search.strategy.confirm import Confirmed, confirmed_best, launches_of, orig
 from search.strategy.front import Goal, PickRule, pick_record
 from search.trial.records import TrialFacts
 
-__all__ = ["Basis", "Choice", "best_single_launch", "choose"]
+__all__ = ["CHOICE_ATTR", "NO_CHOICE_YET", "Basis", "Choice", "best_single_launch", "choose"]
 
 Basis = Literal["confirmed", "single launch", "front"]
+
+#: The study user attr that names servetune's choice in one line. optuna-dashboard lists a study's user
+#: attributes in the order they were first set, five rows to a page, so the run sets it first (to
+#: :data:`NO_CHOICE_YET`) and each publish replaces its value in place: it stays the table's first row.
+CHOICE_ATTR = "servetune.choice"
+#: The choice attr's value until a publish has a choice to name.
+NO_CHOICE_YET = "none yet: no configuration has finished the benchmark"
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ default unless the space insists (``search_inert``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 import optuna
@@ -58,6 +60,27 @@ def distributions(space: Space) -> dict[str, optuna.distributions.BaseDistributi
     return out
 
 
+def on_step(value: float, dist: optuna.distributions.FloatDistribution) -> float:
+    """``value`` as the knob's own decimal: on the distribution's grid (``low + k * step``) with as many decimals
+    as ``low`` and ``step`` have, so ``0.55 + 14 * 0.01`` is stored as ``0.69``, not ``0.6900000000000001``.
+    Without a step, rounded to :data:`~search.trial.records.FLOAT_DIGITS`. Always within ``[low, high]``."""
+    if dist.step is None:
+        rounded = round(value, FLOAT_DIGITS)
+    else:
+        k = round((value - dist.low) / dist.step)
+        digits = max(_decimals(dist.low), _decimals(dist.step))
+        rounded = round(dist.low + k * dist.step, min(digits, FLOAT_DIGITS))
+    return min(max(rounded, dist.low), dist.high)
+
+
+def _decimals(x: float) -> int:
+    """How many decimals the shortest spelling of ``x`` has (``0.01`` -> 2, ``0.5`` -> 1, ``64`` -> 0)."""
+    if not math.isfinite(x):
+        return FLOAT_DIGITS
+    exponent = Decimal(repr(x)).normalize().as_tuple().exponent
+    return max(0, -exponent) if isinstance(exponent, int) else FLOAT_DIGITS
+
+
 def conditional(space: Space) -> bool:
     """Whether some knob of ``space`` is searched only under a condition (the sampler then models the knobs in
     groups that are searched together: Optuna's TPE ``group=True``)."""
@@ -76,8 +99,9 @@ def sample(trial: optuna.Trial, space: Space) -> dict[str, Any]:
         if dist is None or not is_active(name, params, conditions):
             continue
         if isinstance(dist, optuna.distributions.FloatDistribution):
+            # The sampler (make_sampler's OnStep) already stores it on the step; a queued value is as given.
             value = trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
-            params[name] = round(value, FLOAT_DIGITS)
+            params[name] = on_step(value, dist)
         elif isinstance(dist, optuna.distributions.IntDistribution):
             params[name] = trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
         else:

@@ -35,7 +35,7 @@ from search.strategy.confirm import (
     noise_sd,
 )
 from search.strategy.design import probe_params, start_point
-from search.strategy.distributions import sample
+from search.strategy.distributions import on_step, sample
 from search.strategy.front import confirmation_plan as front_confirmation_plan
 from search.strategy.memory import MARGIN_CONSTRAINT, MemoryModel, VllmMemoryModel
 from search.strategy.view import StudyView
@@ -44,8 +44,8 @@ from search.trial.records import TrialFacts
 from spaces.correctness import changes_numerics
 from spaces.schema import UNSET, Space
 
-__all__ = ["MAX_SKIPS_IN_A_ROW", "MAX_TRIALS_PER_LAUNCH", "Action", "Done", "Enqueue", "Sample", "Strategy",
-           "TrialGate", "Wait", "apply", "make_sampler", "stop_bar"]
+__all__ = ["MAX_SKIPS_IN_A_ROW", "MAX_TRIALS_PER_LAUNCH", "Action", "Done", "Enqueue", "OnStep", "Sample",
+           "Strategy", "TrialGate", "Wait", "apply", "make_sampler", "stop_bar"]
 
 #: A study stops once it holds this many trials per launch of its budget (skips and reuses included).
 MAX_TRIALS_PER_LAUNCH = 20
@@ -308,5 +308,47 @@ def make_sampler(seed: int | None, n_trials: int | None, *, conditional: bool = 
         # group=True is marked experimental by Optuna (a warning at construction); it is the documented way
         # to sample define-by-run conditional spaces with multivariate TPE.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(1, (n_trials or 10) // 4)),
-                                          multivariate=True, group=conditional)
+        return OnStep(optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(1, (n_trials or 10) // 4)),
+                                                 multivariate=True, group=conditional))
+
+
+class OnStep(optuna.samplers.BaseSampler):
+    """A sampler whose float values are the knob's own decimals (:func:`~search.strategy.distributions.on_step`).
+
+    Optuna stores what the sampler returns, and its samplers compute a stepped value as ``low + k * step`` in
+    binary floating point (``0.6900000000000001``); the stored param is what optuna-dashboard, MLflow, the
+    report and the exported script show, so it is rounded here, before Optuna stores it, and every output
+    agrees. Everything else is the wrapped sampler's."""
+
+    def __init__(self, sampler: optuna.samplers.BaseSampler) -> None:
+        self.sampler = sampler
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: optuna.trial.FrozenTrial
+                                    ) -> dict[str, optuna.distributions.BaseDistribution]:
+        return self.sampler.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                        search_space: dict[str, optuna.distributions.BaseDistribution]) -> dict[str, Any]:
+        values = self.sampler.sample_relative(study, trial, search_space)
+        return {name: _on_step(value, search_space.get(name)) for name, value in values.items()}
+
+    def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, param_name: str,
+                           param_distribution: optuna.distributions.BaseDistribution) -> Any:
+        value = self.sampler.sample_independent(study, trial, param_name, param_distribution)
+        return _on_step(value, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        self.sampler.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self.sampler.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.sampler.reseed_rng()
+
+
+def _on_step(value: Any, dist: optuna.distributions.BaseDistribution | None) -> Any:
+    if isinstance(dist, optuna.distributions.FloatDistribution) and isinstance(value, float):
+        return on_step(value, dist)
+    return value

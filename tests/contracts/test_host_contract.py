@@ -102,6 +102,28 @@ class TestHostContract:
         pid = int(pidfile.read_text())
         assert wait_for(lambda: gone(pid))
 
+    def test_a_timeout_is_one_line_without_the_environment_or_a_scripts_text(self, make_host: MakeHost,
+                                                                              tmp_path: Path) -> None:
+        host = make_host()
+        host.env["SERVETUNE_TEST_VALUE"] = "exported"
+        with pytest.raises(CommandTimeout) as ran:
+            host.run("exec sleep 300\n# a second line of shell text", timeout=2.0)
+        assert "\n" not in str(ran.value) and "'exec sleep 300 ...'" in str(ran.value)
+        assert "exported" not in str(ran.value) and "second line" not in str(ran.value)
+        # A shipped script that hangs (a claim whose lock another process holds, told to wait 300 s) is named.
+        lock = tmp_path / "gpus" / "claim.lock"
+        lock.parent.mkdir()
+        locker = subprocess.Popen(["flock", "--exclusive", str(lock), "sleep", "300"], start_new_session=True)
+        try:
+            assert wait_for(lambda: subprocess.run(["flock", "--nonblock", str(lock), "true"],
+                                                   check=False).returncode == 1)
+            with pytest.raises(CommandTimeout) as hung:
+                host.run_script("claim.sh", str(lock.parent), "me", 30, 300, timeout=2.0)
+        finally:
+            os.killpg(locker.pid, signal.SIGKILL)
+            locker.wait(10)
+        assert str(hung.value) == f"the host script claim.sh did not finish within 2s on {host.name}"
+
     # ---- stream ---------------------------------------------------------------------------------
 
     def test_stream_yields_lines_and_exit_code(self, make_host: MakeHost) -> None:

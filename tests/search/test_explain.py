@@ -29,8 +29,8 @@ from search.outputs.explain import (
     why_not,
 )
 from search.outputs.html import publish
-from search.outputs.notes import CHOICE_ATTR
 from search.outputs.report import report_markdown
+from search.strategy.choice import CHOICE_ATTR
 from search.strategy.view import StudyView
 from tests.fixtures.trials import build_study
 from tests.search.test_one_choice import FINALS, launch

@@ -2,7 +2,8 @@
 ``servetune`` as a subprocess, a foreign process on the simulated GPUs, a real OpenSSH server.
 
 * a run whose every host was retired exits non-zero naming why; so does a run in which no trial ran (the
-  timeout passed while another controller held the host);
+  timeout passed while another controller held the host, or another process held the lock of its claim: the
+  host is busy, said in one line, never an unreachable host with a script's text as the reason);
 * a study storage with garbage in the middle (a corrupt SQLite file) is one line in ``trials``, ``status``,
   ``report``, ``export`` and ``sync-mlflow``;
 * a storage URL whose driver is not installed (``mysql://``) is one line in ``run``, ``trials`` and
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -32,6 +34,7 @@ from search.driver.run import RunOptions, run_search
 from search.trial.records import TrialFacts
 from spaces.schema import load_space
 from tests.fixtures.hog import start_hog, stop_hog
+from tests.fixtures.procs import wait_for
 from tests.fixtures.sshd import SshServer, make_key, public_line
 from tests.search.overnight_kit import cli, cli_env, make_space, trials
 
@@ -75,7 +78,34 @@ def test_a_run_in_which_no_trial_ran_exits_non_zero(tmp_path: Path) -> None:
     res = cli(*run_args(space, "held", f"sqlite:///{tmp_path}/s.db", "--timeout", "3s"), cwd=tmp_path)
     assert res.returncode == 1, res.stdout + res.stderr
     line = one_error_line(res.stderr)
+    assert "no trial ran in this run (stopped by: timeout); local is held by controller ctl-other" in line
+    assert "their-study" in line
+
+
+def test_a_claim_lock_held_by_another_process_is_a_busy_host_in_one_line(tmp_path: Path) -> None:
+    """A process that is no controller (here ``flock``, as a hung one would) holds the lock of the host's claim:
+    the host is busy, said in one line naming the process and the lock; no trial is failed as an unreachable
+    host and no script text reaches the terminal."""
+    space = make_space(tmp_path / "space.yaml", budget={"n_trials": 1})
+    host = local_host(load_space(space), runs_root=str(tmp_path / "runs"), sim_dir=tmp_path / ".servetune/simhost",
+                      host_dir=str(tmp_path / "hostdir"))
+    lock = Path(host.gpu_dir()) / "claim.lock"
+    locker = subprocess.Popen(["flock", "--exclusive", str(lock), "sleep", "600"], start_new_session=True)
+    try:
+        assert wait_for(lambda: subprocess.run(["flock", "--nonblock", str(lock), "true"], check=False).returncode
+                        == 1), "the lock is held"
+        res = cli(*run_args(space, "locked", f"sqlite:///{tmp_path}/s.db", "--timeout", "3s"), cwd=tmp_path)
+    finally:
+        os.killpg(locker.pid, signal.SIGKILL)
+        locker.wait(10)
+    assert res.returncode == 1, res.stdout + res.stderr
+    line = one_error_line(res.stderr)
     assert "no trial ran in this run (stopped by: timeout)" in line
+    assert f"local is busy: process {locker.pid} (flock) has held the lock {lock} for over" in line
+    assert all(len(ln) < 400 for ln in res.stderr.splitlines()), res.stderr
+    for script_text in ("set --", "export PATH", "#!/usr/bin/env", "flock -w"):
+        assert script_text not in res.stdout + res.stderr
+    assert trials(f"sqlite:///{tmp_path}/s.db", "locked") == [], "nothing is failed as an unreachable host"
 
 
 # ---- broken storages ----------------------------------------------------------------------------

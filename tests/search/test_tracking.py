@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -27,16 +28,18 @@ from runners.errors import StudyError
 from runners.telemetry import FailureKind
 from search.outputs.tracking import (
     HTTP_ENV_DEFAULTS,
+    RECORD_ARTIFACT,
     MlflowTracker,
     SyncResult,
     experiment_url,
+    record_document,
     run_name,
     run_status,
     shared_view,
     simulated,
 )
 from search.strategy.view import StudyView
-from search.trial.records import TrialFacts
+from search.trial.records import FACTS_ATTR, TrialFacts
 from tests.fixtures.mlflow_server import MlflowServer
 from tests.fixtures.ports import free_port
 from tests.fixtures.trials import (
@@ -50,7 +53,8 @@ from tests.fixtures.trials import (
     store_artifacts,
 )
 
-ARTIFACTS = ["bench.json", "launch.sh", "nvidia-smi.csv", "server.log"]
+#: The trial's files, and the record servetune writes beside them (``trial.json``).
+ARTIFACTS = ["bench.json", "launch.sh", "nvidia-smi.csv", "server.log", "trial.json"]
 HTTP_ENV = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
 
 
@@ -84,6 +88,12 @@ def runs_by_trial(tracker: MlflowTracker, name: str) -> dict[int, Run]:
 
 def artifact_names(client: MlflowClient, run: Run) -> list[str]:
     return sorted(f.path for f in client.list_artifacts(run.info.run_id))
+
+
+def _record(client: MlflowClient, run: Run, into: Path) -> Any:
+    """The run's ``trial.json``, downloaded as a user would."""
+    into.mkdir(parents=True, exist_ok=True)
+    return json.loads(Path(client.download_artifacts(run.info.run_id, RECORD_ARTIFACT, str(into))).read_text())
 
 
 def test_default_locations(local: Local) -> None:
@@ -150,6 +160,13 @@ def test_one_child_run_per_trial(local: Local) -> None:
     primary = client.get_experiment(experiment.experiment_id).tags["mlflow.experiment.primaryMetric.name"]
     assert primary == "Objective.c16.output_throughput_tok_s"  # the metric MLflow's charts view puts first
     assert artifact_names(client, ok) == ARTIFACTS
+    # The trial's whole record as one JSON artifact: Optuna's facts and the servetune.facts system attr.
+    record = _record(client, ok, local.root / "download-0")
+    assert record == json.loads(json.dumps(record_document(finished[0]), default=str))
+    assert record["number"] == 0 and record["state"] == "COMPLETE" and record["values"] == [2100.0]
+    assert record["params"] == {"mem_fraction_static": 0.8, "cuda_graph_max_bs": 128, "nccl.NCCL_ALGO": "Ring"}
+    assert record[FACTS_ATTR] == json.loads(json.dumps(finished[0].system_attrs[FACTS_ATTR]))
+    assert record[FACTS_ATTR]["gpu_name"] == "NVIDIA H100 80GB HBM3" and len(record[FACTS_ATTR]["levels"]) == 2
 
     oom = runs[2]
     # A launch that died is FAILED (MLflow's KILLED reads as "someone stopped it"); what happened is in its name.
@@ -171,6 +188,9 @@ def test_one_child_run_per_trial(local: Local) -> None:
     assert fail.info.status == "FAILED" and fail.data.tags["servetune.outcome"] == "host_busy"
     assert fail.data.params["host"] == "gpu-b" and "engine_version" not in fail.data.params
     assert fail.data.tags["servetune.artifacts"] == "none recorded"
+    # A trial without files still has its record.
+    assert artifact_names(client, fail) == [RECORD_ARTIFACT]
+    assert _record(client, fail, local.root / "download-4")[FACTS_ATTR]["outcome"] == "host_busy"
 
     # Idempotent: logging again adds nothing, sync finds everything present.
     assert [tracker.log_trial("qwen-log", t) for t in finished] == [False] * 5
@@ -323,6 +343,8 @@ def test_real_mlflow_server(mlflow_server: MlflowServer, local: Local, monkeypat
     experiment = client.get_experiment(tracker.experiment_id("qwen-remote"))
     assert experiment.artifact_location.startswith("mlflow-artifacts:")
     assert artifact_names(client, runs[0]) == ARTIFACTS  # uploaded through the server's artifact proxy
+    record = _record(client, runs[2], tmp_path / "download")
+    assert record["state"] == "PRUNED" and record[FACTS_ATTR]["phase"] == "cuda_graph"
 
 
 def test_background_logging_drains_every_trial(local: Local) -> None:

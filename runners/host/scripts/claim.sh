@@ -4,12 +4,14 @@
 # first served: a ticket "SEQ+CONTROLLER" in queue/, touched at each try; a ticket of a controller that is
 # not live, or not touched for $3 seconds, is dropped. A claim of any controller not live is stale and taken
 # over. Prints "ok", "held CONTROLLER" or "queued CONTROLLER" (the first in line). Under flock where the
-# host has it.
+# host has it, waiting at most $4 seconds for the lock: when another process holds it longer (a hung or
+# foreign process), prints "locked PID COMMAND" (the holder as /proc/locks names it; "locked ? ?" when it
+# cannot be seen, e.g. from another PID namespace) and takes nothing.
 # shellcheck source=lib/paths.sh
 . "${SERVETUNE_LIB:?}/paths.sh"
 umask 000
-d=$(host_path "$1") me=$2 stale=$3
-shift 3
+d=$(host_path "$1") me=$2 stale=$3 wait=$4
+shift 4
 claim=$d/claim queue=$d/queue
 mkdir -p "$queue" || exit 1
 is_live() {  # $1: a controller; the rest: the live controllers
@@ -51,8 +53,19 @@ take() {  # $@: the live controllers
   rm -f "$queue/"*"+$me"
   echo ok
 }
+lockfile=$d/claim.lock
+lock_holder() {  # prints "PID COMMAND" of a process holding a lock on $lockfile
+  local dev ino key pid comm
+  read -r dev ino < <(stat -c '%d %i' "$lockfile" 2>/dev/null) || { echo "? ?"; return; }
+  # /proc/locks names a file as MAJOR:MINOR:INODE, major and minor in hex (fs/locks.c, lock_get_status)
+  key=$(printf '%02x:%02x:%s' $(((dev >> 8) & 0xfff)) $(((dev & 0xff) | ((dev >> 12) & 0xfff00))) "$ino")
+  pid=$(awk -v key="$key" '$2 != "->" && $6 == key && $5 > 0 { print $5; exit }' /proc/locks 2>/dev/null)
+  case $pid in ''|*[!0-9]*) echo "? ?"; return ;; esac
+  comm=$(head -c 64 "/proc/$pid/comm" 2>/dev/null | tr -c 'A-Za-z0-9._+-' '_' | sed 's/_$//')
+  echo "$pid ${comm:-?}"
+}
 if command -v flock > /dev/null; then
-  ( flock 9; take "$@" ) 9>> "$d/claim.lock"
+  ( if flock -w "$wait" 9; then take "$@"; else echo "locked $(lock_holder)"; fi ) 9>> "$lockfile"
 else
   take "$@"
 fi
