@@ -49,8 +49,6 @@ def write_choice_notes(view: StudyView) -> None:
     """Save the study's note (servetune's choice and why, :func:`~search.outputs.explain.study_note_markdown`)
     and again the notes of the chosen trial and of the trial Optuna calls best, which then say which is the
     choice and why the other is not."""
-    from optuna_dashboard import save_note
-
     save_note(view.study, study_note_markdown(view))
     choice = view.choice
     # The study's user attributes are a table on the dashboard's study page: the choice in one line there.

@@ -106,14 +106,18 @@ def test_callback_never_raises(study: optuna.Study, monkeypatch: pytest.MonkeyPa
 
 def test_notes_and_figures_are_saved_without_the_dashboards_web_app(tmp_path: Path) -> None:
     """``import optuna_dashboard`` loads its web app and scikit-learn (about 160 MB of the controller's memory):
-    a note and a figure are stored with the two modules that write them, loaded alone."""
+    a note, the study's note of the choice and a figure are stored with the two modules that write them,
+    loaded alone."""
     code = (
         "import sys, optuna, plotly.graph_objects as go\n"
         "from search._optuna_compat import note_target\n"
         "from search.outputs.dashboard import save_note, save_plotly_graph_object\n"
+        "from search.outputs.notes import write_choice_notes\n"
+        "from search.strategy.view import StudyView\n"
         f"study = optuna.create_study(storage='sqlite:///{tmp_path}/s.db')\n"
         "study.optimize(lambda t: t.suggest_float('x', 0, 1), n_trials=1)\n"
         "save_note(note_target(study, study.trials[0]), 'a note')\n"
+        "write_choice_notes(StudyView.of(study))\n"
         "save_plotly_graph_object(study, go.Figure(), graph_object_id='g')\n"
         "print(sorted(m for m in sys.modules if m.startswith(('optuna_dashboard', 'sklearn'))))\n"
     )
@@ -123,6 +127,7 @@ def test_notes_and_figures_are_saved_without_the_dashboards_web_app(tmp_path: Pa
     stored = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path}/s.db")
     attrs = storage_of(stored).get_study_system_attrs(study_id(stored))
     assert any(key.startswith("dashboard:plot_data:") for key in attrs)
+    assert get_note_from_system_attrs(attrs, None)["body"], "the study's note"
 
 
 def test_an_oom_line_every_rank_logged_is_shown_once_with_its_ranks() -> None:

@@ -8,6 +8,8 @@
   ``report``, ``export`` and ``sync-mlflow``;
 * a storage URL whose driver is not installed (``mysql://``) is one line in ``run``, ``trials`` and
   ``dashboard``, with the password left out;
+* an orphaned server (its controller died on another machine) is left alone while its lease is live, then
+  stopped by the preflight of the next trial with one line naming the host, its process group and run folder;
 * a changed host key is a permanent fault: the host is dropped at once, never retried as transient;
 * a full runs root on a local host (a 1 MiB tmpfs in a private mount namespace) is one line, and the trial in
   flight is FAIL ``host_config`` with the file system's reason.
@@ -20,6 +22,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -34,9 +37,11 @@ from search.driver.run import RunOptions, run_search
 from search.trial.records import TrialFacts
 from spaces.schema import load_space
 from tests.fixtures.hog import start_hog, stop_hog
+from tests.fixtures.mlflow_server import group_alive
 from tests.fixtures.procs import wait_for
 from tests.fixtures.sshd import SshServer, make_key, public_line
-from tests.search.overnight_kit import cli, cli_env, make_space, trials
+from tests.search.overnight_kit import cli, cli_env, make_space, start_cli, trials
+from tests.search.overnight_kit import wait_for as kit_wait_for
 
 
 def run_args(space: Path, study: str, storage: str, *extra: str) -> tuple[str, ...]:
@@ -106,6 +111,45 @@ def test_a_claim_lock_held_by_another_process_is_a_busy_host_in_one_line(tmp_pat
     for script_text in ("set --", "export PATH", "#!/usr/bin/env", "flock -w"):
         assert script_text not in res.stdout + res.stderr
     assert trials(f"sqlite:///{tmp_path}/s.db", "locked") == [], "nothing is failed as an unreachable host"
+
+
+# ---- an orphaned server found before a trial -------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_orphan_found_before_a_trial_is_stopped_with_one_line(tmp_path: Path) -> None:
+    """A controller on another machine died and left its server running, its lease and its claim behind.
+    While its lease is live its server is its trial (nothing is stopped; the run waits). Once the lease has
+    expired, the claim is taken over and the preflight of the next trial stops the server, saying so in one
+    line (host, process group, run directory); the trial then runs."""
+    space = make_space(tmp_path / "space.yaml", budget={"n_trials": 1})
+    dead = local_host(load_space(space), runs_root=str(tmp_path / "runs"), sim_dir=tmp_path / ".servetune/simhost",
+                      host_dir=str(tmp_path / "hostdir"))
+    dead.controller_id = "ctl-dead"
+    lease = Lease("ctl-dead", 4242, "another-machine", "their-study", "sqlite:///x.db", 600, machine="another-machine")
+    dead.renew_lease(lease)
+    assert dead.claim().ok
+    ref = dead.start(dead.run_dir("their-study.0123456789ab", "0"), "echo ready; exec sleep 600\n", run_id="run-dead")
+    storage = f"sqlite:///{tmp_path}/s.db"
+    ctl = start_cli(*run_args(space, "after", storage), cwd=tmp_path)
+    try:
+        kit_wait_for("the run to wait for the dead controller's claim", lambda: "waiting for it" in ctl.output(),
+                     timeout=120)
+        assert group_alive(ref.pgid), "a live lease's server is never stopped"
+        dead.renew_lease(replace(lease, ttl=1))  # the last heartbeat: it expires a second from now
+        assert ctl.finish(180) == 0, ctl.output()
+    finally:
+        ctl.kill()
+        if group_alive(ref.pgid):
+            os.killpg(ref.pgid, signal.SIGKILL)
+    out = ctl.output()
+    lines = [line for line in out.splitlines() if "orphaned server" in line]
+    assert lines == [f"stopped an orphaned server on local before the next trial (process group {ref.pgid}, "
+                     f"{ref.run_dir})"], out
+    assert not group_alive(ref.pgid)
+    assert dead.orphans() == [], "nothing is left to stop"
+    [trial] = trials(storage, "after")
+    assert trial.state == TrialState.COMPLETE, trial.user_attrs.get("reason")
 
 
 # ---- broken storages ----------------------------------------------------------------------------
