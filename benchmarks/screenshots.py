@@ -33,6 +33,9 @@ from tests.fixtures.mlflow_server import MlflowServer  # noqa: E402
 from tests.fixtures.ports import free_port  # noqa: E402
 
 WIDTH = 1440
+#: Milliseconds a page may take to load or show what is waited for (optuna-dashboard's 5 MB bundle and MLflow's
+#: UI on a busy machine).
+WAIT_MS = 120_000
 
 
 def _close_assistant(page: Any) -> None:
@@ -43,17 +46,26 @@ def _close_assistant(page: Any) -> None:
         page.wait_for_timeout(300)
 
 
+def _page(browser: Any, height: int) -> Any:
+    page = browser.new_page(viewport={"width": WIDTH, "height": height})
+    page.set_default_timeout(WAIT_MS)
+    page.set_default_navigation_timeout(WAIT_MS)
+    return page
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
     parser.add_argument("--n-trials", type=int, default=14)
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds the demo's search may take")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                          check=False).stdout.strip() or "unknown"
     shots: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="servetune-screenshots-") as tmp:
-        demo = run_demo_study(Path(tmp), n_trials=args.n_trials, name="demo-sim-dsv4", as_demo=True)
+        demo = run_demo_study(Path(tmp), n_trials=args.n_trials, name="demo-sim-dsv4", as_demo=True,
+                              timeout=args.timeout)
         print(f"ran {args.n_trials} trials of study {demo.name} on the simulated host (git {rev})")
         (Path(tmp) / "mlflow-ui").mkdir()
         shutil.copy(demo.wd / "mlruns" / "mlflow.db", Path(tmp) / "mlflow-ui" / "mlflow.db")
@@ -63,10 +75,10 @@ def main() -> None:
             with dashboard(demo.wd, demo.storage_url, demo.artifacts_dir) as board, chromium() as browser:
                 studies = board.get("/api/studies")["study_summaries"]
                 study_id = next(s["study_id"] for s in studies if s["study_name"] == demo.name)
-                page = browser.new_page(viewport={"width": WIDTH, "height": 1000})
+                page = _page(browser, 1000)
 
                 page.goto(f"{board.url}/dashboard/studies/{study_id}/note")
-                page.get_by_text(f"servetune's choice for {demo.name}").first.wait_for(timeout=30_000)
+                page.get_by_text(f"servetune's choice for {demo.name}").first.wait_for()
                 page.wait_for_timeout(500)
                 shots.append(args.out / "dashboard-note.png")
                 page.screenshot(path=str(shots[-1]))
@@ -75,7 +87,7 @@ def main() -> None:
                 for graph_id, name in ((CHOICE_FIGURE_ID, "dashboard-choice.png"),
                                        ("servetune-oom-map", "oom-map-dashboard.png")):
                     graph = page.locator(f'[id="user-defined-plot:{graph_id}"]')
-                    graph.locator(".scatterlayer path.point").first.wait_for(timeout=30_000)
+                    graph.locator(".scatterlayer path.point").first.wait_for()
                     graph.scroll_into_view_if_needed()
                     page.wait_for_timeout(500)  # plotly's transitions
                     shots.append(args.out / name)
@@ -84,24 +96,24 @@ def main() -> None:
                 client = MlflowClient(server.url)
                 experiment = client.get_experiment_by_name(demo.name)
                 assert experiment is not None
-                ml = browser.new_page(viewport={"width": WIDTH, "height": 1000})
+                ml = _page(browser, 1000)
                 ml.goto(experiment_url(server.url, experiment.experiment_id))
-                ml.get_by_role("grid").get_by_text("trial-0").first.wait_for(timeout=60_000)
+                ml.get_by_role("grid").get_by_text("trial-0").first.wait_for()
                 _close_assistant(ml)
                 shots.append(args.out / "mlflow-runs.png")
                 ml.screenshot(path=str(shots[-1]))
                 parent = client.search_runs([experiment.experiment_id], "tags.`servetune.kind` = 'study'")[0]
                 ml.goto(f"{server.url}/#/experiments/{experiment.experiment_id}/runs/{parent.info.run_id}"
                         "?workflowType=machine_learning")
-                ml.get_by_text(f"servetune's choice for {demo.name}").first.wait_for(timeout=60_000)
+                ml.get_by_text(f"servetune's choice for {demo.name}").first.wait_for()
                 _close_assistant(ml)
                 ml.wait_for_timeout(500)
                 shots.append(args.out / "mlflow-parent.png")
                 ml.screenshot(path=str(shots[-1]))
 
-                report = browser.new_page(viewport={"width": WIDTH, "height": 1500})
+                report = _page(browser, 1500)
                 report.goto(demo.report_html.as_uri())
-                report.locator('[id="servetune-oom-map"] .scatterlayer path.point').first.wait_for(timeout=30_000)
+                report.locator('[id="servetune-oom-map"] .scatterlayer path.point').first.wait_for()
                 report.wait_for_timeout(500)
                 shots.append(args.out / "report.png")
                 report.screenshot(path=str(shots[-1]))

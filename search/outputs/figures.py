@@ -382,7 +382,7 @@ def memory_ladder(recs: Sequence[TrialFacts], numbers: Sequence[int] | None = No
     if deaths:
         fig.add_trace(go.Scatter(
             y=[d[0] for d in deaths], x=[d[1] for d in deaths], mode="markers",
-            name="in use at death (OOM msg)",
+            name="in use (OOM message)",
             marker={"symbol": "diamond-open", "size": 12, "color": "#d62728", "line": {"width": 2}},
             hovertemplate="in use when it died (OOM message): %{x:.2f} GiB<extra></extra>",
         ))
@@ -441,10 +441,13 @@ def _ladder_trials(recs: Sequence[TrialFacts], numbers: Sequence[int] | None,
 
 
 def _ladder_label(rec: TrialFacts, chosen: int | None) -> str:
+    """Two short lines: a one-line label as wide as ``trial 12 (OOM in cuda_graph)`` narrows the plot, and
+    plotly lays a horizontal legend out in columns no wider than the plot (so one entry per row that then
+    scrolls in a dashboard card)."""
     tag = "best" if rec.number == chosen else rec.label
     if rec.label == "oom" and rec.oom_phase:
         tag = f"OOM in {rec.oom_phase}"
-    return f"trial {rec.number} ({tag})"
+    return f"trial {rec.number}<br>({tag})"
 
 
 # ---- throughput and TPOT against concurrency --------------------------------------------------------

@@ -17,7 +17,14 @@ from search.outputs.explain import CHOICE_FIGURE_ID
 from search.outputs.figures import FIGURE_IDS, OUTCOME_CLASSES
 from search.strategy.choice import CHOICE_ATTR
 from search.strategy.view import StudyView
-from tests.fixtures.browser import Dashboard, DemoStudy, overlapping_text, scroll_width, watch
+from tests.fixtures.browser import (
+    Dashboard,
+    DemoStudy,
+    hidden_legend_entries,
+    overlapping_text,
+    scroll_width,
+    watch,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -117,6 +124,9 @@ def test_no_figure_on_the_study_page_overlaps_its_text(demo: DemoStudy, board: D
         page.wait_for_selector(f'[id="user-defined-plot:{graph_id}"] .main-svg')
     overlaps = {g: overlapping_text(page, f"user-defined-plot:{g}") for g in (CHOICE_FIGURE_ID, *FIGURE_IDS)}
     assert {g: o for g, o in overlaps.items() if o} == {}
+    # Every legend entry shows in the dashboard's card (a legend too tall for it scrolls and hides entries).
+    hidden = {g: hidden_legend_entries(page, f"user-defined-plot:{g}") for g in (CHOICE_FIGURE_ID, *FIGURE_IDS)}
+    assert {g: h for g, h in hidden.items() if h} == {}
 
 
 def test_pruned_trial_shows_its_note_and_files(demo: DemoStudy, board: Dashboard, page: Any) -> None:
@@ -161,6 +171,7 @@ def test_html_report_opens_with_nothing_missing(demo: DemoStudy, page: Any) -> N
     assert scroll_width(page, fit=1440) <= 1440
     for graph_id in (CHOICE_FIGURE_ID, *FIGURE_IDS):
         assert overlapping_text(page, graph_id) == [], graph_id
+        assert hidden_legend_entries(page, graph_id) == [], graph_id
     assert traffic.requested == [demo.report_html.as_uri()]
     assert not traffic.blocked and not traffic.failed and not traffic.bad_status
     assert not traffic.console_errors

@@ -1,6 +1,7 @@
 """servetune's figures drawn by plotly.js in a real browser (Debian's Chromium) at the widths they are shown
 at: an optuna-dashboard card (560 x 450) and the HTML report (1150 x 560). Nothing overlaps: the legend
-neither an axis title nor a tick label, no two titles each other, and everything stays inside the figure.
+neither an axis title nor a tick label, no two titles each other, every legend entry shows (a legend too tall
+scrolls and hides entries), and everything stays inside the figure.
 
 The pages come from the session's ``browser`` fixture (``tests/browser/conftest.py``): a second sync Playwright
 started in the same worker would fail, as Playwright's sync API refuses to run inside its own running loop."""
@@ -35,6 +36,7 @@ BOXES = """(id) => {
   return {
     figure: [root.left, root.top, root.right, root.bottom],
     legend: all('.legend .bg').map(box),
+    entries: all('.legend .traces').map(e => [e.textContent, box(e)]),
     titles: all('.g-xtitle text, .g-x2title text, .g-ytitle text, .g-y2title text, .annotation-text, .gtitle')
               .map(e => [e.textContent, box(e)]),
     ticks: all('.xtick text, .x2tick text, .ytick text, .y2tick text').map(box),
@@ -98,6 +100,9 @@ def test_nothing_overlaps_at_the_dashboard_and_report_widths(view: StudyView, pa
                 assert _overlap(legend, title) == 0, f"{name} at {size}: the legend covers {text!r}"
             for tick in boxes["ticks"]:
                 assert _overlap(legend, tick) == 0, f"{name} at {size}: the legend covers a tick label"
+            for text, entry in boxes["entries"]:  # a legend too tall for the figure scrolls: entries hidden
+                assert _overlap(legend, entry) == pytest.approx((entry[2] - entry[0]) * (entry[3] - entry[1]),
+                                                                abs=2.0), f"{name} at {size}: {text!r} is cut off"
         titles = boxes["titles"]
         for i, (text_a, a) in enumerate(titles):
             for text_b, b in titles[i + 1:]:

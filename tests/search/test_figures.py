@@ -116,17 +116,17 @@ def test_memory_ladder_of_the_best_and_the_last_oom(study: optuna.Study) -> None
     fig = memory_ladder(recs, chosen=view.choice.number)
     bars = {t.name: list(t.x) for t in fig.data if t.type == "bar"}
     labels = list(fig.data[0].y)
-    assert labels == ["trial 1 (best)", "trial 3 (OOM in decode)"]
+    assert labels == ["trial 1<br>(best)", "trial 3<br>(OOM in decode)"]
     assert bars["KV pool"] == [46.0, 0.0] and bars["graph pool"] == [3.4, 0.0]
     assert bars["free after capture"] == [0.82, 1.2]
     total = next(t for t in fig.data if t.name == "GPU total")
     assert list(total.x) == [79.19, 79.19]
     peak = next(t for t in fig.data if t.name == "peak under load (smi)")
-    assert list(peak.y) == ["trial 3 (OOM in decode)"] and peak.x[0] == pytest.approx(80900 / 1024)
+    assert list(peak.y) == ["trial 3<br>(OOM in decode)"] and peak.x[0] == pytest.approx(80900 / 1024)
     # With every figure known, "other" is what the GPU's total leaves.
     segments = ladder_segments(recs[0])
     assert segments["other_gib"] == pytest.approx(79.19 - 15.3 - 40.2 - 2.1 - 4.1)
-    assert list(memory_ladder(recs, [0]).data[0].y) == ["trial 0 (ok)"]
+    assert list(memory_ladder(recs, [0]).data[0].y) == ["trial 0<br>(ok)"]
     # Trial 2 died in graph capture asking 3.94 GiB with 2.80 GiB free: the failed allocation starts where
     # the free memory did and ends past the GPU's total.
     failed = next(t for t in memory_ladder(recs, [2]).data if t.name == "failed allocation")
@@ -154,7 +154,7 @@ def test_an_oom_trial_is_drawn_as_it_stood_when_it_died() -> None:
     before_free = sum(v[0] for k, v in bars.items() if k not in ("free at death", "failed allocation"))
     assert failed.base[0] == pytest.approx(before_free) == pytest.approx(79.19 - 2.8)
     assert not [t for t in fig.data if t.name == "peak under load (smi)"]
-    death = next(t for t in fig.data if t.name == "in use at death (OOM msg)")
+    death = next(t for t in fig.data if t.name == "in use (OOM message)")
     assert death.x[0] == pytest.approx(79.19 - 2.8)
     note = fig.layout.title.text
     assert "died in decode: tried to allocate 3.94 GiB with 2.80 GiB free" in note and "missed the death" in note
