@@ -14,6 +14,8 @@ machine); what a plain host does with a process group it does with a job:
   that Slurm lists the job as ended;
 * faults: a job Slurm ended (node failure, preemption, time limit, a cancel servetune did not send) is
   :attr:`~runners.telemetry.FailureKind.SCHEDULER` with Slurm's state and reason (FAIL, never PRUNED);
+* a server spanning nodes: one job of that many nodes; rank 0 in the batch script on the head node, each rank
+  >= 1 (:class:`SlurmRank`) a step of the same job on the job's next node, started once the job runs;
 * no leases and no claims: Slurm decides who gets which GPUs. Parallel trials are parallel jobs, one per job
   slot (``max_jobs`` hosts of one inventory entry);
 * orphans: this user's jobs whose comment names servetune, this cluster entry and a controller that is gone
