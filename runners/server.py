@@ -516,7 +516,8 @@ class ServerSession:
                 "--model", plan.model, "--prompts", plan.prompts_file, "--max-tokens", str(plan.max_tokens)]
         cmd = f"cd {shlex.quote(self.ref.run_dir)} && exec " + " ".join(shlex.quote(a) for a in args)
         try:
-            res = self.host.run(cmd, timeout=plan.timeout)
+            # Beside the server (a Slurm job's head node): 127.0.0.1 is the server's machine, not the login node.
+            res = self._beside().run(cmd, timeout=plan.timeout)
         except RunnerError as exc:
             return [], str(exc)
         records = [r for r in (_answer_record(line) for line in res.stdout.splitlines()) if r is not None]

@@ -80,6 +80,21 @@ class Host(Shell):
         """The port the next server binds (see :func:`runners.host.ports.launch_port`)."""
         return ports.launch_port(self, self.server_port)
 
+    #: Whether this host runs every rank of a server spanning nodes by itself (a Slurm job slot: one job of
+    #: that many nodes); a plain host runs one rank and a server spanning nodes takes an inventory group.
+    spans_nodes = False
+
+    def rank_hosts(self, nodes: int) -> list[Host]:
+        """The hosts, head first, of a server of ``nodes`` ranks that this host runs by itself: a plain host
+        runs one rank (a server spanning nodes takes an inventory group); a Slurm job slot runs every rank in
+        one job of ``nodes`` nodes."""
+        return [self]
+
+    def rank_script(self, script: str) -> str:
+        """A rank's rendered launch script as this host runs it: unchanged on a plain host (a Slurm job slot
+        fills in the head's address, known only once its job runs)."""
+        return script
+
     # ---- preflight and GPU state ----------------------------------------------------------------
 
     def gpus(self, *, timeout: float = 20.0) -> list[GpuStatus]:

@@ -14,6 +14,8 @@ machine); what a plain host does with a process group it does with a job:
   that Slurm lists the job as ended;
 * faults: a job Slurm ended (node failure, preemption, time limit, a cancel servetune did not send) is
   :attr:`~runners.telemetry.FailureKind.SCHEDULER` with Slurm's state and reason (FAIL, never PRUNED);
+* a server spanning nodes: one job of that many nodes; rank 0 in the batch script on the head node, each rank
+  >= 1 (:class:`SlurmRank`) a step of the same job on the job's next node, started once the job runs;
 * no leases and no claims: Slurm decides who gets which GPUs. Parallel trials are parallel jobs, one per job
   slot (``max_jobs`` hosts of one inventory entry);
 * orphans: this user's jobs whose comment names servetune, this cluster entry and a controller that is gone
@@ -46,7 +48,7 @@ from runners.smi import ComputeApp, GpuStatus
 from runners.telemetry import Failure, FailureKind, Phase
 from runners.transport import CommandResult, LineStream, Transport
 
-__all__ = ["JobRef", "SlurmHost", "SrunTransport", "job_script"]
+__all__ = ["HEAD_ADDRESS", "JobRef", "SlurmHost", "SlurmRank", "SrunTransport", "job_script", "node_env"]
 
 #: Ports picked for a launch when the inventory names none: below Linux's ephemeral range (32768-60999), so an
 #: outgoing connection on the head node never holds one.
@@ -77,7 +79,8 @@ class SrunTransport:
 
     def wrap(self, command: str) -> str:
         return (f"srun --overlap --jobid={shlex.quote(self.job_id)} --nodelist={shlex.quote(self.node)} "
-                f"--nodes=1 --ntasks=1 --quiet --unbuffered bash -c {shlex.quote(command)}")
+                f"--nodes=1 --ntasks=1 --quiet --unbuffered bash -c "
+                f"{shlex.quote(node_env(self.login.env, self.node) + command)}")
 
     def run(self, command: str, *, timeout: float = 30.0, stdin: bytes | None = None) -> CommandResult:
         if stdin is not None:
@@ -93,6 +96,19 @@ class SrunTransport:
 
     def close(self) -> None:
         pass
+
+
+#: The head node's address in a rank's launch script: ``job.sh`` sets it once the job runs (its ``NodeAddr``).
+HEAD_ADDRESS = "$SERVETUNE_HEAD_ADDR"
+
+
+def node_env(env: Mapping[str, str], node: str) -> str:
+    """Shell text that exports ``SERVETUNE_NODE`` (the job's node a command runs on) and then the host's
+    environment again, so a value naming ``$SERVETUNE_NODE`` is that node's (srun carries the login node's
+    values, expanded there)."""
+    exports = [f"export SERVETUNE_NODE={shlex.quote(node)}"]
+    exports += [f"export {k}={env_value(v)}" for k, v in env.items()]
+    return "; ".join(exports) + "; "
 
 
 def job_script(spec: SlurmSpec, need: Resources, *, run_dir: str, job_name: str, comment: str,
@@ -114,6 +130,7 @@ def job_script(spec: SlurmSpec, need: Resources, *, run_dir: str, job_name: str,
     if memory_limit_bytes is not None:
         lines.append(f"#SBATCH --mem={max(1, int(memory_limit_bytes) // 2**20)}M")
     lines += [f"#SBATCH {d}" for d in spec.directives]
+    lines.append('export SERVETUNE_NODE="${SLURMD_NODENAME:-$(hostname -s)}"')  # the head: this script's node
     lines += [f"export {k}={env_value(v)}" for k, v in env.items()]
     lines.append(f"export SERVETUNE_RUN_ID={shlex.quote(run_id)}")
     return "\n".join(lines) + "\n" + _script("job.sh")
@@ -125,7 +142,8 @@ class SlurmHost(Host):
 
     def __init__(self, transport: Transport, spec: SlurmSpec, *, cluster: str, slot: int, runs_root: str,
                  env: Mapping[str, str] | None = None, python: str | None = None) -> None:
-        super().__init__(transport, runs_root=runs_root, env=env, server_port=spec.server_port, python=python)
+        super().__init__(transport, runs_root=runs_root, env=env, server_port=spec.server_port, python=python,
+                         node_address=HEAD_ADDRESS)
         self.spec = spec
         self.cluster = cluster
         self.slot = slot
@@ -159,6 +177,24 @@ class SlurmHost(Host):
 
     def release_claim(self, *, timeout: float = 15.0) -> None:
         """Nothing to give back."""
+
+    spans_nodes = True
+
+    def rank_hosts(self, nodes: int) -> list[Host]:
+        """Every rank of a server spanning ``nodes`` nodes runs in this slot's one job of ``nodes`` nodes: this
+        slot is rank 0 (on the job's head node, where the batch script runs), :class:`SlurmRank` ``r`` the job's
+        ``r``-th node."""
+        return [self, *(SlurmRank(self, rank) for rank in range(1, nodes))]
+
+    def rank_script(self, script: str) -> str:
+        """The head's address (:data:`HEAD_ADDRESS`, rendered quoted as a literal) made a variable the shell
+        expands: ``'$SERVETUNE_HEAD_ADDR:PORT'`` becomes ``"$SERVETUNE_HEAD_ADDR"':PORT'``."""
+        return script.replace(shlex.quote(HEAD_ADDRESS + ":")[:-2], f'"{HEAD_ADDRESS}"\'')
+
+    def free_port(self, python: str, address: str) -> int:
+        """The dist-init port of a server spanning nodes: picked at random below the ephemeral range (the head
+        node is not known before the job runs; a taken port fails the trial at init, and it is retried)."""
+        return random.randrange(*_PORTS)
 
     def require_port_free(self, port: int) -> None:
         """The head node is not known before the job runs; a foreign listener there is found at readiness
@@ -307,7 +343,10 @@ class SlurmHost(Host):
 
     def follow(self, ref: RunRef) -> LineStream:
         """The server log from its start, live, until the server exits or Slurm ends the job."""
-        from_script = f"set -- {shlex.quote(ref.run_dir)} {shlex.quote(_job_id(ref))} " \
+        return self._follow_job(ref.run_dir, _job_id(ref))
+
+    def _follow_job(self, run_dir: str, job_id: str) -> LineStream:
+        from_script = f"set -- {shlex.quote(run_dir)} {shlex.quote(job_id)} " \
                       f"{max(1, round(self.spec.poll_interval))}\n" + _script("follow_job.sh")
         return self.stream(from_script)
 
@@ -418,6 +457,162 @@ class SlurmHost(Host):
             while self.job(ref).active and time.monotonic() < deadline:
                 time.sleep(0.2)
         return stopped
+
+
+class SlurmRank(SlurmHost):
+    """Rank ``rank`` (1 and up) of a server spanning the nodes of ``head``'s job: a step of that job on its
+    ``rank``-th node (``srun --overlap --jobid --nodelist=<node>``, from the login node, detached), started once
+    the job runs, in a run directory of its own beside the head's (``<trial>-rank<r>``) on the shared
+    filesystem, where its log, process group and exit code land as on any host. Its node's name is exported as
+    ``SERVETUNE_NODE`` and the host's environment again after it, the head's address as
+    ``SERVETUNE_HEAD_ADDR``. It lives and ends with the job: the head's stop signals every step of it, and
+    recovery finds the job by the head's comment."""
+
+    def __init__(self, head: SlurmHost, rank: int) -> None:
+        super().__init__(head.transport, head.spec, cluster=head.cluster, slot=head.slot, runs_root=head.runs_root,
+                         python=head.python)
+        self.env = head.env  # one environment: what the preflight adds to the head's, the ranks see
+        self.head = head
+        self.rank = rank
+        self.name = f"{head.name}:rank{rank}"
+        self.controller_id = head.controller_id
+        self._jobs: dict[str, JobRef] = {}
+        self._need: dict[str, Resources] = {}
+        self._ref: RunRef | None = None
+
+    def run_dir(self, study: str, trial: str) -> str:
+        return runs.run_dir(self.runs_root, study, f"{trial}-rank{self.rank}")
+
+    def launch_port(self) -> int | None:
+        """A port of its own (ranks >= 1 answer a health check on it); nodes of a test cluster share one
+        machine."""
+        return random.randrange(*_PORTS)
+
+    def cleanup_orphans(self, *, grace: float = 10.0) -> list[RunRef]:
+        """The head's job slot finds and cancels the job this rank ran in."""
+        return []
+
+    def orphans(self) -> list[RunRef]:
+        return []
+
+    def start(self, run_dir: str, launch_script: str, run_id: str, *, files: Mapping[str, str] | None = None,
+              scratch_vars: tuple[str, ...] = ("TMPDIR",), memory_limit_bytes: int | None = None,
+              timeout: float = 30.0, resources: Resources | None = None) -> JobRef:
+        """Write the rank's run directory; the rank itself starts once the head's job runs
+        (:meth:`wait_scheduled`)."""
+        abs_dir = runs.prepare(self, run_dir, launch_script, run_id, controller=self.controller_id, files=files,
+                               scratch_vars=scratch_vars, timeout=timeout)
+        ref = JobRef(abs_dir, 0, run_id, "")
+        self._need[abs_dir] = resources or Resources()
+        self._ref = ref
+        return ref
+
+    def _job_of(self, ref: RunRef, *, wait: float = 60.0) -> JobRef | None:
+        """The head's job this rank belongs to (the head's run directory is the rank's less ``-rank<r>``);
+        None when the head submitted none within ``wait`` seconds (its start failed)."""
+        if ref.run_dir in self._jobs:
+            return self._jobs[ref.run_dir]
+        head_dir = ref.run_dir.removesuffix(f"-rank{self.rank}")
+        deadline = time.monotonic() + wait
+        while True:
+            job = self.head._job
+            if job is not None and job.run_dir == head_dir:
+                self._jobs[ref.run_dir] = job
+                return job
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)
+
+    def _job_for(self, ref: RunRef) -> JobRef:
+        job = self._job_of(ref)
+        if job is None:
+            raise RunnerError(f"{self.name}: the head submitted no job for {ref.run_dir}", host=self.name)
+        return job
+
+    def _node(self, job: JobRef) -> tuple[str, JobInfo]:
+        info = self.head.job(job)
+        if len(info.nodes) <= self.rank:
+            raise RunnerError(f"{self.name}: Slurm {info.describe()} has no node for rank {self.rank}",
+                              host=self.name)
+        return info.nodes[self.rank], info
+
+    def wait_scheduled(self, ref: RunRef, *, stop: threading.Event, timeout: float | None = None) -> Failure | None:
+        """Once the head's job runs: start this rank on the job's ``rank``-th node. A job that ended first is
+        the head's failure to tell; here it is None."""
+        job = self._job_for(ref)
+        failure = self.head.wait_scheduled(job, stop=stop, timeout=timeout)
+        if failure is not None:
+            return failure
+        node, info = self._node(job)
+        if not info.running:
+            return None  # ended already: the head's watch says why
+        head_addr = self.slurm.node_address(info.head or node)
+        need = self._need.get(ref.run_dir, Resources())
+        gres = f"{self.spec.gpu_option(need.gpus_per_node)} " if need.gpus_per_node > 0 else ""
+        inner = (node_env(self.env, node)
+                 + f"export SERVETUNE_HEAD={shlex.quote(info.head or node)} "
+                 f"SERVETUNE_HEAD_ADDR={shlex.quote(head_addr)} SERVETUNE_NODES={shlex.quote(' '.join(info.nodes))} "
+                 f"SERVETUNE_RUN_ID={shlex.quote(ref.run_id)}; exec bash ./run.sh")
+        step = (f"srun --overlap --jobid={shlex.quote(job.job_id)} --nodelist={shlex.quote(node)} --nodes=1 "
+                f"--ntasks=1 --quiet --unbuffered {gres}--chdir={shlex.quote(ref.run_dir)} "
+                f"bash -c {shlex.quote(inner)}")
+        # Detached on the login node: the srun client lives as long as the step (or the job), not the controller.
+        res = self.run(f"cd {shlex.quote(ref.run_dir)} && {{ setsid nohup {step} > srun.out 2>&1 < /dev/null & }}",
+                       timeout=30)
+        if not res.ok:
+            raise RunnerError(f"{self.name}: could not start rank {self.rank} on {node}: "
+                              f"{(res.stderr.strip() or res.stdout.strip())[-300:]}", host=self.name)
+        return None
+
+    def follow(self, ref: RunRef) -> LineStream:
+        return self._follow_job(ref.run_dir, self._job_for(ref).job_id)
+
+    def alive(self, ref: RunRef) -> bool:
+        if self.run(f"test -e {shlex.quote(ref.run_dir)}/exit_code", timeout=15).ok:
+            return False
+        return self.head.job(self._job_for(ref)).active
+
+    def members(self, ref: RunRef) -> list[int]:
+        """Not asked on another node: the step ends with its job (the head's stop verifies that)."""
+        return []
+
+    def scheduler_end(self, ref: RunRef) -> Failure | None:
+        job = self._job_of(ref, wait=0)
+        return self.head.scheduler_end(job) if job is not None else None
+
+    def beside(self, ref: RunRef) -> Shell:
+        """The rank's node, through ``srun --overlap``."""
+        job = self._job_for(ref)
+        node, _ = self._node(job)
+        return Shell(SrunTransport(self, job.job_id, node, name=f"{self.name}:{node}"), runs_root=self.runs_root,
+                     env=self.env)
+
+    def smi_sample(self) -> tuple[float, list[GpuStatus]]:
+        """nvidia-smi on this rank's node; RunnerError until it runs."""
+        ref = self._ref
+        if ref is None or self._job_of(ref, wait=0) is None:
+            raise RunnerError(f"{self.name}: no running job to sample", host=self.name)
+        return time.time(), gpu.gpus(self.beside(ref))
+
+    def port_holder(self, port: int, ref: RunRef | None = None, *, timeout: float = 15.0) -> Holder:
+        return "unknown"
+
+    def stop(self, ref: RunRef, *, grace: float = 10.0) -> StopResult:
+        """The head's stop signals every step of the job; here: wait until this rank has exited or the job has
+        ended (RunnerError when neither happens within the grace and a minute more)."""
+        began = time.monotonic()
+        job = self._job_of(ref, wait=5)
+        if job is None:
+            return StopResult("gone", 0.0)
+        deadline = began + grace + 60
+        while True:
+            done = self.run(f"test -e {shlex.quote(ref.run_dir)}/exit_code", timeout=15).ok
+            if done or not self.head.job(job).active:
+                return StopResult("term", time.monotonic() - began)
+            if time.monotonic() > deadline:
+                raise RunnerError(f"{self.name}: rank {self.rank} still running {grace + 60:g}s after the stop",
+                                  host=self.name)
+            time.sleep(0.2)
 
 
 def _job_id(ref: RunRef) -> str:

@@ -147,6 +147,11 @@ class SlurmClient:
         out = self._run(f"scontrol show hostnames {shlex.quote(nodelist)}", "scontrol show hostnames")
         return tuple(line.strip() for line in out.splitlines() if line.strip())
 
+    def node_address(self, node: str) -> str:
+        """The address Slurm reaches ``node`` at (its ``NodeAddr``; the name itself when Slurm shows none)."""
+        out = self._run(f"scontrol show node -o {shlex.quote(node)}", "scontrol show node")
+        return dict(_pairs(out)).get("NodeAddr") or node
+
     def signal(self, job_id: str, signal: str) -> None:
         """Send ``signal`` to the batch script and every step of the job (``scancel --signal --full``); a job
         that has already ended is no error."""

@@ -385,7 +385,7 @@ def run_search(space: Space, hosts: Sequence[Host], options: RunOptions, *,
     the study storage stops taking writes (a full disk under SQLite): every trial told before is kept.
     """
     study_name(options.study_name)  # it names directories on the hosts and here: refuse unsafe ones first
-    check_groups(space, groups)
+    check_groups(space, groups, hosts)
     try:
         return _run_search(space, hosts, options, groups)
     except STORAGE_ERRORS as exc:
@@ -393,10 +393,11 @@ def run_search(space: Space, hosts: Sequence[Host], options: RunOptions, *,
                          ) from None
 
 
-def check_groups(space: Space, groups: Sequence[HostGroup]) -> None:
-    """ConfigError, one line, when a space spanning nodes has no host group large enough."""
+def check_groups(space: Space, groups: Sequence[HostGroup], hosts: Sequence[Host] = ()) -> None:
+    """ConfigError, one line, when a space spanning nodes has no host group large enough (nor a host that runs
+    every rank itself: a Slurm cluster)."""
     need = space.max_nodes
-    if need > 1 and not any(len(g.hosts) >= need for g in groups):
+    if need > 1 and not any(len(g.hosts) >= need for g in groups) and not any(h.spans_nodes for h in hosts):
         sizes = ", ".join(f"{g.name} ({len(g.hosts)})" for g in groups) or "none"
         raise ConfigError(f"the space spans up to {need} nodes: give an inventory group (groups:) of at least "
                           f"{need} hosts; groups given: {sizes}")
@@ -451,8 +452,10 @@ def _run_with_leases(space: Space, hosts: Sequence[Host], options: RunOptions, s
     if space.max_nodes > 1:
         # Each group is one slot; a group that lost a host to the preflight cannot run a trial.
         members = [g for g in groups if len(g.hosts) >= space.max_nodes and all(h in hosts for h in g.hosts)]
+        members += [h for h in hosts if h.spans_nodes]  # a Slurm job slot: one job of every node
         if not members:
-            raise HostMisconfigured("no host group is left whole after the preflight: " + "; ".join(dropped))
+            raise HostMisconfigured("no host group is left whole after the preflight (nor a Slurm cluster): "
+                                    + "; ".join(dropped))
     pool = HostPool(members, max_consecutive_failures=space.budget.max_consecutive_failures,
                     cooldown=options.cooldown, max_set_asides=options.max_set_asides)
     lock = StudyLock(storage, study_id(study), options.storage_url)

@@ -177,6 +177,8 @@ class ServerEvaluator:
                                              f"{slot.name}: the cost_per_mtok objective needs the host's price: set "
                                              "price_per_gpu_hour for it in the inventory"))
         hosts = [slot.host, *slot.workers][:launch.nodes] if launch.nodes > 1 else [slot.host]
+        if launch.nodes > 1 and not slot.workers:  # a Slurm job slot runs every rank in one job
+            hosts = slot.host.rank_hosts(launch.nodes)
         facts.nodes = launch.nodes
         if len(hosts) < launch.nodes:
             self._fail(trial, facts, Failure(FailureKind.HOST_CONFIG, None,
@@ -213,8 +215,7 @@ class ServerEvaluator:
                 on_event=(lambda event: emit(self.env, trial, event)) if rank == 0 else None,
                 memory_limit_bytes=space.memory_limit_bytes,
                 files={**run_files(space), **gate_files(gate)} if rank == 0 else None,
-                resources=_resources(engine, launch, gpu=space.engine.device == "gpu") if len(hosts) == 1
-                else Resources(),
+                resources=_resources(engine, launch, gpu=space.engine.device == "gpu"),
             )
             for rank, (host, (ranked, rendered)) in enumerate(zip(hosts, scripts, strict=True))
         ]
@@ -234,6 +235,7 @@ class ServerEvaluator:
         dist_port = head.free_port(launch.python, head.node_address)
         rendered = render_nodes(engine, launch, version, [h.node_address for h in hosts], dist_port, ports=ports,
                                 header=header)
+        rendered = [dataclasses.replace(r, script=head.rank_script(r.script)) for r in rendered]
         return [(launch.model_copy(update={"port": p}), r) for p, r in zip(ports, rendered, strict=True)]
 
     def _wait_ready(self, session: ServerSession | NodeSession) -> Failure | None:
@@ -359,25 +361,33 @@ class ServerEvaluator:
             run_dir=slot.host.run_dir(run_folder(env), f"{trial.number}-reference"), run_id=run_id,
             python=launch.python, stop_grace=space.budget.stop_grace, smi_interval=0.0,
             memory_limit_bytes=space.memory_limit_bytes, files=gate_files(plan),
+            resources=_resources(engine, launch, gpu=space.engine.device == "gpu"),
         )
         started = time.monotonic()
         error = ""
+        # A fault of the host's (a directive Slurm rejects, a job Slurm ended) keeps its own kind, so a
+        # set-up fault retires the host here as it does when the trial's own server meets it.
+        kind = FailureKind.INFRA
         answers: list[dict[str, Any]] = []
         try:
             session.start()
-            failure = self._wait_ready(session)
+            failure = session.wait_scheduled(env.abort)  # a cluster job waits in the queue first
+            if failure is None:
+                failure = self._wait_ready(session)
             if failure is not None:
                 error = failure.reason
+                if failure.kind in (FailureKind.SCHEDULER, FailureKind.INTERRUPTED):
+                    kind = failure.kind
             else:
                 answers, error = session.answers(plan.answer_plan(launch.model_path))
         except RunnerError as exc:
-            error = str(exc)
+            error, kind = str(exc), kind_of_error(exc)
         finally:
             with contextlib.suppress(RunnerError):
                 session.stop()
             slot.last_server_stop = time.monotonic()
         if error or not answers:
-            self._fail(trial, facts, Failure(FailureKind.INFRA, Phase.STARTING,
+            self._fail(trial, facts, Failure(kind, Phase.STARTING,
                                              f"the correctness gate's reference ({plan.reference_name}) did not "
                                              f"answer: {error or 'no answer'}"))
         store_reference(trial.study, plan.key, answers, time.monotonic() - started, trial.number)

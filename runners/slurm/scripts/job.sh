@@ -5,12 +5,16 @@
 # (scancel --signal=TERM --full, a time limit, a cancel), which the server's session is not in: the trap
 # passes the signal on to the server's group, and this shell waits until run.sh has written the exit code.
 # The job's nodes, for a launch script that starts ranks on them (srun --overlap --nodelist=NODE): the head
-# node (where this script and rank 0 run) first, in ./nodes and in SERVETUNE_NODES.
+# node (where this script and rank 0 run) first, in ./nodes and in SERVETUNE_NODES. Ranks 1 and up are
+# started by servetune as steps of this job (srun --overlap --nodelist=NODE) once it runs.
 SERVETUNE_HEAD=${SLURMD_NODENAME:-$(hostname -s)}
 { echo "$SERVETUNE_HEAD"; scontrol show hostnames "${SLURM_JOB_NODELIST:?}" | grep -vxF "$SERVETUNE_HEAD"; } \
   > nodes.tmp 2>/dev/null && mv nodes.tmp nodes
 SERVETUNE_NODES=$(paste -sd ' ' nodes)
-export SERVETUNE_HEAD SERVETUNE_NODES
+# The head's address for the other ranks' dist-init (Slurm's NodeAddr of the head; its name when none).
+SERVETUNE_HEAD_ADDR=$(scontrol show node -o "$SERVETUNE_HEAD" 2>/dev/null | tr ' ' '\n' | sed -n 's/^NodeAddr=//p')
+SERVETUNE_HEAD_ADDR=${SERVETUNE_HEAD_ADDR:-$SERVETUNE_HEAD}
+export SERVETUNE_HEAD SERVETUNE_NODES SERVETUNE_HEAD_ADDR
 pass_on() {
   if [ -s pgid ]; then kill "-$1" -- "-$(cat pgid)" 2>/dev/null; fi
 }
