@@ -98,10 +98,10 @@ def test_two_workers_share_one_postgres_study_and_mlflow_is_back_filled(
         assert live_servers(tmp_path / name / "runs") == []
         assert gpu_pids(tmp_path / name / ".servetune/simhost") == ""
 
-    mlflow.start()  # back, same store: sync-mlflow fills in what the outage missed
-    res = cli("sync-mlflow", "--study", STUDY, "--storage", postgres.url, "--mlflow-uri", mlflow.url,
-              cwd=tmp_path / "gpu-a")
     try:
+        mlflow.start()  # back, same store: sync-mlflow fills in what the outage missed
+        res = cli("sync-mlflow", "--study", STUDY, "--storage", postgres.url, "--mlflow-uri", mlflow.url,
+                  cwd=tmp_path / "gpu-a")
         assert res.returncode == 0, res.stderr
         added = int(res.stdout.split("mlflow: ", 1)[1].split()[0])
         assert added > 0, res.stdout  # some trials finished while the server was down
