@@ -10,37 +10,6 @@ import pytest
 from tests.fixtures.postgres import PostgresCluster, start_postgres
 from tests.fixtures.sshd import SshServer, make_key, start_sshd, write_known_hosts
 
-#: Rough wall time of one test by its markers (seconds), only to order the files (below): a test that runs real
-#: searches or servers (``slow``), one that needs a real sshd, PostgreSQL, Slurm or Chromium, any other.
-SLOW_TEST_S = 30.0
-REAL_PART_TEST_S = 5.0
-OTHER_TEST_S = 0.1
-REAL_PARTS = ("ssh", "postgres", "slurm", "browser")
-
-
-def _cost(item: pytest.Item) -> float:
-    if item.get_closest_marker("slow"):
-        return SLOW_TEST_S
-    if any(item.get_closest_marker(name) for name in REAL_PARTS):
-        return REAL_PART_TEST_S
-    return OTHER_TEST_S
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Order the files longest first (by :func:`_cost`), each file's tests kept in their own order.
-
-    ``make test`` hands whole files to two xdist workers in this order (``--dist loadfile
-    --no-loadscope-reorder``). xdist's own order (most tests first) put the files of one or two long searches
-    last, so one worker ran them while the other had nothing left to do; longest first, the short files fill in
-    at the end. The order is a pure function of the collection, so every worker collects the same."""
-    cost: dict[str, float] = {}
-    first: dict[str, int] = {}
-    for i, item in enumerate(items):
-        path = item.nodeid.split("::", 1)[0]
-        cost[path] = cost.get(path, 0.0) + _cost(item)
-        first.setdefault(path, i)
-    items.sort(key=lambda item: (-cost[item.nodeid.split("::", 1)[0]], first[item.nodeid.split("::", 1)[0]]))
-
 
 @pytest.fixture(scope="session")
 def ssh_client_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
