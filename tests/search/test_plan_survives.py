@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from runners.telemetry import FailureKind
@@ -34,6 +35,7 @@ def _options(wd: Path, **kw: Any) -> RunOptions:
     return RunOptions(**base)
 
 
+@pytest.mark.slow  # a real search on the simulated host
 def test_a_probe_that_failed_on_a_busy_host_is_launched_again(tmp_path: Path) -> None:
     space = load_space(make_space(tmp_path / "space.yaml", budget={"max_consecutive_failures": 1}))
     host = local_host(space, runs_root=str(tmp_path / "runs"), sim_dir=tmp_path / "sim", server_port=free_port())

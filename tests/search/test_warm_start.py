@@ -70,7 +70,7 @@ def test_a_study_on_another_engine_version_does_not_use_it(first: Path) -> None:
     data = yaml.safe_load(space.read_text())
     data["engine"]["version"] = "0.5.9"
     space.write_text(yaml.safe_dump(data))
-    out = run(wd, space, "other", "-n", "2", "--warm-start", "first")
+    out = run(wd, space, "other", "-n", "1", "--warm-start", "first")  # its first launch tells
     assert "not used: first: engine version 0.5.10, not 0.5.9" in out, out
     recs = list(records(study(wd, "other")))
     assert recs[0].probe  # a cold start
@@ -81,6 +81,6 @@ def test_a_study_on_another_engine_version_does_not_use_it(first: Path) -> None:
 def test_auto_finds_the_earlier_study_in_the_same_storage(first: Path) -> None:
     wd = first
     space = make_space(wd / "auto.yaml", workload=SECOND, safe=False)
-    out = run(wd, space, "auto", "-n", "2", "--warm-start", "auto")
+    out = run(wd, space, "auto", "-n", "1", "--warm-start", "auto")  # its first launch tells
     assert "warm start from first: " in out, out
     assert not any(r.probe for r in records(study(wd, "auto")))
