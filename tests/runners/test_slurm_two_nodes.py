@@ -119,8 +119,8 @@ def test_a_two_node_server_is_one_job_and_a_rank_1_oom_is_pruned_naming_the_rank
         assert "#SBATCH --nodes=2" in script and "#SBATCH --gres=gpu:8" in script  # one job, 8 GPUs a node
         assert (head / "nodes").read_text().split() == ["node1", "node2"]
         # Each rank's command names the head's address as the job found it (Slurm's NodeAddr).
-        for rank, where in ((0, head), (1, rank1)):
-            launch = (where / "launch.sh").read_text()
+        for rank, rank_dir in ((0, head), (1, rank1)):
+            launch = (rank_dir / "launch.sh").read_text()
             assert f"--node-rank {rank}" in launch and '--dist-init-addr "$SERVETUNE_HEAD_ADDR"' in launch
         assert (rank1 / "exit_code").is_file()  # rank 1 ran, and ended, as a step of the job
     assert "CUDA out of memory" in (trial_dir(tmp_path / "runs", "two", 0).parent / "0-rank1" / "server.log").read_text()
