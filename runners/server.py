@@ -450,12 +450,14 @@ class ServerSession:
     def smi_peak_mib(self) -> float | None:
         """Highest memory.used of any GPU over the load window (the samples taken since the benchmark
         started), None when no sample fell in it: a peak taken while the weights loaded is not a peak under
-        load, and a server that died between two samples left none of its last memory."""
+        load, and a server that died between two samples left none of its last memory. Samples of empty GPUs
+        (0 MiB used: the server had already died and freed its memory) are no peak of it either."""
         with self._lock:
             start = self._load_started_at
             per_gpu = [max((g.used_mib or 0) for g in gpus) for ts, gpus in self.smi_samples
                        if gpus and start is not None and ts >= start]
-        return max(per_gpu) if per_gpu else None
+        peak = max(per_gpu) if per_gpu else None
+        return peak if peak else None
 
     def smi_csv(self) -> str:
         rows = ["timestamp,index,name,memory.total [MiB],memory.used [MiB],memory.free [MiB],utilization.gpu [%],"
