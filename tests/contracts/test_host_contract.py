@@ -378,7 +378,7 @@ class TestHostContract:
                    for r in caplog.records)
         assert json.loads(a.run(f"cat {shlex.quote(path)}").stdout)["heartbeat"] <= now + 1, "in the file too"
         assert not b.claim().ok, "live until its (capped) lease expires"
-        assert wait_for(lambda: b.claim().ok, timeout=10), "then the claim is taken over"
+        assert wait_for(lambda: b.claim().ok, timeout=60), "then the claim is taken over"
 
     def test_waiting_controllers_are_served_first_come_first_served(self, make_host: MakeHost) -> None:
         a, b, c = make_host(), make_host(), make_host()
@@ -418,7 +418,7 @@ class TestHostContract:
             with pytest.raises(HostBusy, match=f"port {port}"):
                 host.require_port_free(port)
         ref = _start(host, f"exec {sys.executable} -c {shlex.quote(_LISTENER.format(port=port))}\n")
-        assert wait_for(lambda: host.port_holder(port, ref) == "ours", timeout=10)
+        assert wait_for(lambda: host.port_holder(port, ref) == "ours", timeout=60)
         assert host.port_holder(port) == "foreign", "without the run, any listener is someone else's"
         host.stop(ref, grace=5)
 
