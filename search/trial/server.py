@@ -456,6 +456,11 @@ class ServerEvaluator:
         env = self.env
         if isinstance(session, NodeSession):
             self._record_ranks(facts, session)
+        # A Slurm host's preflight knows only sinfo's GRES type ("gpu", "h100"); nvidia-smi on the job's head
+        # node names the card the server ran on.
+        named = next((g.name for _, gpus in _head(session).smi_samples for g in gpus if g.name), None)
+        if named:
+            facts.gpu_name = named
         memory = merge_smi_peak(session)
         facts.simulated = bool(memory.pop("simulated", False))
         facts.memory = MemoryFacts.model_validate(
