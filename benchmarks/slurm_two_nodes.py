@@ -11,13 +11,14 @@ every GPU held by a process nvidia-smi does not list, so at ``--mem-fraction-sta
 in CUDA-graph capture while 0.85 and 0.87 complete.
 
 Prints, with the git revision: the run's own lines, ``servetune trials``, the rank-1 OOM trial's verdict line,
-each trial's Slurm job script head, and ``servetune export`` of the best trial (the one script every node runs
-with its rank). Stops the memory hog and the cluster (every daemon by its recorded PID) before it returns.
-Every figure is simulated.
+each rank's memory ladder, the OOM trial's Slurm job script and rank 1's command, and ``servetune export`` of
+the best trial (the one script every node runs with its rank). Stops the memory hog (its process group) and the
+cluster (every daemon by its recorded PID) before it returns. Every figure is simulated.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -30,6 +31,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test suite's fixture starts the cluster
 
 from benchmarks._common import PROFILES, ROOT, metadata, workdir
+from benchmarks.two_nodes import LADDER
 from search.driver.hosts import sim_env
 from search.storage import create_or_load, open_storage
 from search.trial.records import TrialFacts
@@ -67,8 +69,9 @@ def servetune(*args: str, cwd: Path, env: dict[str, str]) -> str:
 
 
 def scrub(text: str, wd: Path, cluster_root: Path) -> str:
-    """The temporary directories as WORKDIR and SLURMDIR, so the printed output reads the same on every run."""
-    return text.replace(str(cluster_root), "SLURMDIR").replace(str(wd), "WORKDIR")
+    """The temporary directories as WORKDIR and SLURMDIR and this checkout as REPO, so the printed output reads
+    the same on every run."""
+    return text.replace(str(cluster_root), "SLURMDIR").replace(str(wd), "WORKDIR").replace(str(ROOT), "REPO")
 
 
 def main() -> int:
@@ -126,6 +129,11 @@ def main() -> int:
         raise SystemExit("no trial died on a rank: the rank-1 OOM this demo shows did not happen")
     print(f"\n# trial {oom.number}'s verdict ({oom.state.name} {oom.outcome}; rank {oom.died_first} died first)")
     print((oom.reason or "").splitlines()[0])
+    print(f"\n# trial {oom.number}: each rank's end and memory ladder (GiB, simulated)")
+    for rank in oom.ranks:
+        figures = {k: rank.memory.figure(k) for k in LADDER if rank.memory.figure(k) is not None}
+        end = f"{rank.outcome} in {rank.phase}" if rank.outcome else "alive until stopped"
+        print(f"rank {rank.rank} ({rank.host}): {end}; {json.dumps(figures)}")
     print(f"\n# the Slurm job of trial {oom.number}: job.sbatch (head) and the rank-1 step's launch command")
     trial_dirs = sorted(p for p in (wd / "runs").rglob("job.sbatch"))
     head = next(p.parent for p in trial_dirs if p.parent.name == str(oom.number))
