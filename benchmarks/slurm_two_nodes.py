@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test suit
 
 from benchmarks._common import PROFILES, ROOT, metadata, workdir
 from benchmarks.two_nodes import LADDER
+from runners.slurm.jobs import ACTIVE
 from search.driver.hosts import sim_env
 from search.storage import create_or_load, open_storage
 from search.trial.records import TrialFacts
@@ -112,6 +113,8 @@ def main() -> int:
                         storage, "--n-trials", str(len(ENQUEUED)), "--no-mlflow", "--no-live", "--confirm-top", "0",
                         "--artifacts-dir", str(wd / "artifacts"), "--seed", "3", cwd=wd, env=cluster.env)
         print(scrub(out.rstrip(), wd, cluster.root))
+        left = [job for job, state, comment in cluster.jobs() if state in ACTIVE and comment.startswith("servetune,")]
+        print(f"# servetune's jobs still active on the cluster after the run: {', '.join(left) or 'none'}")
     finally:
         if hog is not None:
             os.killpg(hog.pid, signal.SIGTERM)  # its own process group (start_new_session)
