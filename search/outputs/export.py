@@ -328,10 +328,11 @@ def _header(view: StudyView, rec: TrialFacts, version: str, bar: float, now: dat
 
 
 def _basis(choice: Choice | None, rec: TrialFacts) -> str:
-    """What the exported figure is: the median the choice reports, or one launch's."""
+    """What the exported figure is: the figure the choice reports (the mean of the final launches, else the median
+    of its launches), or one launch's."""
     confirmed = choice.confirmed if choice is not None and choice.number == rec.number else None
     if confirmed is not None and confirmed.final:
-        return f"median of the {confirmed.final} launches made after it was chosen"
+        return f"mean of the {confirmed.final} launches made after it was chosen"
     if confirmed is not None and confirmed.launches > 1:
         return f"median of its {confirmed.launches} launches"
     return "one launch"

@@ -66,7 +66,7 @@ def test_every_output_names_the_one_choice(view: StudyView, tmp_path: Path) -> N
 
     header = [line for line in export_script(view).splitlines() if line.startswith("# ")]
     assert header[0] == "# servetune export: study choice, trial 0"
-    assert (f"# objective: output_throughput at concurrency 16 = {reported:.2f} tok/s (median of the 3 launches "
+    assert (f"# objective: output_throughput at concurrency 16 = {reported:.2f} tok/s (mean of the 3 launches "
             "made after it was chosen; maximize)") in header
     # one figure in the header: the launches line counts and spreads, it gives no second median
     assert sum(f"{v:.2f}" in " ".join(header) for v in {reported, statistics.median([2200.0, 2230.0, *FINALS])}
