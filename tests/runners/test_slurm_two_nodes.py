@@ -76,20 +76,27 @@ def space_file(wd: Path) -> Path:
     return path
 
 
+def inventory(wd: Path, cluster: SlurmCluster, **slurm: object) -> Path:
+    """Each node's own simulated GPUs (the login node's for the preflight, then node1's and node2's, told apart by
+    ``$SERVETUNE_NODE``) and an inventory of the cluster as one host."""
+    space = load_space(wd / "space.yaml")
+    sim = wd / "sim"
+    for where in ("", "node1", "node2"):
+        sim_env(space, sim / where)
+    env = {**cluster.env, "PATH": f"{sim}/$SERVETUNE_NODE/bin:$PATH", "SERVETUNE_SIM_STATE": f"{sim}/$SERVETUNE_NODE/state"}
+    inv = wd / "inventory.yaml"
+    inv.write_text(yaml.safe_dump({"hosts": [{
+        "name": "cluster", "address": "local", "runs_root": str(wd / "runs"), "env": env, "python": sys.executable,
+        "slurm": {"partition": "gpu", "time_limit": "00:10:00", "poll_interval": 0.5, **slurm}}]}))
+    return inv
+
+
 def test_a_two_node_server_is_one_job_and_a_rank_1_oom_is_pruned_naming_the_rank(two_nodes: SlurmCluster,
                                                                                  tmp_path: Path) -> None:
     space_path = space_file(tmp_path)
     space = load_space(space_path)
     sim = tmp_path / "sim"
-    for where in ("", "node1", "node2"):  # the login node's (preflight), then each node's own GPUs
-        sim_env(space, sim / where)
-    env = {**two_nodes.env, "PATH": f"{sim}/$SERVETUNE_NODE/bin:$PATH",
-           "SERVETUNE_SIM_STATE": f"{sim}/$SERVETUNE_NODE/state"}
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(yaml.safe_dump({"hosts": [{
-        "name": "cluster", "address": "local", "runs_root": str(tmp_path / "runs"), "env": env,
-        "python": sys.executable,
-        "slurm": {"partition": "gpu", "time_limit": "00:10:00", "poll_interval": 0.5, "gpu_memory_mib": 81559}}]}))
+    inv = inventory(tmp_path, two_nodes, gpu_memory_mib=81559)
     hog = subprocess.Popen([sys.executable, "-m", "runners.simhost.hog", "--mib", "900", "--gpus",
                             "0,1,2,3,4,5,6,7", "--state-dir", str(sim / "node2" / "state"), "--hidden"],
                            cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
@@ -138,16 +145,7 @@ def test_a_two_node_server_is_one_job_and_a_rank_1_oom_is_pruned_naming_the_rank
 def test_servetune_run_through_slurm_on_two_nodes_exports_one_script_for_every_rank(two_nodes: SlurmCluster,
                                                                                      tmp_path: Path) -> None:
     space_path = space_file(tmp_path)
-    space = load_space(space_path)
-    sim = tmp_path / "sim"
-    for where in ("", "node1", "node2"):  # the login node's (preflight), then each node's own GPUs
-        sim_env(space, sim / where)
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(yaml.safe_dump({"hosts": [{
-        "name": "cluster", "address": "local", "runs_root": str(tmp_path / "runs"), "python": sys.executable,
-        "env": {**two_nodes.env, "PATH": f"{sim}/$SERVETUNE_NODE/bin:$PATH",
-                "SERVETUNE_SIM_STATE": f"{sim}/$SERVETUNE_NODE/state"},
-        "slurm": {"partition": "gpu", "time_limit": "00:10:00", "poll_interval": 0.5}}]}))
+    inv = inventory(tmp_path, two_nodes)
     storage = f"sqlite:///{tmp_path}/servetune.db"
     create_or_load(open_storage(storage), "two").enqueue_trial({"mem_fraction_static": 0.85})
     env = cli_env(tmp_path, **two_nodes.env)
@@ -172,10 +170,10 @@ def test_servetune_run_through_slurm_on_two_nodes_exports_one_script_for_every_r
     printing = tmp_path / "print.sh"
     printing.write_text(script.replace("\nexec ", "\nprintf '%s\\n' "))
     for rank in (0, 1):
-        argv = subprocess.run(["bash", str(printing), str(rank), "10.0.0.1", "29511"], capture_output=True,
+        argv = subprocess.run(["bash", str(printing), str(rank), "127.0.0.2", "29511"], capture_output=True,
                               text=True, check=True).stdout.split()
         assert argv[:3] == ["/opt/sglang/bin/python", "-m", "sglang.launch_server"]
         assert argv[argv.index("--tp"):argv.index("--tp") + 2] == ["--tp", "16"]
         assert argv[argv.index("--nnodes"):] == ["--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr",
-                                                 "10.0.0.1:29511"]
+                                                 "127.0.0.2:29511"]
         assert "--mem-fraction-static" in argv and argv[argv.index("--mem-fraction-static") + 1] == "0.85"
