@@ -104,6 +104,9 @@ _RETRIED = (
     "get_trial_param", "set_trial_state_values", "set_trial_intermediate_value", "set_trial_user_attr",
     "set_trial_system_attr", "get_trial_id_from_study_id_trial_number", "get_trial", "get_all_trials",
     "get_best_trial", "record_heartbeat", "_get_stale_trial_ids",
+    # Optuna's _CachedStorage (what a Study holds) reads and creates trials through these private methods of
+    # its backend, not the public ones: without them a drop during a read of the trials stopped the run.
+    "_get_trials", "_create_new_trial", "_set_trial_param", "_get_best_trial_id",
 )
 
 

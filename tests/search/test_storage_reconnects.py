@@ -8,13 +8,17 @@ Every process started here is stopped by its PID or process group; the cluster b
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from optuna.storages import _cached_storage
 from optuna.trial import TrialState
 
 import search.driver.budget as budget
+import search.storage as storage_module
 from search.driver.budget import fail_phantoms
 from search.storage import create_or_load, open_storage
 from search.trial.records import note_host
@@ -111,3 +115,14 @@ def test_a_phantom_trial_left_by_a_retried_creation_does_not_hold_the_budget(
     fail_phantoms(study)
     assert {t.number: t.state for t in study.get_trials()} == {phantom.number: TrialState.FAIL,
                                                                real.number: TrialState.RUNNING}
+
+
+def test_every_backend_call_of_optunas_cached_storage_is_retried() -> None:
+    """A Study holds Optuna's _CachedStorage, which calls its backend's private methods (``_get_trials``,
+    ``_create_new_trial``, ...): each one that talks to the database must be retried, or a dropped connection
+    during it stops the run (it did, between two retried calls)."""
+    source = inspect.getsource(_cached_storage)
+    called = set(re.findall(r"self\._backend\.(\w+)\(", source))
+    not_the_database = {"get_heartbeat_interval", "get_heartbeat_stale_trial_callback"}
+    assert called - not_the_database, "Optuna's cache no longer calls its backend as this test reads it"
+    assert sorted(called - not_the_database - set(storage_module._RETRIED)) == []
