@@ -6,10 +6,8 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STUDY ?= demo-sim-dsv4
 # pytest-xdist workers for make test (0: one process, as before); the 25 slowest tests are listed after the run
-# (benchmarks/suite_balance.py replays how the workers shared the files, from a run's --junitxml). Four, also on
-# two cores: the tests mostly wait on real servers, so two workers kept the CPUs half idle (held to two cores with
-# taskset, four workers ran the suite in 9 min 34 s where two took 16-17 min; docs/figures.md).
-TEST_WORKERS ?= 4
+# (benchmarks/suite_balance.py replays how the workers shared the files, from a run's --junitxml).
+TEST_WORKERS ?= 2
 # The docs site (mkdocs.yml): built with --strict, so a broken link, anchor or generated reference fails
 # (make test builds it into a temporary directory). Material for MkDocs prints an end-of-life banner on every
 # build unless NO_MKDOCS_2_WARNING is set.
