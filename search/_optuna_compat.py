@@ -16,14 +16,17 @@ import optuna
 # Optuna's artifact-store protocol has no public import path (``optuna.artifacts`` exports the stores, not
 # the protocol they share).
 from optuna.artifacts._protocol import ArtifactStore
+from optuna.distributions import BaseDistribution
 from optuna.storages import BaseStorage
 from optuna.study._frozen import FrozenStudy  # what storage.get_all_studies() lists; no public path
 from optuna.trial import FrozenTrial
 
 __all__ = [
+    "PRIVATE_STORAGE_CALLS",
     "ArtifactStore",
     "OptunaCompatError",
     "enter_optimize_loop",
+    "in_distribution",
     "note_target",
     "set_trial_system_attr",
     "set_trial_user_attr",
@@ -32,6 +35,15 @@ __all__ = [
     "trial_id",
     "was_enqueued",
 ]
+
+
+#: RDBStorage's private methods that Optuna itself calls on a study's storage: Optuna's ``_CachedStorage`` (what a
+#: Study holds) reads and creates trials through ``_get_trials``, ``_create_new_trial``, ``_set_trial_param`` and
+#: ``_get_best_trial_id`` of its backend rather than the public methods, and ``fail_stale_trials`` asks
+#: ``_get_stale_trial_ids``. :mod:`search.storage` retries them as it retries the public calls (a dropped
+#: connection during one of them stopped a run).
+PRIVATE_STORAGE_CALLS = ("_get_stale_trial_ids", "_get_trials", "_create_new_trial", "_set_trial_param",
+                         "_get_best_trial_id")
 
 
 class OptunaCompatError(AttributeError):
@@ -68,6 +80,17 @@ def known_params(trial: FrozenTrial) -> dict[str, Any]:
         return dict(trial.params)
     fixed = trial.system_attrs.get("fixed_params")
     return dict(fixed) if isinstance(fixed, dict) else {}
+
+
+def in_distribution(distribution: BaseDistribution, value: Any) -> bool:
+    """Whether ``value`` (as a trial's params hold it) is one a distribution can give: Optuna checks a queued
+    trial's fixed params with ``BaseDistribution._contains`` and has no public check. A categorical value that is
+    not among the choices is not in it (``to_internal_repr`` raises for it)."""
+    try:
+        internal = distribution.to_internal_repr(value)
+    except ValueError:
+        return False
+    return bool(_attr(distribution, "_contains")(internal))
 
 
 def study_id(study: optuna.Study) -> int:

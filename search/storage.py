@@ -41,7 +41,7 @@ from sqlalchemy.exc import (
 )
 
 from runners.errors import StudyError, first_line
-from search._optuna_compat import study_id
+from search._optuna_compat import PRIVATE_STORAGE_CALLS, study_id
 from search.settings import GRACE_PERIOD, HEARTBEAT_INTERVAL
 
 log = logging.getLogger("servetune")
@@ -103,10 +103,10 @@ _RETRIED = (
     "get_trial_user_attrs", "get_trial_system_attrs", "get_all_studies", "create_new_trial", "set_trial_param",
     "get_trial_param", "set_trial_state_values", "set_trial_intermediate_value", "set_trial_user_attr",
     "set_trial_system_attr", "get_trial_id_from_study_id_trial_number", "get_trial", "get_all_trials",
-    "get_best_trial", "record_heartbeat", "_get_stale_trial_ids",
-    # Optuna's _CachedStorage (what a Study holds) reads and creates trials through these private methods of
-    # its backend, not the public ones: without them a drop during a read of the trials stopped the run.
-    "_get_trials", "_create_new_trial", "_set_trial_param", "_get_best_trial_id",
+    "get_best_trial", "record_heartbeat",
+    # Optuna's cache (what a Study holds) reads and creates trials through private methods of its backend, not
+    # the public ones: without them a drop during a read of the trials stopped the run.
+    *PRIVATE_STORAGE_CALLS,
 )
 
 

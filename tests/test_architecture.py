@@ -188,3 +188,70 @@ def test_the_checker_catches_a_circle_and_a_broken_rule() -> None:
     assert not allowed("search.outputs.report", "search.driver.run")
     assert not allowed("search.storage", "search.trial.records")
     assert allowed("search.cli.commands", "search.driver.run")
+
+
+# ---- Optuna's private names: reached in search/_optuna_compat.py only ----------------------------------------
+
+#: The one module that may reach Optuna's private attributes (its docstring says why each is needed).
+COMPAT = "search._optuna_compat"
+#: Third-party packages whose private names are fenced in :data:`COMPAT`.
+FENCED = ("optuna", "optuna_dashboard")
+
+
+def optuna_private_names() -> set[str]:
+    """Every private name Optuna defines: its private functions, methods and classes, and the private attributes
+    its classes assign (``self._x = ...``), read from its installed source."""
+    import optuna
+
+    names: set[str] = set()
+    for path in Path(optuna.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            name = None
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = node.name
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                name = node.attr
+            if name is not None and name.startswith("_") and not name.startswith("__"):
+                names.add(name)
+    return names
+
+
+def private_reaches(tree: ast.AST, private: set[str]) -> Iterator[tuple[int, str]]:
+    """(line, what) for each reach into Optuna's privates in ``tree``: an import from a private module (or of a
+    private name) of :data:`FENCED`, an attribute of Optuna's private name on anything but ``self``/``cls``, or
+    such a name as a string (``getattr(storage, "_get_trials")``)."""
+    for node in ast.walk(tree):
+        modules: list[str] = []
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules = [f"{node.module}.{alias.name}" for alias in node.names]
+        for module in modules:
+            parts = module.split(".")
+            if parts[0] in FENCED and any(p.startswith("_") for p in parts[1:]):
+                yield node.lineno, f"imports {module}"
+        if isinstance(node, ast.Attribute) and node.attr in private and not (
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            yield node.lineno, f"reaches .{node.attr}"
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in private:
+            yield node.lineno, f"names {node.value!r}"
+
+
+def test_optunas_private_names_are_reached_in_one_place() -> None:
+    """Optuna's private attributes and modules are reached in :data:`COMPAT` only, whose functions say what they
+    rely on and whose test (``tests/search/test_optuna_compat.py``) pins it; anywhere else an Optuna upgrade
+    would break a search silently."""
+    private = optuna_private_names()
+    assert {"_get_trials", "_study_id", "_trial_id", "_storage"} <= private, "Optuna's source reads differently"
+    found = [f"{name}:{line} {what}" for name, path in modules().items()
+             if name.startswith("search") and name != COMPAT  # runners/ and spaces/ import no Optuna
+             for line, what in private_reaches(ast.parse(path.read_text(), filename=str(path)), private)]
+    assert found == [], f"reach Optuna's privates through {COMPAT} instead"
+
+
+def test_the_private_name_checker_catches_each_kind_of_reach() -> None:
+    private = {"_get_trials", "_study_id"}
+    code = ("from optuna.artifacts._protocol import ArtifactStore\nimport optuna.study._frozen\n"
+            "sid = study._study_id\nfn = getattr(storage, '_get_trials')\nmine = self._study_id\n"
+            "from optuna.trial import FrozenTrial\n")
+    assert [line for line, _ in private_reaches(ast.parse(code), private)] == [1, 2, 3, 4]

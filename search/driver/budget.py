@@ -13,6 +13,7 @@ import datetime
 import fcntl
 import threading
 from collections.abc import Iterator
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,9 @@ from search._optuna_compat import trial_id
 from search.storage import fail_stale, reconnect_of, sqlite_file
 from search.strategy.strategy import Done, Strategy, apply
 from search.strategy.view import StudyView, fingerprint
-from search.trial.records import note_host
+from search.trial.records import note_host, noted_host
 
-__all__ = ["Budget", "StudyLock"]
+__all__ = ["Budget", "NoTrial", "StudyLock"]
 
 
 class StudyLock:
@@ -108,18 +109,27 @@ def fail_phantoms(study: optuna.Study) -> None:
     so Optuna never takes it for stale, and it would hold a slot of the budget for ever."""
     now = datetime.datetime.now()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if "host" not in t.user_attrs and t.datetime_start is not None and (
+        if noted_host(t) is None and t.datetime_start is not None and (
                 now - t.datetime_start).total_seconds() > PHANTOM_AGE:
             with contextlib.suppress(UpdateFinishedTrialError):
                 study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+
+
+class NoTrial(Enum):
+    """Why :meth:`Budget.reserve` gave no trial (:attr:`Budget.why` says it in words)."""
+
+    DONE = "done"
+    """The search budget is spent: the run ends."""
+    WAIT = "wait"
+    """Trials running now hold what is left of it: ask again soon."""
 
 
 class Budget:
     """Reserves trials for the workers as :class:`~search.strategy.strategy.Strategy` says: counts and locks,
     nothing more."""
 
-    DONE = "done"
-    WAIT = "wait"
+    DONE = NoTrial.DONE
+    WAIT = NoTrial.WAIT
 
     def __init__(self, study: optuna.Study, strategy: Strategy, lock: StudyLock, storage: RDBStorage) -> None:
         self.study = study
@@ -136,7 +146,7 @@ class Budget:
         """The study already holds its search budget."""
         return self.strategy.search_done(self.view())
 
-    def reserve(self, host: str) -> tuple[optuna.Trial, StudyView] | str:
+    def reserve(self, host: str) -> tuple[optuna.Trial, StudyView] | NoTrial:
         """A new (or re-queued) trial for ``host`` with its first heartbeat recorded, and the view it was
         reserved on (the trial's gate uses its memory model); or DONE; or WAIT."""
         view = self.view()

@@ -32,7 +32,7 @@ from runners.errors import ConfigError, HostMisconfigured, RunnerError, Servetun
 from runners.host import Host, HostGroup, HostInfo, Lease, new_controller_id
 from runners.telemetry import FailureKind
 from search._optuna_compat import enter_optimize_loop, study_id, trial_id
-from search.driver.budget import Budget, StudyLock
+from search.driver.budget import Budget, NoTrial, StudyLock
 from search.driver.leases import LEASE_TTL, Leases
 from search.driver.pool import HostPool, HostSlot, HostStatus, NoHostsLeft
 from search.driver.signals import Heartbeat, Signals
@@ -249,18 +249,18 @@ class _Run:
                 self._unclaim(slot, claimed)
                 self.pool.put_back(slot)
                 raise
-            if got == Budget.DONE:
+            if got is NoTrial.DONE:
                 self._unclaim(slot, claimed)
                 self.pool.put_back(slot)
                 log.info("%s", self.budget.why)
                 self.end(StopReason.BUDGET)
                 return
-            if got == Budget.WAIT:
+            if got is NoTrial.WAIT:
                 self._unclaim(slot, claimed)
                 self.pool.put_back(slot)
                 self.stop.wait(BUDGET_POLL)
                 continue
-            assert not isinstance(got, str)
+            assert not isinstance(got, NoTrial)
             trial, view = got
             if isinstance(claimed, RunnerError):
                 self._unreachable(trial, slot, claimed)

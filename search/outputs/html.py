@@ -21,7 +21,8 @@ from search.strategy.view import StudyView
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
-    from optuna.artifacts._protocol import ArtifactStore
+
+    from search._optuna_compat import ArtifactStore
 
 __all__ = ["Published", "publish", "report_html"]
 

@@ -46,7 +46,7 @@ from optuna.trial import FrozenTrial, TrialState
 from runners.engines.common import flag_value
 from runners.telemetry import FailureKind
 from search.spaces import engine_of
-from search.trial.records import TrialFacts
+from search.trial.records import OK, Outcome, TrialFacts
 from spaces.schema import Space
 
 __all__ = [
@@ -95,7 +95,7 @@ class LaunchFacts:
     """What one launched trial says about memory (GiB unless named otherwise); None = not seen."""
 
     number: int
-    outcome: str  # ok | oom | ... (a launch, never predicted_oom)
+    outcome: Outcome  # a launch: never predicted_oom
     phase: str | None  # where it died
     mfs: float | None  # the resolved --mem-fraction-static
     max_bs: int | None  # the --cuda-graph-max-bs it ran with (resolved)
@@ -216,14 +216,14 @@ def facts_from_record(rec: TrialFacts, *, target: int) -> LaunchFacts | None:
     chunk = _knob(rec, "chunked_prefill_size")
     served = any(lv.max_concurrency == target and lv.served for lv in rec.levels)
     return LaunchFacts(
-        number=rec.number, outcome=str(rec.outcome), phase=rec.phase.value if rec.phase else None, mfs=mfs,
+        number=rec.number, outcome=rec.outcome, phase=rec.phase.value if rec.phase else None, mfs=mfs,
         max_bs=None if max_bs_f is None else int(max_bs_f),
         pre=memory.number("avail_before_weights_gib"), weights=memory.number("weights_gib"),
         free_pool=memory.number("avail_after_kv_gib"), graph=memory.number("graph_gib"),
         free_cap=memory.number("free_after_capture_gib"),
         max_running=None if running is None else int(running),
         tried=memory.number("tried_to_allocate_gib"), free_at_oom=memory.number("free_at_oom_gib"),
-        total=memory.number("gpu_total_gib"), target_served=served or rec.outcome == "ok",
+        total=memory.number("gpu_total_gib"), target_served=served or rec.outcome == OK,
         chunk=None if chunk is None else int(chunk),
     )
 
@@ -359,7 +359,7 @@ class MemoryModel:
 
     def _phase_of(self, f: LaunchFacts) -> str | None:
         """Which need a death bounds from below: kv_pool, cuda_graph, serve, eager (None: other cause)."""
-        if f.outcome != "oom" or f.phase is None:
+        if f.outcome is not FailureKind.OOM or f.phase is None:
             return None
         if f.phase == "kv_pool":
             return "kv_pool"
@@ -411,7 +411,7 @@ class MemoryModel:
             if kv is not None:
                 lower["kv_pool"].append((kv, f.number))
             return
-        if kv is not None and f.phase != "load_weights" and (f.outcome == "ok" or f.free_pool is not None):
+        if kv is not None and f.phase != "load_weights" and (f.outcome == OK or f.free_pool is not None):
             upper["kv_pool"].append((kv, f.number))
         if cap is None:
             return
@@ -461,7 +461,7 @@ class MemoryModel:
         mfs, _ = self.resolve(cand)
         tokens = self.prefill_tokens(cand.chunk)
         for f in self.facts:  # the same configuration died of OOM: memory does not vary between runs
-            if (f.outcome == "oom" and f.mfs is not None and mfs is not None and abs(f.mfs - mfs) < 1e-6
+            if (f.outcome is FailureKind.OOM and f.mfs is not None and mfs is not None and abs(f.mfs - mfs) < 1e-6
                     and f.graph_bs == bs and self._phase_of(f) is not None
                     and self.prefill_tokens(f.chunk) == tokens):
                 died = self._phase_of(f) or "oom"
@@ -486,7 +486,7 @@ class MemoryModel:
             return False
         mfs, bs = self.resolve(cand)
         tokens = self.prefill_tokens(cand.chunk)
-        if any(f.outcome == "ok" and f.target_served and f.mfs is not None and mfs is not None
+        if any(f.outcome == OK and f.target_served and f.mfs is not None and mfs is not None
                and abs(f.mfs - mfs) < 1e-6 and f.graph_bs == bs and _covers(self.prefill_tokens(f.chunk), tokens)
                for f in self.facts):
             return True
@@ -520,7 +520,7 @@ class MemoryModel:
         if memory_class(rec.params) != self.klass:
             return None
         launch = facts_from_record(rec, target=self.target)
-        if launch is None or launch.outcome not in ("ok", "oom"):
+        if launch is None or launch.outcome not in (OK, FailureKind.OOM):
             return None
         self.facts.append(launch)
         return self.measured_margin(launch)
@@ -528,7 +528,7 @@ class MemoryModel:
     def measured_margin(self, f: LaunchFacts) -> float:
         """The margin a launch showed: an OOM's deficit (negative), else what it had free after capture
         less the needs the model knows (never below zero: it survived)."""
-        if f.outcome == "oom":
+        if f.outcome is FailureKind.OOM:
             if f.tried is not None and f.free_at_oom is not None:
                 return min(f.free_at_oom - f.tried, -0.01)
             return -0.01
@@ -556,7 +556,7 @@ class VllmFacts:
     refusal's ``needed`` KV for ``max_model_len`` tokens."""
 
     number: int
-    outcome: str
+    outcome: Outcome
     demand: float | None
     available: float | None = None
     refused: str | None = None  # VLLM_ALLOCATION | VLLM_MAX_LEN | None
@@ -583,21 +583,21 @@ def _vllm_demand(params: Mapping[str, Any], fixed: Mapping[str, float], total: f
 
 def vllm_facts_from_record(rec: TrialFacts, fixed: Mapping[str, float] | None = None) -> VllmFacts | None:
     """The memory-check facts of a launched vLLM trial (None for a skip, a reuse or a trial with none)."""
-    if rec.outcome is None or not rec.launched or rec.outcome not in ("ok", "oom"):
+    if rec.outcome is None or not rec.launched or rec.outcome not in (OK, FailureKind.OOM):
         return None
     fixed = fixed or {}
     mem, params = rec.memory, rec.params
     total = mem.number("gpu_total_gib") or mem.number("node_total_gib")
     length = _vllm_setting(params, fixed, "max_model_len")
     refused = None
-    if rec.outcome == "oom" and rec.phase is not None and rec.phase.value == "kv_pool":
+    if rec.outcome is FailureKind.OOM and rec.phase is not None and rec.phase.value == "kv_pool":
         if mem.number("context_len") is not None and "max model len" in (rec.reason or ""):
             refused = VLLM_MAX_LEN
             length = mem.number("context_len")
         elif mem.number("kv_available_gib") is not None:
             refused = VLLM_ALLOCATION
     return VllmFacts(
-        number=rec.number, outcome=str(rec.outcome), demand=_vllm_demand(params, fixed, total),
+        number=rec.number, outcome=rec.outcome, demand=_vllm_demand(params, fixed, total),
         available=mem.number("kv_available_gib") if refused == VLLM_ALLOCATION else None, refused=refused,
         kv=mem.number("kv_available_gib") if refused == VLLM_MAX_LEN else mem.number("kv_gib"),
         needed=mem.number("kv_requested_gib") if refused == VLLM_MAX_LEN else None,
@@ -655,7 +655,7 @@ class VllmMemoryModel:
         """``utilization * total - kv`` of the survivors (GPU backend)."""
         seen = [f.utilization * f.total - f.kv for f in self.facts
                 if f.kv is not None and f.utilization is not None and f.total is not None
-                and (f.outcome == "ok" or f.refused == VLLM_MAX_LEN)
+                and (f.outcome == OK or f.refused == VLLM_MAX_LEN)
                 and "kv_cache_space_gib" not in self.fixed]
         return statistics.fmean(seen) if seen else None
 
@@ -679,7 +679,7 @@ class VllmMemoryModel:
         free = self.free()
         if demand is not None and free is not None:
             margin = free[0] - demand
-            proven = any(f.outcome == "ok" and f.demand is not None and f.demand >= demand for f in self.facts)
+            proven = any(f.outcome == OK and f.demand is not None and f.demand >= demand for f in self.facts)
             certain = margin < 0 and any(f.refused == VLLM_ALLOCATION and f.demand is not None
                                          and f.demand <= demand for f in self.facts)
             if not proven:
@@ -710,7 +710,7 @@ class VllmMemoryModel:
             return min(f.available - f.demand, -0.01)
         if f.refused == VLLM_MAX_LEN and f.needed is not None and f.kv is not None:
             return min(f.kv - f.needed, -0.01)
-        if f.outcome == "oom":
+        if f.outcome is FailureKind.OOM:
             return -0.01
         free = self.free()
         if free is not None and f.demand is not None:  # it got through: what was free less what it asked

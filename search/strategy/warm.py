@@ -16,6 +16,7 @@ from typing import Any
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
+from search._optuna_compat import in_distribution
 from search.strategy.confirm import confirmed_best
 from search.strategy.design import MEMORY_KNOB, safe_memory
 from search.strategy.distributions import distributions
@@ -115,7 +116,7 @@ def _ranked(space: Space, priors: Sequence[Prior]) -> list[dict[str, Any]]:
             if rec.state != TrialState.COMPLETE or rec.value is None or not rec.feasible or rec.stopped_early:
                 continue
             params = normal_params(rec.params)
-            if set(params) != set(dists) or any(not dists[k]._contains(dists[k].to_internal_repr(v))
+            if set(params) != set(dists) or any(not in_distribution(dists[k], v)
                                                  for k, v in params.items()):
                 continue
             best.append((sign * float(rec.value), params))

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -53,6 +53,7 @@ __all__ = [
     "DEPLOY_ATTR",
     "FACTS_ATTR",
     "FLOAT_DIGITS",
+    "OK",
     "QUEUED_TAGS",
     "ROLES",
     "CorrectnessFacts",
@@ -69,6 +70,7 @@ __all__ = [
     "normal_params",
     "note_host",
     "note_waiting",
+    "noted_host",
     "records",
     "value_text",
     "write_facts",
@@ -92,7 +94,9 @@ MEM_PREFIX = "mem."
 FLOAT_DIGITS = 6
 
 Outcome = FailureKind | Literal["ok"]
-"""How a trial ended: ``ok`` or a :class:`~runners.telemetry.FailureKind`."""
+"""How a trial ended: :data:`OK` or a :class:`~runners.telemetry.FailureKind`."""
+#: The outcome of a trial whose server served (every other outcome is a :class:`~runners.telemetry.FailureKind`).
+OK: Final = "ok"
 
 Role = Literal["probe", "design", "search", "screening", "final", "skipped"]
 """Why a trial was run (:attr:`TrialFacts.role`)."""
@@ -543,7 +547,7 @@ class TrialFacts(BaseModel):
 
     @property
     def ok(self) -> bool:
-        return self.outcome == "ok" or (self.outcome is None and self.state == TrialState.COMPLETE)
+        return self.outcome == OK or (self.outcome is None and self.state == TrialState.COMPLETE)
 
     @property
     def oom_phase(self) -> str | None:
@@ -650,6 +654,12 @@ def write_facts(trial: optuna.Trial, facts: TrialFacts) -> None:
 def note_host(trial: optuna.Trial, host: str) -> None:
     """Say, while the trial runs, which host runs it (a recovering controller looks for its own)."""
     trial.set_user_attr("host", host)
+
+
+def noted_host(trial: FrozenTrial) -> str | None:
+    """The host :func:`note_host` named for the trial (None: the trial never named one)."""
+    host = trial.user_attrs.get("host")
+    return host if isinstance(host, str) else None
 
 
 def note_controller(trial: optuna.Trial, controller: str) -> None:

@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 from benchmarks.simeval import SimEvaluator
 from runners.diagnose import diagnose
 from runners.simhost.model import SimLaunch, plan_startup
-from runners.telemetry import Phase
+from runners.telemetry import FailureKind, Phase
 from search.strategy.memory import (
     MARGIN_CONSTRAINT,
     PREDICTED_OOM,
@@ -138,7 +138,7 @@ def test_a_launch_that_contradicts_a_death_drops_it(space: Space) -> None:
     # process): it must not make the survivor's region a certain death.
     from dataclasses import replace
 
-    ghost = replace(facts, number=99, outcome="oom", phase="cuda_graph", free_cap=None,
+    ghost = replace(facts, number=99, outcome=FailureKind.OOM, phase="cuda_graph", free_cap=None,
                     mfs=0.55, max_bs=80)
     model.facts.append(ghost)
     assert model.bounds()["cuda_graph"].lower is None

@@ -5,6 +5,7 @@ If one of these fails after an Optuna upgrade, update ``search/_optuna_compat.py
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from pathlib import Path
 
@@ -13,8 +14,10 @@ import pytest
 from optuna.trial import TrialState
 
 from search._optuna_compat import (
+    PRIVATE_STORAGE_CALLS,
     OptunaCompatError,
     enter_optimize_loop,
+    in_distribution,
     known_params,
     note_target,
     set_trial_user_attr,
@@ -91,3 +94,24 @@ def test_a_queued_trial_shows_its_params_before_it_samples(tmp_path: Path) -> No
     fresh = study.ask()
     assert known_params(study.get_trials(deepcopy=False)[1]) == {}  # sampled, not queued: nothing yet
     study.tell(fresh, state=TrialState.FAIL)
+
+
+def test_the_private_storage_calls_retried_are_optunas() -> None:
+    """:data:`PRIVATE_STORAGE_CALLS` are methods of this Optuna's RDBStorage that Optuna itself calls (its cache
+    and its stale-trial check): a name renamed away would leave a backend call without its retry."""
+    from optuna.storages import RDBStorage, _cached_storage, _heartbeat
+
+    source = inspect.getsource(_cached_storage) + inspect.getsource(_heartbeat)
+    for name in PRIVATE_STORAGE_CALLS:
+        assert callable(getattr(RDBStorage, name, None)), f"RDBStorage.{name} is gone"
+        assert f".{name}(" in source, f"Optuna no longer calls {name}"
+
+
+def test_a_value_is_checked_against_a_distribution() -> None:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    assert in_distribution(FloatDistribution(0.5, 0.9, step=0.05), 0.6)
+    assert not in_distribution(FloatDistribution(0.5, 0.9), 0.95)
+    assert in_distribution(IntDistribution(8, 64, step=8), 16) and not in_distribution(IntDistribution(8, 64), 128)
+    assert in_distribution(CategoricalDistribution(["a", "unset"]), "unset")
+    assert not in_distribution(CategoricalDistribution(["a", "unset"]), "b")
