@@ -2,14 +2,17 @@
 
 A server that dies is data, not an exception. :class:`Failure` says how it died; :class:`Telemetry`
 holds every memory figure read from its log and from nvidia-smi, and serialises to a plain dict so the
-search layer can store it as Optuna user attrs and MLflow params/metrics.
+search layer can store it as Optuna user attrs and MLflow params/metrics. :class:`MemoryFigures` is the one
+schema of those figures (names, types, labels).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from runners.errors import HostBusy, HostMisconfigured, RunnerError
 
@@ -110,38 +113,71 @@ class Failure:
     exit_code: int | None = None
 
 
-@dataclass
-class Telemetry:
-    """Memory figures of one server run. GiB unless the name says otherwise; None = not seen.
+def _figure(label: str, *, setting: bool = False) -> Any:
+    """A memory figure's field: ``label`` is what outputs call it (with its unit); ``setting``: a setting as the
+    engine resolved it, or a constant of the host and model (MLflow logs those as params, the rest as metrics)."""
+    return Field(default=None, description=label, json_schema_extra={"setting": setting})
 
-    Filled line by line by an engine's log parser while the server runs, then by nvidia-smi samples.
-    """
 
-    mem_fraction_static: float | None = None
-    cuda_graph_max_bs: int | None = None
-    gpu_total_gib: float | None = None
-    avail_before_weights_gib: float | None = None
-    avail_after_weights_gib: float | None = None
-    weights_gib: float | None = None
-    kv_tokens: int | None = None
-    kv_gib: float | None = None
-    avail_after_kv_gib: float | None = None
-    graph_gib: float | None = None
-    free_after_capture_gib: float | None = None
-    max_total_num_tokens: int | None = None
-    max_running_requests: int | None = None
-    chunked_prefill_size: int | None = None
-    context_len: int | None = None
-    oom_phase: str | None = None
-    tried_to_allocate_gib: float | None = None
-    free_at_oom_gib: float | None = None
-    smi_peak_used_mib: float | None = None
+class MemoryFigures(BaseModel):
+    """The memory figures of one server run, in the order a server allocates memory (GiB unless the name says
+    otherwise; None = not seen): the one schema of them. :class:`Telemetry` (what a run fills) and the search's
+    ``MemoryFacts`` (what a trial stores) are these fields; each figure's label and whether it is a setting are
+    said here once (:meth:`labels`, :meth:`settings`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    gpu_total_gib: float | None = _figure("GPU total (GiB)", setting=True)
+    mem_fraction_static: float | None = _figure("mem_fraction_static (as run)", setting=True)
+    """As the engine resolved it (the searched value, or the engine's default)."""
+    cuda_graph_max_bs: int | None = _figure("cuda_graph_max_bs (as run)", setting=True)
+    avail_before_weights_gib: float | None = _figure("available before weights (GiB)", setting=True)
+    weights_gib: float | None = _figure("weights (GiB)", setting=True)
+    avail_after_weights_gib: float | None = _figure("available after weights (GiB)")
+    kv_tokens: int | None = _figure("KV cache tokens")
+    kv_gib: float | None = _figure("KV cache (GiB)")
+    avail_after_kv_gib: float | None = _figure("available after KV pool (GiB)")
+    graph_gib: float | None = _figure("CUDA graphs (GiB)")
+    free_after_capture_gib: float | None = _figure("free after CUDA graph capture (GiB)")
+    max_total_num_tokens: int | None = _figure("max_total_num_tokens")
+    max_running_requests: int | None = _figure("max_running_requests", setting=True)
+    chunked_prefill_size: int | None = _figure("chunked_prefill_size", setting=True)
+    context_len: int | None = _figure("context_len", setting=True)
+    oom_phase: str | None = _figure("OOM phase")
+    tried_to_allocate_gib: float | None = _figure("OOM: tried to allocate (GiB)")
+    free_at_oom_gib: float | None = _figure("OOM: free at the time (GiB)")
+    smi_peak_used_mib: float | None = _figure("nvidia-smi peak used (GiB)")
+    """Shown in GiB by the outputs."""
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The figures' names, in allocation order."""
+        return tuple(MemoryFigures.model_fields)
+
+    @classmethod
+    def labels(cls) -> dict[str, str]:
+        """Each figure's label (with its unit), in allocation order."""
+        return {name: f.description or name for name, f in MemoryFigures.model_fields.items()}
+
+    @classmethod
+    def settings(cls) -> tuple[str, ...]:
+        """The figures that are settings as the engine resolved them, or constants of the host and model."""
+        return tuple(name for name, f in MemoryFigures.model_fields.items()
+                     if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("setting"))
+
+
+class Telemetry(MemoryFigures):
+    """Memory figures of one server run (:class:`MemoryFigures`), filled line by line by an engine's log parser
+    while the server runs, then by nvidia-smi samples; an engine's own figures beyond them go in ``extra``."""
+
+    model_config = ConfigDict(extra="forbid")
+
     simulated: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = Field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Only the figures that were seen (None dropped), ``extra`` flattened in."""
-        data = asdict(self)
+        data = self.model_dump(warnings=False)  # a parser's int in a float figure is kept as it is
         extra = data.pop("extra")
         out = {k: v for k, v in data.items() if v is not None}
         out.update({k: v for k, v in extra.items() if v is not None})
@@ -151,7 +187,7 @@ class Telemetry:
         for key, value in other.items():
             if value is None:
                 continue
-            if hasattr(self, key) and key != "extra":
+            if key in type(self).model_fields and key != "extra":
                 setattr(self, key, value)
             else:
                 self.extra[key] = value

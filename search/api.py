@@ -1,13 +1,14 @@
 """The library call behind ``servetune run`` (and ``make demo``): :func:`run_study`.
 
 It does the wiring a search needs around :func:`search.driver.run.run_search`: the hosts (``--host``, an
-inventory, or this machine), MLflow tracking, the dashboard notes and figures, the live progress, and the
-morning summary (Markdown and HTML) written at the end. The CLI parses, calls it and renders the
-:class:`~search.driver.run.RunSummary`.
+inventory, or this machine), the run's outputs (:mod:`search.outputs.sink`: the dashboard notes and figures, the
+morning summary in Markdown and HTML written at the end, MLflow tracking; the settings' ``outputs`` pick them),
+and the live progress. The CLI parses, calls it and renders the :class:`~search.driver.run.RunSummary`.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,22 +16,21 @@ from typing import Any, Protocol
 
 from optuna.trial import FrozenTrial
 
-from runners.errors import ConfigError, ServetuneError
 from search.driver.hosts import build_groups, build_hosts
 from search.driver.run import RunOptions, RunSummary, StopReason, StudyCallback, run_search
-from search.outputs.figures import FiguresCallback
-from search.outputs.html import Published, publish
-from search.outputs.notes import notes_callback
-from search.outputs.tracking import MlflowCallback, MlflowTracker
+from search.outputs.registry import factories
+from search.outputs.sink import Publication, SinkContext, Sinks
 from search.settings import Settings
 from search.settings import study_name as check_study_name
-from search.storage import artifact_store, redact
+from search.storage import redact
 from search.strategy.confirm import CONFIRM_FINAL, CONFIRM_K, CONFIRM_REPEATS
 from search.strategy.view import StudyView
 from search.trial.objective import TrialEvent
 from spaces.schema import Space
 
 __all__ = ["Progress", "RunPlan", "run_study"]
+
+log = logging.getLogger("servetune")
 
 
 class Progress(Protocol):
@@ -86,20 +86,16 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
     unusable storage or host.
     """
     name = check_study_name(space.name if study_name is None else study_name)
+    outputs = factories(o for o in settings.outputs if mlflow or o != "mlflow")
     budget = n_trials if n_trials is not None else space.budget.n_trials
     seconds = timeout if timeout is not None else space.budget.timeout
     opened = build_hosts(space, host_args=hosts, inventory=inventory, runs_root=settings.runs_root,
                          sim_dir=settings.sim_dir, accept_new_host_key=accept_new_host_key,
                          host_dir=settings.host_dir)
     groups = build_groups(inventory, opened)
-    callbacks: list[StudyCallback] = []
     warnings: list[str] = []
-    tracker, mlflow_callback = _tracking(settings, name, warnings) if mlflow else (None, None)
-    if mlflow_callback is not None:
-        callbacks.append(mlflow_callback)
-    callbacks.append(notes_callback())
-    figures_callback = FiguresCallback(background=True)
-    callbacks.append(figures_callback)
+    sinks = Sinks.open(outputs, SinkContext(settings, name), warnings)
+    callbacks: list[StudyCallback] = sinks.callbacks()
     if progress is not None:
         progress.n_trials = budget
         callbacks.append(progress.callback)
@@ -120,39 +116,14 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
         else:
             summary = run_search(space, opened, options, groups=groups)
     finally:
-        figures_callback.close()
+        sinks.close()
         for host in opened:
             host.close()
-    published: Published | None = None
-    # The disk that refused a trial's files (StopReason.ARTIFACTS) would refuse the report too.
-    if summary.stopped_by is not StopReason.ARTIFACTS:
-        try:
-            published = publish(summary.view, settings.artifacts_dir / name,
-                                artifact_store=artifact_store(settings.artifacts_dir))
-            summary.report_path, summary.report_html_path = published.markdown, published.html
-        except ConfigError as exc:
-            summary.report_error = str(exc)
-        except Exception as exc:  # the report is a convenience: every result is in the study already
-            summary.report_error = f"report not written ({type(exc).__name__}: {exc})"
-    if tracker is not None and mlflow_callback is not None:
-        try:
-            # Back-fills first if an outage broke the trials' logging; then the parent run is FINISHED.
-            tracker.end_run(summary.view, mlflow_callback, figures=published.figures if published else None,
-                            report=published.html if published else None)
-        except ServetuneError as exc:
-            summary.mlflow_error = str(exc)
+    done = sinks.publish(summary.view, Publication(settings.artifacts_dir / name, settings.artifacts_dir,
+                                                   files_refused=summary.stopped_by is StopReason.ARTIFACTS))
+    summary.report_path, summary.report_html_path = done.report_markdown, done.report_html
+    summary.report_error = done.errors.pop("report", None)
+    summary.mlflow_error = done.errors.pop("mlflow", None)
+    for output, line in done.errors.items():  # an output the summary has no field for
+        log.warning("%s: %s", output, line)
     return summary
-
-
-def _tracking(settings: Settings, name: str, warnings: list[str]) -> tuple[MlflowTracker | None,
-                                                                          MlflowCallback | None]:
-    """The MLflow tracker and its trial callback, checked once for the run: an MLflow that cannot be
-    written is left out (with one line in ``warnings``) instead of costing every trial its retries."""
-    tracker = MlflowTracker(settings.mlflow_uri, optuna_artifact_store=artifact_store(settings.artifacts_dir))
-    try:
-        tracker.check(name)
-    except ServetuneError as exc:
-        warnings.append(f"mlflow: {exc}; this run does not log to MLflow "
-                        f"(back-fill later with `servetune sync-mlflow --study {name}`)")
-        return None, None
-    return tracker, tracker.callback(background=True)

@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     """Seconds a dropped connection to the study's database server is retried before a run stops (0: never)."""
     heartbeat_grace: int = Field(default=GRACE_PERIOD, ge=2)
     """Seconds without a heartbeat after which a RUNNING trial's controller is taken for dead."""
+    outputs: tuple[str, ...] = ("notes", "figures", "report", "mlflow")
+    """What a run writes besides the study (``search/outputs/registry.py``): ``notes`` and ``figures`` for
+    optuna-dashboard, ``report`` (report.md, report.html), ``mlflow``; ``servetune run --no-mlflow`` leaves MLflow
+    out."""
 
     @classmethod
     def settings_customise_sources(

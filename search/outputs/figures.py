@@ -35,6 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 from runners.engines import engine_for
 from runners.telemetry import allocation_text
 from search.outputs.dashboard import save_plotly_graph_object
+from search.outputs.sink import Publication, SinkContext
 from search.strategy.confirm import is_launch, origin
 from search.strategy.front import Goal, configurations, non_dominated
 from search.strategy.memory import SKIP_Z
@@ -51,6 +52,7 @@ __all__ = [
     "SLO_RATE_FIGURE_ID",
     "Boundary",
     "FiguresCallback",
+    "FiguresSink",
     "concurrency_curves",
     "memory_ladder",
     "oom_map",
@@ -897,3 +899,27 @@ def _fmt(value: Any) -> str:
 def _short(name: str) -> str:
     return {"mem_fraction_static": "mem", "cuda_graph_max_bs": "graph bs",
             "num_continuous_decode_steps": "decode steps"}.get(name, name.removeprefix("nccl."))
+
+
+class FiguresSink:
+    """The dashboard figures as a run's output (:mod:`search.outputs.sink`): redrawn after each finished trial
+    on a worker thread (:class:`FiguresCallback`); closing waits for the last redraw, so the report's own
+    figures are stored after it."""
+
+    name = "figures"
+
+    def __init__(self) -> None:
+        self.callback = FiguresCallback(background=True)
+
+    @classmethod
+    def open(cls, context: SinkContext) -> FiguresSink:
+        return cls()
+
+    def on_trial(self, view: StudyView, trial: FrozenTrial) -> None:
+        self.callback(view, trial)
+
+    def close(self) -> None:
+        self.callback.close()
+
+    def publish(self, view: StudyView, publication: Publication) -> None:
+        pass

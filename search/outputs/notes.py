@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial
 from search._optuna_compat import note_target
 from search.outputs.dashboard import save_note
 from search.outputs.explain import optuna_best, study_note_markdown, why_not
+from search.outputs.sink import Publication, SinkContext
 from search.outputs.text import THIN_HEADROOM_GIB, figure_text, fmt, levels_table, memory_table, unit
 from search.strategy.choice import CHOICE_ATTR, NO_CHOICE_YET
 from search.strategy.view import StudyView
@@ -27,8 +28,8 @@ from search.trial.records import TrialFacts
 #: 700-character OOM line would make the trial page thousands of pixels wide.
 LOG_WIDTH = 100
 
-__all__ = ["LOG_WIDTH", "NotesCallback", "note_markdown", "notes_callback", "oom_lines", "write_choice_notes",
-           "write_note"]
+__all__ = ["LOG_WIDTH", "NotesCallback", "NotesSink", "note_markdown", "notes_callback", "oom_lines",
+           "write_choice_notes", "write_note"]
 
 logger = logging.getLogger(__name__)
 
@@ -168,3 +169,26 @@ class NotesCallback:
 def notes_callback() -> NotesCallback:
     """A study callback ``(view, frozen_trial) -> None`` that saves each trial's note and never raises."""
     return NotesCallback()
+
+
+class NotesSink:
+    """The dashboard notes as a run's output (:mod:`search.outputs.sink`): each finished trial's note. The
+    study's note and the choice's are written with the report (:func:`search.outputs.html.publish`)."""
+
+    name = "notes"
+
+    def __init__(self) -> None:
+        self.callback = NotesCallback()
+
+    @classmethod
+    def open(cls, context: SinkContext) -> NotesSink:
+        return cls()
+
+    def on_trial(self, view: StudyView, trial: FrozenTrial) -> None:
+        self.callback(view, trial)
+
+    def close(self) -> None:
+        pass
+
+    def publish(self, view: StudyView, publication: Publication) -> None:
+        pass

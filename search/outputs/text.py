@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any, TypeGuard
 
 from runners.printable import printable
+from runners.telemetry import MemoryFigures
 from search.trial.records import LevelResult
 
 __all__ = ["MEMORY_LABELS", "THIN_HEADROOM_GIB", "cell", "escape", "figure_text", "fmt", "format_duration",
@@ -15,27 +16,8 @@ __all__ = ["MEMORY_LABELS", "THIN_HEADROOM_GIB", "cell", "escape", "figure_text"
 #: of headroom was a crash waiting for a prefill burst).
 THIN_HEADROOM_GIB = 2.0
 
-MEMORY_LABELS: dict[str, str] = {
-    "gpu_total_gib": "GPU total (GiB)",
-    "mem_fraction_static": "mem_fraction_static (as run)",
-    "cuda_graph_max_bs": "cuda_graph_max_bs (as run)",
-    "avail_before_weights_gib": "available before weights (GiB)",
-    "weights_gib": "weights (GiB)",
-    "avail_after_weights_gib": "available after weights (GiB)",
-    "kv_tokens": "KV cache tokens",
-    "kv_gib": "KV cache (GiB)",
-    "avail_after_kv_gib": "available after KV pool (GiB)",
-    "graph_gib": "CUDA graphs (GiB)",
-    "free_after_capture_gib": "free after CUDA graph capture (GiB)",
-    "max_total_num_tokens": "max_total_num_tokens",
-    "max_running_requests": "max_running_requests",
-    "chunked_prefill_size": "chunked_prefill_size",
-    "context_len": "context_len",
-    "oom_phase": "OOM phase",
-    "tried_to_allocate_gib": "OOM: tried to allocate (GiB)",
-    "free_at_oom_gib": "OOM: free at the time (GiB)",
-    "smi_peak_used_mib": "nvidia-smi peak used (GiB)",
-}
+#: Each memory figure's label, in the order a server allocates memory (from the one schema of them).
+MEMORY_LABELS: dict[str, str] = MemoryFigures.labels()
 
 
 def levels_table(levels: Sequence[LevelResult]) -> list[str]:

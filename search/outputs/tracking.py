@@ -85,11 +85,13 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from runners.errors import ServetuneError, StudyError, first_line
+from runners.telemetry import MemoryFigures
 from search.outputs.explain import study_note_markdown
 from search.outputs.notes import note_markdown
+from search.outputs.sink import Publication, SinkContext, SinkUnavailable
 from search.outputs.status import study_status
 from search.settings import DEFAULT_TRACKING_URI
-from search.storage import redact, sqlite_file
+from search.storage import artifact_store, redact, sqlite_file
 from search.strategy.view import StudyView
 from search.trial.records import FACTS_ATTR, MEM_PREFIX, TrialFacts
 from spaces.schema import OBJECTIVE_UNITS
@@ -101,8 +103,9 @@ if TYPE_CHECKING:
 
     from search._optuna_compat import ArtifactStore
 
-__all__ = ["DEFAULT_ARTIFACT_ROOT", "DEFAULT_TRACKING_URI", "RECORD_ARTIFACT", "MlflowCallback", "MlflowTracker",
-           "SyncResult", "experiment_url", "record_document", "run_name", "run_status", "shared_view", "simulated"]
+__all__ = ["DEFAULT_ARTIFACT_ROOT", "DEFAULT_TRACKING_URI", "RECORD_ARTIFACT", "MlflowCallback", "MlflowSink",
+           "MlflowTracker", "SyncResult", "experiment_url", "record_document", "run_name", "run_status",
+           "shared_view", "simulated"]
 
 logger = logging.getLogger(__name__)
 
@@ -165,8 +168,7 @@ TAG_ROLE = "servetune.role"
 #: Level figures that describe the request rather than measure the server: params ``workload.<name>``.
 WORKLOAD_PARAMS = ("burstiness", "seed", "random_range_ratio", "time_scale", "request_rate", "dataset_name")
 #: Memory figures that are settings (as the engine resolved them) or constants of the host and model: params.
-MEM_PARAMS = ("gpu_total_gib", "mem_fraction_static", "cuda_graph_max_bs", "chunked_prefill_size", "context_len",
-              "avail_before_weights_gib", "weights_gib", "max_running_requests", "sim_speed")
+MEM_PARAMS = (*MemoryFigures.settings(), "sim_speed")
 #: Engines whose every trial is simulated, skips included (a skip launched nothing, so its record says nothing).
 SIMULATED_ENGINES = ("sim",)
 _FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -615,6 +617,42 @@ class MlflowCallback:
             logger.warning("MLflow logging failed at trial %d: %s; the study goes on without MLflow for this "
                            "run (back-fill later with `servetune sync-mlflow --study %s`)",
                            trial.number, _one_line(exc), study_name)
+
+
+class MlflowSink:
+    """MLflow tracking as a run's output (:mod:`search.outputs.sink`): each finished trial a child run, logged on
+    a worker thread (:class:`MlflowCallback`); at the end, the trials an outage missed back-filled and the
+    parent run finished with the report's figures and HTML (:meth:`MlflowTracker.end_run`)."""
+
+    name = "mlflow"
+
+    def __init__(self, tracker: MlflowTracker, callback: MlflowCallback) -> None:
+        self.tracker = tracker
+        self.callback = callback
+
+    @classmethod
+    def open(cls, context: SinkContext) -> MlflowSink:
+        """The tracker and its trial callback, checked once for the run: an MLflow that cannot be written is
+        :class:`~search.outputs.sink.SinkUnavailable` (one line) instead of costing every trial its retries."""
+        settings, name = context.settings, context.study
+        tracker = MlflowTracker(settings.mlflow_uri, optuna_artifact_store=artifact_store(settings.artifacts_dir))
+        try:
+            tracker.check(name)
+        except ServetuneError as exc:
+            raise SinkUnavailable(f"mlflow: {exc}; this run does not log to MLflow "
+                                  f"(back-fill later with `servetune sync-mlflow --study {name}`)") from None
+        return cls(tracker, tracker.callback(background=True))
+
+    def on_trial(self, view: StudyView, trial: FrozenTrial) -> None:
+        self.callback(view, trial)
+
+    def close(self) -> None:
+        pass  # the queue is drained when the parent run is finished (publish)
+
+    def publish(self, view: StudyView, publication: Publication) -> None:
+        """Back-fill first if an outage broke the trials' logging; then the parent run is FINISHED. Raises
+        StudyError while MLflow is down (the run's summary says so)."""
+        self.tracker.end_run(view, self.callback, figures=publication.figures, report=publication.report_html)
 
 
 # ---- what a run holds ------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from runners.errors import validation_line
-from runners.telemetry import FailureKind, Phase, Telemetry
+from runners.telemetry import FailureKind, MemoryFigures, Phase, Telemetry
 from search._optuna_compat import known_params, set_trial_system_attr, set_trial_user_attr
 from search.storage import RECORD_ATTR
 from spaces.launch import LaunchConfig
@@ -212,33 +212,12 @@ class RateStepFacts(BaseModel):
     violations: list[str] = Field(default_factory=list)
 
 
-class MemoryFacts(BaseModel):
-    """A trial's memory telemetry (GiB unless the name says otherwise): the figures its server's log and
-    nvidia-smi showed (:class:`~runners.telemetry.Telemetry`), None where not seen. An engine's own figures
+class MemoryFacts(MemoryFigures):
+    """A trial's memory telemetry: the figures its server's log and nvidia-smi showed
+    (:class:`~runners.telemetry.MemoryFigures`, the one schema), None where not seen. An engine's own figures
     beyond these (``swa_tokens``, ``kv_mode``...) are kept as extras (:meth:`figure` reads either)."""
 
     model_config = ConfigDict(extra="allow")
-
-    gpu_total_gib: float | None = None
-    mem_fraction_static: float | None = None
-    """As the engine resolved it (the searched value, or the engine's default)."""
-    cuda_graph_max_bs: int | None = None
-    chunked_prefill_size: int | None = None
-    context_len: int | None = None
-    avail_before_weights_gib: float | None = None
-    weights_gib: float | None = None
-    avail_after_weights_gib: float | None = None
-    kv_tokens: int | None = None
-    kv_gib: float | None = None
-    avail_after_kv_gib: float | None = None
-    graph_gib: float | None = None
-    free_after_capture_gib: float | None = None
-    max_total_num_tokens: int | None = None
-    max_running_requests: int | None = None
-    oom_phase: str | None = None
-    tried_to_allocate_gib: float | None = None
-    free_at_oom_gib: float | None = None
-    smi_peak_used_mib: float | None = None
 
     def figures(self) -> dict[str, Any]:
         """Every figure that was seen, named ones first, then the engine's extras."""

@@ -144,3 +144,27 @@ def test_the_dashboard_attrs_are_short_and_the_record_keeps_the_whole_reason() -
     assert all(len(str(v)) <= 200 for v in trial.user_attrs.values())
     assert trial.user_attrs["role"] == "search"
     assert TrialFacts.from_trial(trial).reason == reason
+
+
+def test_one_schema_of_memory_figures() -> None:
+    """The memory figures are written once (runners.telemetry.MemoryFigures): what a run fills, what a trial
+    stores, the outputs' labels and MLflow's params are that schema."""
+    from runners.telemetry import MemoryFigures, Telemetry
+    from search.outputs.text import MEMORY_LABELS
+    from search.outputs.tracking import MEM_PARAMS
+    from search.trial.records import MemoryFacts
+
+    names = MemoryFigures.names()
+    assert tuple(MemoryFacts.model_fields) == names
+    assert tuple(Telemetry.model_fields) == (*names, "simulated", "extra")
+    assert tuple(MEMORY_LABELS) == names and MEMORY_LABELS["free_after_capture_gib"] == \
+        "free after CUDA graph capture (GiB)"
+    assert set(MEM_PARAMS) - {"sim_speed"} == {"gpu_total_gib", "mem_fraction_static", "cuda_graph_max_bs",
+                                               "chunked_prefill_size", "context_len", "avail_before_weights_gib",
+                                               "weights_gib", "max_running_requests"}
+    tele = Telemetry(simulated=True)
+    tele.weights_gib = 12.5
+    tele.merge({"kv_gib": 40.0, "swa_tokens": 1024, "graph_gib": None})
+    assert tele.to_dict() == {"weights_gib": 12.5, "kv_gib": 40.0, "simulated": True, "swa_tokens": 1024}
+    facts = MemoryFacts.model_validate(tele.to_dict())
+    assert facts.figure("swa_tokens") == 1024 and facts.weights_gib == 12.5
