@@ -74,7 +74,7 @@ def run_study(space: Space, settings: Settings, *, study_name: str | None = None
     the trial events and results (its budget is set here); the dashboard figures are redrawn after each
     trial. Before the study ends, the ``confirm_k`` best distinct configurations are launched
     ``confirm_repeats`` more times each, and the one chosen on them ``confirm_final`` more times: its
-    reported figure is the median of those (:mod:`search.strategy.confirm`; in a ``pareto`` study, those of the front
+    reported figure is the mean of those (:mod:`search.strategy.confirm`; in a ``pareto`` study, those of the front
     nearest its ideal point are repeated, :mod:`search.strategy.front`). ``warm_start`` names earlier studies in
     the same storage to start from (``auto``: all on the same cards, model, engine version and fixed args;
     :mod:`search.strategy.warm`). ``early_stop``: a search launch whose target level's first requests show it

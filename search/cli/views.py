@@ -21,7 +21,8 @@ from runners.events import LevelDone, PhaseReached
 from search.cli.safe import safe_write
 from search.outputs.status import StudyStatus
 from search.outputs.text import figure_text, format_duration
-from search.strategy.confirm import Confirmed, skip_summary
+from search.strategy.choice import Choice
+from search.strategy.confirm import skip_summary
 from search.strategy.view import Counts, StudyView
 from search.trial.objective import Benchmarking, HostChosen, TrialEvent
 from search.trial.records import TrialFacts, value_text
@@ -339,7 +340,7 @@ def _print_best(console: Console, view: StudyView, space: Space) -> None:
     if choice.basis == "confirmed" and confirmed is not None:
         console.print(f"[green]best[/] (confirmed over {confirmed.launches} launches, spread "
                       f"{confirmed.spread:.1%}): trial {best.number}, {space.objective.scored_by}="
-                      f"{choice.value:.4g}{sim} ({_reported_from(confirmed)}) at C={space.target_level}  "
+                      f"{choice.value:.4g}{sim} ({_reported_from(choice)}) at C={space.target_level}  "
                       f"{escape('[' + params + ']')}", soft_wrap=True)
     else:
         console.print(f"[green]best[/]: trial {best.number}, {space.objective.scored_by}={choice.value:.4g}{sim} "
@@ -464,9 +465,10 @@ def _figure(value: float, metric: str, level: int | None) -> str:
     return figure_text(value, metric, level) if metric else f"{value:.1f}"
 
 
-def _reported_from(confirmed: Confirmed) -> str:
-    """Which launches the confirmed figure is the median of."""
-    if confirmed.final:
-        interval = f", ±{confirmed.interval:.1%} (90%)" if confirmed.interval is not None else ""
-        return f"mean of the {confirmed.final} launches made after it was chosen{interval}"
-    return "median of the repeats"
+def _reported_from(choice: Choice) -> str:
+    """What the confirmed figure is (the mean of the final launches, with its interval; the median of the
+    repeats), as the choice says it."""
+    confirmed = choice.confirmed
+    interval = (f", ±{confirmed.interval:.1%} (90%)" if confirmed is not None and confirmed.interval is not None
+                else "")
+    return choice.reported_text() + interval

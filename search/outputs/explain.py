@@ -16,14 +16,13 @@ It explains :attr:`search.strategy.view.StudyView.choice` (computed once by
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from optuna.trial import TrialState
 
 from search.outputs.text import escape, fmt, unit
-from search.strategy.confirm import forced_settings, origin
+from search.strategy.choice import SCREENING_RULE, Candidate, Choice, TieBreak, Verdict
+from search.strategy.confirm import origin
 from search.strategy.view import StudyView
 from search.trial.records import ROLES, TrialFacts
 
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 __all__ = ["CHOICE_FIGURE_ID", "Screened", "choice_figure", "optuna_best", "screened", "screened_table",
-           "study_note_markdown", "trial_rows", "why_not"]
+           "study_note_markdown", "trial_rows", "verdict_text", "why_not"]
 
 #: The dashboard graph object's id (also the MLflow figure's and the report's).
 CHOICE_FIGURE_ID = "servetune-choice"
@@ -44,40 +43,8 @@ _LAUNCH_MARKS: dict[str, tuple[str, str, str]] = {
 }
 
 
-@dataclass(frozen=True)
-class Screened:
-    """One configuration the choice was made among: its first launch and every launch of it."""
-
-    first: TrialFacts
-    launches: tuple[TrialFacts, ...]
-    chosen: bool
-
-    @property
-    def number(self) -> int:
-        return self.first.number
-
-    @property
-    def values(self) -> list[float]:
-        """The figures of its launches that finished COMPLETE, in trial order."""
-        return [float(t.value) for t in self.launches if t.state == TrialState.COMPLETE and t.value is not None]
-
-    @property
-    def died(self) -> list[TrialFacts]:
-        """Its launches that did not finish the benchmark (an OOM on a repeat...)."""
-        return [t for t in self.launches if t.state != TrialState.COMPLETE]
-
-    @property
-    def median(self) -> float | None:
-        values = self.values
-        return statistics.median(values) if values else None
-
-    @property
-    def spread(self) -> float | None:
-        """(max - min) / median of its launches' figures; None with fewer than two."""
-        values, med = self.values, self.median
-        if len(values) < 2 or not med:
-            return None
-        return (max(values) - min(values)) / med
+Screened = Candidate
+"""One configuration the choice was made among (:class:`search.strategy.choice.Candidate`)."""
 
 
 def _launch_role(t: TrialFacts) -> str:
@@ -96,77 +63,77 @@ def optuna_best(view: StudyView) -> TrialFacts | None:
     return view.record(number)
 
 
-def screened(view: StudyView) -> list[Screened]:
+def screened(view: StudyView) -> list[Candidate]:
     """The configurations the choice was made among, best median first: every configuration the screening
-    repeated, the chosen one and the one Optuna calls best (with no screening, just those two)."""
+    repeated, the chosen one and the one Optuna calls best (with no screening, just those two); each the
+    choice's own :class:`~search.strategy.choice.Candidate`, with its verdict."""
     choice = view.choice
-    origins: list[int] = []
-    for t in view.records:
-        if t.confirmation_of is not None and t.confirmation_of not in origins:
-            origins.append(t.confirmation_of)
+    if choice is None:
+        return []
     best = optuna_best(view)
-    for extra in (choice.number if choice is not None else None, origin(best) if best is not None else None):
-        if extra is not None and extra not in origins:
-            origins.append(extra)
-    out = []
-    for number in origins:
-        first = view.record(number)
-        if first is None:
-            continue
-        launches = tuple(view.launches_of(number)) or (first,)
-        out.append(Screened(first, launches, choice is not None and choice.number == number))
+    extra = origin(best) if best is not None else None
+    out = [c for c in choice.candidates if c.chosen or c.screened or c.number == extra]
     sign = -1.0 if view.goal.senses[0] == "maximize" else 1.0
     return sorted(out, key=lambda s: (not s.chosen, sign * (s.median if s.median is not None else -sign * 1e300)))
 
 
 def why_not(view: StudyView, rec: TrialFacts) -> str | None:
     """Why trial ``rec`` (in practice :func:`optuna_best`) is not servetune's choice, in a sentence; None when
-    it is the choice (or there is none)."""
+    it is the choice (or there is none). It renders the verdict :func:`~search.strategy.choice.choose` gave."""
     choice = view.choice
     if choice is None or rec.number == choice.number:
         return None
+    cand = choice.candidate(rec)
+    return None if cand is None else verdict_text(view, choice, cand, rec)
+
+
+def verdict_text(view: StudyView, choice: Choice, cand: Candidate, rec: TrialFacts | None = None) -> str | None:
+    """The sentence for ``cand``'s verdict (None for the chosen one), ``rec`` the launch asked about."""
+    rec = rec or cand.first
     metric = rec.objective_metric or "objective"
     u = f" {unit(metric)}" if unit(metric) else ""
     figure = f"{fmt(rec.value)}{u}" if rec.value is not None else "no figure"
-    if origin(rec) == choice.number:
-        return (f"it is one launch ({figure}) of the chosen configuration (trial {choice.number}); the choice's "
-                f"figure, {fmt(choice.value)}{u}, is {choice.why()}, not its best single launch.")
-    first = view.record(origin(rec)) or rec
-    mine = Screened(first, tuple(view.launches_of(first.number)) or (first,), chosen=False)
-    chosen = Screened(choice.record, choice.launches, chosen=True)
-    noise = chosen.spread
-    noise_text = f" (the chosen configuration's own launches spread over {noise:.0%})" if noise else ""
-    if mine.died:
-        dead = ", ".join(f"trial {t.number} ({t.label})" for t in mine.died)
-        return f"its configuration died on a repeat: {dead}; a configuration that died on any launch is out."
-    values = mine.values
-    if len(values) <= 1:
-        screening = any(t.role == "screening" for t in view.records)
-        ranked = (" The screening repeated the configurations ranked best once what the other launches say about "
-                  "their knobs was counted (the pooled estimate); this one ranked below them."
-                  if screening else "")
-        return (f"one launch, never repeated: {figure} is a single draw of a noisy measurement{noise_text}, "
-                f"and servetune chooses on repeated launches.{ranked}")
-    launches = ", ".join(fmt(v) for v in values)
-    own = f"its {len(values)} launches gave {launches} (median {fmt(mine.median)}{u})"
-    versus = f"the choice's median over the launches it was chosen on is {fmt(_chosen_on_median(choice))}{u}"
-    sign = 1.0 if view.goal.senses[0] == "maximize" else -1.0
-    mine_med, their_med = mine.median or 0.0, _chosen_on_median(choice) or 0.0
-    if sign * (mine_med - their_med) < 0:
-        return f"repeated lower: {own}; {versus}."
-    plain_mine, plain_chosen = forced_settings(rec.params), forced_settings(choice.record.params)
-    if plain_chosen < plain_mine:
-        return (f"within noise: {own}, {versus}; the measurements cannot tell them apart, and the choice forces "
-                f"fewer settings ({plain_chosen} environment override(s) against {plain_mine}).")
-    return (f"within noise: {own}, {versus}; ranked with what the other launches say about its knobs (the "
+    chosen_on = f"the choice's median over the launches it was chosen on is {fmt(choice.chosen_on)}{u}"
+    match cand.verdict:
+        case Verdict.CHOSEN:
+            return None
+        case Verdict.LAUNCH_OF_CHOICE:
+            return (f"it is one launch ({figure}) of the chosen configuration (trial {choice.number}); the "
+                    f"choice's figure, {fmt(choice.value)}{u}, is {choice.why()}, not its best single launch.")
+        case Verdict.INFEASIBLE:
+            broke = "; ".join(f"trial {t.number}: {t.reason or 'infeasible (no reason recorded)'}"
+                              for t in cand.infeasible)
+            return f"infeasible: it broke a limit ({broke}); an infeasible configuration is never recommended."
+        case Verdict.DIED:
+            dead = ", ".join(f"trial {t.number} ({t.label})" for t in cand.died)
+            return f"died on a launch: {dead}; a configuration that died on any launch is out."
+        case Verdict.BELOW_HEADROOM:
+            free = cand.first.free_after_capture_gib
+            return (f"below the headroom bar: {fmt(free) if free is not None else 'no'} GiB free after CUDA graph "
+                    f"capture, under --min-free-gib {fmt(choice.min_free_gib)}.")
+        case Verdict.ON_FRONT:
+            return (f"on the front, not picked: the rule ({choice.rule.describe() if choice.rule else 'knee'}) "
+                    f"picked trial {choice.number}.")
+        case Verdict.OFF_FRONT:
+            return "off the front: another configuration is at least as good on every metric."
+        case Verdict.ONE_LAUNCH:
+            noise = choice.spread
+            noise_text = f" (the chosen configuration's own launches spread over {noise:.0%})" if noise else ""
+            ranked = (" The screening repeated the configurations ranked best once what the other launches say "
+                      "about their knobs was counted (the pooled estimate); this one ranked below them."
+                      if any(t.role == "screening" for t in view.records) else "")
+            return (f"one launch, never repeated: {figure} is a single draw of a noisy measurement{noise_text}, "
+                    f"and servetune chooses on repeated launches.{ranked}")
+    values = cand.values
+    own = f"its {len(values)} launches gave {', '.join(fmt(v) for v in values)} (median {fmt(cand.median)}{u})"
+    if cand.verdict == Verdict.REPEATED_LOWER:
+        return f"repeated lower: {own}; {chosen_on}."
+    if cand.tie_break == TieBreak.PLAINER and cand.forced is not None:
+        mine, theirs = cand.forced
+        return (f"within noise: {own}, {chosen_on}; the measurements cannot tell them apart, and the choice forces "
+                f"fewer settings ({theirs} environment override(s) against {mine}).")
+    return (f"within noise: {own}, {chosen_on}; ranked with what the other launches say about its knobs (the "
             f"pooled estimate), the choice comes out ahead.")
-
-
-def _chosen_on_median(choice: Any) -> float | None:
-    confirmed = choice.confirmed
-    if confirmed is not None:
-        return float(confirmed.median)
-    return float(choice.value) if choice.value is not None else None
 
 
 def trial_rows(view: StudyView) -> list[dict[str, Any]]:
@@ -210,7 +177,7 @@ def screened_table(view: StudyView) -> list[str]:
         if s.chosen:
             verdict = f"**chosen**: {fmt(choice.value)}" + (f" {u}" if u else "") + " reported"
         else:
-            reason = why_not(view, s.first)
+            reason = verdict_text(view, choice, s)
             verdict = "not chosen" + (f": {reason.split(':', 1)[0]}" if reason else "")
         spread = f"{s.spread:.1%}" if s.spread is not None else "-"
         cells = [f"#{s.number}" + (" (chosen)" if s.chosen else ""), launches, fmt(s.median), spread,
@@ -221,6 +188,8 @@ def screened_table(view: StudyView) -> list[str]:
         reason = why_not(view, best)
         out += [f"Optuna's best trial (optuna-dashboard's *Best Trial* card) is **trial {best.number}** "
                 f"({fmt(best.value)}{' ' + u if u else ''}), not the choice: {reason}", ""]
+    if any(s.screened for s in rows):
+        out += [f"Why these were screened: {SCREENING_RULE}", ""]
     roles = sorted({t.role for s in rows for t in s.launches})
     out.append("Roles: " + "; ".join(f"*{r}*: {ROLES[r]}" for r in roles) + ".")
     return out

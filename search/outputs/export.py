@@ -299,7 +299,7 @@ def _header(view: StudyView, rec: TrialFacts, version: str, bar: float, now: dat
         at = f" at concurrency {level}" if level is not None else ""
         value = f"{rec.value:.2f}" if rec.value is not None else "?"
         unit = OBJECTIVE_UNITS.get(metric, "")
-        # The one figure servetune reports for it, and what it is the median of.
+        # The one figure servetune reports for it, and what that figure is (a mean, a median, one launch).
         lines.append(f"objective: {metric}{at} = {value}{' ' + unit if unit else ''} ({_basis(choice, rec)}; "
                      f"{view.direction.name.lower()})")
     lines.append(_launches_line(view, rec.number))
@@ -328,13 +328,10 @@ def _header(view: StudyView, rec: TrialFacts, version: str, bar: float, now: dat
 
 
 def _basis(choice: Choice | None, rec: TrialFacts) -> str:
-    """What the exported figure is: the figure the choice reports (the mean of the final launches, else the median
-    of its launches), or one launch's."""
-    confirmed = choice.confirmed if choice is not None and choice.number == rec.number else None
-    if confirmed is not None and confirmed.final:
-        return f"mean of the {confirmed.final} launches made after it was chosen"
-    if confirmed is not None and confirmed.launches > 1:
-        return f"median of its {confirmed.launches} launches"
+    """What the exported figure is: for the choice, what its reported figure is (:meth:`Choice.reported_text`);
+    for another trial, its one launch's."""
+    if choice is not None and choice.number == rec.number:
+        return choice.reported_text()
     return "one launch"
 
 

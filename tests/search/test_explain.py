@@ -32,7 +32,7 @@ from search.outputs.html import publish
 from search.outputs.report import report_markdown
 from search.strategy.choice import CHOICE_ATTR
 from search.strategy.view import StudyView
-from tests.fixtures.trials import build_study
+from tests.fixtures.trials import build_study, make_trial
 from tests.search.test_one_choice import FINALS, launch
 
 REPORTED = statistics.median(FINALS)
@@ -85,6 +85,7 @@ def test_study_note_names_the_choice_first(view: StudyView) -> None:
     assert "Optuna's best trial (optuna-dashboard's *Best Trial* card) is **trial 2** (2500.0 tok/s), not the " \
            "choice: one launch, never repeated" in note
     assert "| #0 (chosen) | #0 2200.0 (probe); #4 2230.0 (screening); #5 2150.0 (final)" in note
+    assert "Why these were screened: The screening repeats the 3 configurations ranked best" in note
 
 
 def test_figure_marks_the_choice_and_shows_every_launch(view: StudyView) -> None:
@@ -105,6 +106,9 @@ def test_report_says_how_the_winner_was_chosen(view: StudyView) -> None:
     assert part.lstrip().startswith("servetune chose **trial 0**: confirmed on 5 launches")
     assert "| #2 | #2 2500.0 (search) | 2500.0 | - |" in part
     assert "not chosen: one launch, never repeated |" in part
+    from search.strategy.choice import SCREENING_RULE
+    assert f"Why these were screened: {SCREENING_RULE}" in part  # the rule, once, in one sentence
+    assert SCREENING_RULE.count(". ") == 0 and SCREENING_RULE.endswith(".")
     assert text.index("## Verdict") < text.index("## How the winner was chosen") < text.index("## Trials")
 
 
@@ -123,3 +127,45 @@ def test_publish_writes_the_notes_and_the_figure(view: StudyView, tmp_path: Path
     chosen = get_note_from_system_attrs(attrs, trial_id(trials[0]))["body"]
     assert "**servetune's choice**" in chosen
     assert trials[2].state == TrialState.COMPLETE
+
+
+def test_the_choice_returns_its_reasons_as_verdicts(view: StudyView) -> None:
+    """``choose`` gives every launched configuration a typed verdict; the outputs render it, none re-derives it."""
+    from search.strategy.choice import Reported, Verdict
+
+    choice = view.choice
+    assert choice is not None and choice.reported == Reported.FINAL_MEAN
+    verdicts = {c.number: c.verdict for c in choice.candidates}
+    assert verdicts == {0: Verdict.CHOSEN, 1: Verdict.REPEATED_LOWER, 2: Verdict.ONE_LAUNCH}
+    assert [c.number for c in choice.candidates if c.screened] == [0, 1]
+    repeat = view.record(4)  # a screening repeat of the chosen configuration
+    assert repeat is not None and repeat.confirmation_of == 0
+    launch_of = choice.candidate(repeat)
+    assert launch_of is not None and launch_of.verdict == Verdict.LAUNCH_OF_CHOICE
+    reason = why_not(view, repeat)
+    assert reason is not None and reason.startswith("it is one launch (2230.0 tok/s) of the chosen configuration")
+    assert choice.reported_text() == "mean of the 3 launches made after it was chosen"
+    assert "mean of the 3 launches" in choice.why() and "median" not in choice.why()
+
+
+def test_died_infeasible_and_within_noise_verdicts(tmp_path: Path) -> None:
+    from search.strategy.choice import TieBreak, Verdict
+
+    died = make_trial(state=TrialState.PRUNED, mfs=0.9, cgbs=256, outcome="oom", phase="decode", start_min=3)
+    broke = launch(0.82, 64, 2600.0, 4)
+    broke.system_attrs = {**broke.system_attrs, "constraints": (4.5,)}
+    trials = [launch(0.80, 128, 2200.0, 0), launch(0.84, 64, 2190.0, 1), died, broke,
+              launch(0.80, 128, 2210.0, 6, confirmation_of=0), launch(0.84, 64, 2215.0, 7, confirmation_of=1)]
+    v = StudyView.of(build_study(f"sqlite:///{tmp_path / 'v.db'}", "verdicts", trials))
+    choice = v.choice
+    assert choice is not None
+    got = {c.number: c for c in choice.candidates}
+    assert got[2].verdict == Verdict.DIED and got[3].verdict == Verdict.INFEASIBLE
+    other = 1 if choice.number == 0 else 0
+    assert got[other].verdict in (Verdict.WITHIN_NOISE, Verdict.REPEATED_LOWER)
+    if got[other].verdict == Verdict.WITHIN_NOISE:
+        assert got[other].tie_break == TieBreak.POOLED  # neither forces an environment setting
+    rec2, rec3 = v.record(2), v.record(3)
+    assert rec2 is not None and rec3 is not None
+    assert (why_not(v, rec2) or "").startswith("died on a launch: trial 2 (oom)")
+    assert (why_not(v, rec3) or "").startswith("infeasible: it broke a limit (trial 3: ")
