@@ -632,7 +632,7 @@ def _recover(study: optuna.Study, hosts: Sequence[Host], *, grace: float) -> lis
         if facts.host not in names or facts.controller in live:
             continue
         log.warning("trial %d was left RUNNING on %s by a controller that stopped: it will be failed once "
-                    "its heartbeat is stale, and retried", trial.number, host)
+                    "its heartbeat is stale, and retried", trial.number, facts.host)
         with contextlib.suppress(UpdateFinishedTrialError):
             mark_interrupted(study, trial, STALE_REASON)
     return stopped
