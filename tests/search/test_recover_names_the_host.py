@@ -14,7 +14,7 @@ from search.trial.records import TrialFacts, write_facts
 
 
 class _Host:
-    """What recovery asks of a host: its name, its orphans, its live leases, its controller."""
+    """What recovery asks of a host: its name, its orphans, its hold's live leases, its controller."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -23,7 +23,11 @@ class _Host:
     def cleanup_orphans(self, *, grace: float) -> list[RunRef]:
         return []
 
-    def live_leases(self) -> list[Lease]:
+    @property
+    def hold(self) -> _Host:
+        return self
+
+    def live(self) -> list[Lease]:
         return []
 
 
