@@ -24,7 +24,7 @@ Changes to this module are additive: a new member gets a default in every implem
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from runners.host.gpu import HostInfo
@@ -163,7 +163,7 @@ class Placement(Protocol):
         ...
 
     # ---- ranks and ports --------------------------------------------------------------------------------
-    def rank_hosts(self, nodes: int) -> list[Placement]:
+    def rank_hosts(self, nodes: int) -> Sequence[Placement]:
         """The placements, head first, of a server of ``nodes`` ranks that this one runs by itself."""
         ...
 

@@ -9,10 +9,12 @@ parametrisation of the contract suite (:mod:`runners.placement.contract`). An en
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from runners.errors import ConfigError
 from runners.host import DEFAULT_HOST_DIR, Host
 from runners.inventory import HostSpec, open_host, transport_for
+from runners.placement.protocol import Placement
 from runners.slurm import SlurmHost
 from runners.ssh import DEFAULT_SSH_CONFIG
 
@@ -36,6 +38,10 @@ def _slurm(spec: HostSpec, ssh_config: str | None, connect_timeout: float, host_
                       cluster=spec.name, slot=i, runs_root=spec.runs_root, env=spec.env, python=spec.python)
             for i in range(1, spec.slurm.max_jobs + 1)]
 
+
+if TYPE_CHECKING:  # mypy checks each kind against the protocol, member by member
+    def _conforms(process_group: Host, slurm: SlurmHost) -> tuple[Placement, Placement]:
+        return process_group, slurm
 
 _REGISTRY: dict[str, Opener] = {
     "process-group": _process_group,
