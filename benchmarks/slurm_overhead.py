@@ -31,7 +31,8 @@ from optuna.trial import TrialState
 sys.path.insert(0, str(ROOT))  # the test suite's fixtures start the cluster and the sshd
 
 from runners.host import Host
-from runners.inventory import HostSpec, open_hosts
+from runners.inventory import HostSpec
+from runners.placement.registry import open_placements
 from search.driver.hosts import sim_env
 from search.driver.run import RunOptions, run_search
 from search.trial.records import TrialFacts
@@ -94,7 +95,7 @@ def main() -> None:
         slurm_ssh = sshd.spec(known, name="cluster-ssh", env=cluster.env, runs_root=str(wd / "runs-slurm-ssh"),
                               slurm=SLURM)
         for name, spec in (("ssh", ssh_spec), ("slurm (local)", slurm_local), ("slurm (ssh)", slurm_ssh)):
-            results[name] = _run(name, wd, space_path, open_hosts(spec, ssh_config=None), args.trials)
+            results[name] = _run(name, wd, space_path, open_placements(spec, ssh_config=None), args.trials)
     finally:
         cluster.stop()
         sshd.stop()

@@ -23,8 +23,9 @@ an inventory file::
         slurm: {partition: gpu, account: proj1, time_limit: "02:00:00", max_jobs: 4}
 
 :func:`open_host` turns a spec into a :class:`runners.host.Host` on an SSH transport, or on the local
-transport when ``address`` is the literal ``local``; :func:`open_hosts` turns a Slurm entry into its
-``max_jobs`` job slots (:class:`runners.slurm.SlurmHost`).
+transport when ``address`` is the literal ``local``. An entry's ``kind:`` (default: ``slurm`` with a ``slurm:``
+mapping, else ``process-group``) names its placement; :func:`runners.placement.registry.open_placements` opens
+any kind (a Slurm entry as its ``max_jobs`` job slots, :class:`runners.slurm.SlurmHost`).
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from runners.errors import ConfigError, did_you_mean
 from runners.host import DEFAULT_HOST_DIR, Host
-from runners.slurm import SlurmHost, SlurmSpec
+from runners.slurm import SlurmSpec
 from runners.ssh import DEFAULT_SSH_CONFIG, SSHTransport
 from runners.transport import LocalTransport, Transport
 
-__all__ = ["LOCAL", "GroupSpec", "HostSpec", "Inventory", "load_inventory", "open_host", "open_hosts",
-           "parse_inventory", "parse_inventory_file", "read_inventory"]
+__all__ = ["LOCAL", "GroupSpec", "HostSpec", "Inventory", "load_inventory", "open_host", "parse_inventory",
+           "parse_inventory_file", "read_inventory", "transport_for"]
 
 LOCAL = "local"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -77,6 +78,9 @@ class HostSpec(BaseModel):
     node_address: str | None = Field(
         default=None, description="the address the other nodes of a group reach this host at (the head's is the "
         "dist-init address); None: `address`, or 127.0.0.1 for `local`")
+    kind: str | None = Field(default=None, description="the placement that runs this entry's servers "
+                             "(runners.placement.registry): process-group or slurm; None: slurm with a `slurm:` "
+                             "mapping, else process-group")
     slurm: SlurmSpec | None = Field(default=None, description="this host is a Slurm cluster reached through "
                                     "this login node: each trial is one batch job (see the Slurm page)")
     price_per_gpu_hour: float | None = Field(
@@ -241,35 +245,24 @@ def read_inventory(path: str | Path) -> Inventory:
     return parse_inventory_file(data, source=str(path))
 
 
-def open_hosts(
-    spec: HostSpec, *, ssh_config: str | None = DEFAULT_SSH_CONFIG, connect_timeout: float = 10.0,
-    host_dir: str = DEFAULT_HOST_DIR,
-) -> list[Host]:
-    """The hosts of one inventory entry: the host itself, or a Slurm cluster's ``max_jobs`` job slots
-    (``name#1``, ``name#2``, ...; each its own connection to the login node)."""
-    if spec.slurm is None:
-        return [open_host(spec, ssh_config=ssh_config, connect_timeout=connect_timeout, host_dir=host_dir)]
-    return [SlurmHost(_transport(spec, f"{spec.name}#{i}", ssh_config, connect_timeout), spec.slurm,
-                      cluster=spec.name, slot=i, runs_root=spec.runs_root, env=spec.env, python=spec.python)
-            for i in range(1, spec.slurm.max_jobs + 1)]
-
-
 def open_host(
     spec: HostSpec, *, ssh_config: str | None = DEFAULT_SSH_CONFIG, connect_timeout: float = 10.0,
     host_dir: str = DEFAULT_HOST_DIR,
 ) -> Host:
-    """A :class:`Host` for ``spec``; nothing connects until the first command. ``host_dir`` is used unless
-    the spec names its own. A Slurm entry: its first job slot (:func:`open_hosts` gives them all)."""
+    """A process-group :class:`Host` for ``spec``; nothing connects until the first command. ``host_dir`` is
+    used unless the spec names its own. Every kind of entry, Slurm's job slots included:
+    :func:`runners.placement.registry.open_placements`."""
     if spec.slurm is not None:
-        return open_hosts(spec, ssh_config=ssh_config, connect_timeout=connect_timeout)[0]
-    transport = _transport(spec, spec.name, ssh_config, connect_timeout)
+        raise ConfigError(f"host {spec.name!r} is a Slurm cluster: open it with "
+                          "runners.placement.registry.open_placements")
+    transport = transport_for(spec, spec.name, ssh_config, connect_timeout)
     node_address = spec.node_address or ("127.0.0.1" if spec.is_local else spec.address)
     return Host(transport, runs_root=spec.runs_root, env=spec.env, server_port=spec.server_port,
                 python=spec.python, host_dir=spec.host_dir or host_dir, node_address=node_address,
                 price_per_gpu_hour=spec.price_per_gpu_hour)
 
 
-def _transport(spec: HostSpec, name: str, ssh_config: str | None, connect_timeout: float) -> Transport:
+def transport_for(spec: HostSpec, name: str, ssh_config: str | None, connect_timeout: float) -> Transport:
     transport: Transport
     if spec.is_local:
         transport = LocalTransport(name=name)

@@ -39,6 +39,32 @@ from runners.telemetry import Failure
 from runners.transport import LineStream, Transport
 
 
+class LeaseHold:
+    """The hold of a process-group host (:class:`runners.placement.protocol.Hold`): the leases and the claim
+    in the host's GPU folder (:mod:`runners.host.leases`), which every controller on the machine shares."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    def renew(self, lease: Lease, *, timeout: float = 15.0) -> None:
+        self.host.renew_lease(lease, timeout=timeout)
+
+    def drop(self, controller: str, *, timeout: float = 15.0) -> None:
+        self.host.drop_lease(controller, timeout=timeout)
+
+    def live(self) -> list[Lease]:
+        return self.host.live_leases()
+
+    def holder(self) -> Lease | None:
+        return self.host.holder()
+
+    def claim(self, *, timeout: float = 15.0) -> Claim:
+        return self.host.claim(timeout=timeout)
+
+    def release(self, *, timeout: float = 15.0) -> None:
+        self.host.release_claim(timeout=timeout)
+
+
 class Host(Shell):
     """One GPU host: a transport plus where runs live, extra environment and how to call nvidia-smi.
 
@@ -75,6 +101,15 @@ class Host(Shell):
         when it is the head)."""
         #: The controller this host's servers belong to; :func:`search.run.run_search` sets a fresh one.
         self.controller_id = default_controller_id()
+
+    #: The placement registry's name for this kind (:mod:`runners.placement.registry`): servers as process
+    #: groups on a machine reached by the local or the SSH transport.
+    kind = "process-group"
+
+    @property
+    def hold(self) -> LeaseHold | None:
+        """The leases and claim on this host's GPUs, shared with every controller on the machine."""
+        return LeaseHold(self)
 
     def launch_port(self) -> int | None:
         """The port the next server binds (see :func:`runners.host.ports.launch_port`)."""

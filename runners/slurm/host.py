@@ -39,7 +39,7 @@ import runners.host.gpu as gpu
 import runners.host.ports as ports
 import runners.host.runs as runs
 from runners.errors import ConfigError, HostMisconfigured, RunnerError
-from runners.host import Claim, Host, HostInfo, Lease, Resources, RunRef, StopResult
+from runners.host import Host, HostInfo, Resources, RunRef, StopResult
 from runners.host.ports import Holder
 from runners.host.shell import Shell, env_value, plain_name
 from runners.slurm.jobs import COMMENT_TAG, FAULTS, JobInfo, SlurmClient
@@ -154,29 +154,13 @@ class SlurmHost(Host):
         self._cancelled: set[str] = set()
         """Jobs servetune cancelled itself: their CANCELLED is no fault."""
 
-    # ---- what a cluster does not need --------------------------------------------------------------
+    kind = "slurm"
 
-    def renew_lease(self, lease: Lease, *, timeout: float = 15.0) -> None:
-        """No lease: Slurm decides who gets the GPUs."""
-
-    def drop_lease(self, controller: str, *, timeout: float = 15.0) -> None:
-        """No lease to drop."""
-
-    def leases(self, *, timeout: float = 15.0) -> tuple[float, list[Lease]]:
-        return time.time(), []
-
-    def live_leases(self) -> list[Lease]:
-        return []
-
-    def holder(self) -> Lease | None:
+    @property
+    def hold(self) -> None:
+        """None: no lease and no claim; Slurm decides who gets the GPUs (a job slot is this controller's own,
+        and Slurm queues what does not fit)."""
         return None
-
-    def claim(self, *, timeout: float = 15.0) -> Claim:
-        """Always granted: a job slot is this controller's own, and Slurm queues what does not fit."""
-        return Claim(True)
-
-    def release_claim(self, *, timeout: float = 15.0) -> None:
-        """Nothing to give back."""
 
     spans_nodes = True
 

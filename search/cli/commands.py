@@ -477,8 +477,11 @@ def _line(text: str) -> None:
 
 def _held_by(host: Any) -> str:
     """Who holds ``host`` now (its claim), and which other controllers have a live lease on it."""
-    holder = host.holder()
-    others = [lease for lease in host.live_leases() if holder is None or lease.controller != holder.controller]
+    hold = host.hold
+    if hold is None:  # a scheduler decides who gets the GPUs: no lease, no claim
+        return "nobody"
+    holder = hold.holder()
+    others = [lease for lease in hold.live() if holder is None or lease.controller != holder.controller]
     parts = [f"running a trial: {holder.describe()}"] if holder is not None else []
     parts += [f"lease: {lease.describe()}" for lease in others]
     return "; ".join(parts) or "nobody"

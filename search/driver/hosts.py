@@ -15,7 +15,8 @@ from pathlib import Path
 
 from runners.errors import ConfigError
 from runners.host import ANY_FREE_PORT, DEFAULT_HOST_DIR, Host, HostGroup
-from runners.inventory import HostSpec, load_inventory, open_hosts, read_inventory
+from runners.inventory import HostSpec, load_inventory, read_inventory
+from runners.placement.registry import open_placements
 from runners.transport import LocalTransport
 from spaces.schema import Space
 
@@ -75,7 +76,7 @@ def build_hosts(space: Space, *, host_args: Sequence[str] = (), inventory: Path 
                                     host_dir=spec.host_dir or host_dir,
                                     price_per_gpu_hour=spec.price_per_gpu_hour))
         else:
-            hosts.extend(open_hosts(spec, host_dir=host_dir))  # a Slurm cluster: one host per job slot
+            hosts.extend(open_placements(spec, host_dir=host_dir))  # a Slurm cluster: one host per job slot
     unpriced = [h.name for h in hosts if h.price_per_gpu_hour is None]
     if space.objective.needs_price and unpriced:
         raise ConfigError(f"the cost_per_mtok objective needs every host's price: set price_per_gpu_hour for "

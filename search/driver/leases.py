@@ -31,8 +31,12 @@ class Leases:
         """Hosts whose last renewal went through."""
 
     def renew(self, host: Host) -> None:
+        hold = host.hold
+        if hold is None:  # a scheduler decides who gets the GPUs: nothing to lease
+            self.held.add(host.name)
+            return
         try:
-            host.renew_lease(self.lease)
+            hold.renew(self.lease)
             self.held.add(host.name)
         except (RunnerError, ValueError) as exc:
             self.held.discard(host.name)
@@ -56,7 +60,10 @@ class Leases:
         if self._thread.is_alive():
             self._thread.join()
         for host in self.hosts:
+            hold = host.hold
+            if hold is None:
+                continue
             try:
-                host.drop_lease(self.lease.controller)
+                hold.drop(self.lease.controller)
             except RunnerError as exc:
                 log.warning("lease on %s not removed (it expires by itself): %s", host.name, exc)

@@ -278,8 +278,12 @@ class _Run:
         for host in slot.hosts:  # a group's hosts are claimed all or none
             if self.leases is not None:
                 self.leases.ensure(host)
+            hold = host.hold
+            if hold is None:  # a scheduler decides who gets the GPUs: nothing to claim
+                claimed.append(host)
+                continue
             try:
-                claim = host.claim()
+                claim = hold.claim()
             except RunnerError as exc:
                 self._give_back(claimed, slot)
                 return exc
@@ -294,8 +298,11 @@ class _Run:
 
     def _give_back(self, hosts: Sequence[Host], slot: HostSlot) -> None:
         for host in hosts:
+            hold = host.hold
+            if hold is None:
+                continue
             try:
-                host.release_claim()
+                hold.release()
             except RunnerError as exc:  # the claim is broken by others once our lease has expired
                 log.warning("could not give back the claim on %s (%s): %s", host.name, slot.name, exc)
 
@@ -625,14 +632,17 @@ def _recover(study: optuna.Study, hosts: Sequence[Host], *, grace: float) -> lis
     names = {h.name for h in hosts}
     live: set[str] = set()
     for host in hosts:
+        hold = host.hold
+        if hold is None:
+            continue
         with contextlib.suppress(RunnerError):
-            live |= {lease.controller for lease in host.live_leases() if lease.controller != host.controller_id}
+            live |= {lease.controller for lease in hold.live() if lease.controller != host.controller_id}
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         facts = TrialFacts.from_trial(trial)
         if facts.host not in names or facts.controller in live:
             continue
         log.warning("trial %d was left RUNNING on %s by a controller that stopped: it will be failed once "
-                    "its heartbeat is stale, and retried", trial.number, host)
+                    "its heartbeat is stale, and retried", trial.number, facts.host)
         with contextlib.suppress(UpdateFinishedTrialError):
             mark_interrupted(study, trial, STALE_REASON)
     return stopped

@@ -26,7 +26,8 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from runners.events import ServerReady
-from runners.inventory import load_inventory, open_hosts
+from runners.inventory import load_inventory
+from runners.placement.registry import open_placements
 from runners.slurm.jobs import ACTIVE
 from search.driver.run import RunOptions, run_search
 from search.storage import create_or_load, open_storage
@@ -97,7 +98,7 @@ def search(wd: Path, space_path: Path, inv: Path, enqueue: list[dict[str, Any]],
     st = create_or_load(open_storage(url), study)
     for params in enqueue:
         st.enqueue_trial(params)
-    hosts = [h for spec in load_inventory(inv) for h in open_hosts(spec, ssh_config=None)]
+    hosts = [h for spec in load_inventory(inv) for h in open_placements(spec, ssh_config=None)]
     options = RunOptions(study_name=study, storage_url=url, artifacts_dir=wd / "artifacts", n_trials=n_trials,
                          timeout=None, seed=3, smi_interval=0.5, hook=hook, confirm_k=0)
     try:

@@ -10,7 +10,8 @@ import pytest
 
 from runners.errors import ConfigError
 from runners.host import Resources
-from runners.inventory import open_hosts, parse_inventory
+from runners.inventory import parse_inventory
+from runners.placement.registry import open_placements
 from runners.slurm import SlurmHost, SlurmSpec, job_script
 from runners.slurm.jobs import parse_comment
 
@@ -21,10 +22,9 @@ def _entry(**slurm: Any) -> dict[str, Any]:
 
 def test_a_slurm_entry_opens_as_its_job_slots_without_leases() -> None:
     spec = parse_inventory(_entry(partition="gpu", max_jobs=3))[0]
-    hosts = open_hosts(spec)
+    hosts = open_placements(spec)
     assert [h.name for h in hosts] == ["cluster#1", "cluster#2", "cluster#3"]
-    assert all(isinstance(h, SlurmHost) and h.claim().ok for h in hosts)
-    assert hosts[0].live_leases() == []
+    assert all(isinstance(h, SlurmHost) and h.kind == "slurm" and h.hold is None for h in hosts)
 
 
 @pytest.mark.parametrize(("slurm", "message"), [

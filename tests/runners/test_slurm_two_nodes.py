@@ -28,7 +28,8 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from runners.inventory import load_inventory, open_hosts
+from runners.inventory import load_inventory
+from runners.placement.registry import open_placements
 from runners.slurm.jobs import ACTIVE
 from search.driver.hosts import sim_env
 from search.driver.run import RunOptions, run_search
@@ -104,7 +105,7 @@ def test_a_two_node_server_is_one_job_and_a_rank_1_oom_is_pruned_naming_the_rank
     study = create_or_load(open_storage(url), "two")
     study.enqueue_trial({"mem_fraction_static": 0.89})
     study.enqueue_trial({"mem_fraction_static": 0.85})
-    hosts = [h for spec in load_inventory(inv) for h in open_hosts(spec, ssh_config=None)]
+    hosts = [h for spec in load_inventory(inv) for h in open_placements(spec, ssh_config=None)]
     try:
         assert hog.stdout is not None
         hog.stdout.readline()  # registered on node 2's GPUs
