@@ -37,9 +37,12 @@ def sim_calibration(space: Space) -> str | None:
         return None
 
 
-def free_flag_problem(space: Space, engine: Engine, version: str | None) -> str | None:
+def free_flag_problem(space: Space, engine: Engine, version: str | None, *,
+                      with_fixed_args: bool = True) -> str | None:
     """One line naming the first free flag or variable of ``space`` that the engine release at ``version`` (None:
-    the newest tabled) would refuse, or that servetune owns, or None."""
+    the newest tabled) would refuse, or that servetune owns, or None; then the first of its ``fixed_args`` that
+    release's parser would refuse (:func:`fixed_args_release_problem`; left to the caller with
+    ``with_fixed_args=False``)."""
     knob_spellings = {f: k for k in engine.knob_flags for f in {engine.knob_flag(k, v) for v in _SPELLING_VERSIONS}}
     table = engine.flag_table(version)
     for flag, spec in space.knobs.flags.items():
@@ -62,13 +65,21 @@ def free_flag_problem(space: Space, engine: Engine, version: str | None) -> str 
         problem = table.env_problem(var) if table is not None else None
         if problem is not None:
             return f"knobs.env: {problem}"
-    return None
+    return fixed_args_release_problem(space, engine, version) if with_fixed_args else None
+
+
+def fixed_args_release_problem(space: Space, engine: Engine, version: str | None) -> str | None:
+    """One line naming the first of ``space``'s ``fixed_args`` that the parser of the engine release at ``version``
+    (None: the newest tabled) would refuse (a flag it does not have, a value it does not take), or None."""
+    table = engine.flag_table(version)
+    problem = table.args_problem(space.fixed_args, also=engine.tp_flags) if table is not None else None
+    return None if problem is None else f"fixed_args: {problem}; every trial would die of it"
 
 
 def engine_problem(space: Space) -> str | None:
     """One line naming what the engine's flag table says every trial of ``space`` would lose, or None."""
     engine = engine_of(space)
-    problem = free_flag_problem(space, engine, space.engine.version)
+    problem = free_flag_problem(space, engine, space.engine.version, with_fixed_args=False)
     if problem is not None:
         return problem
     searched = [k for k in space.knobs.named]
@@ -81,7 +92,7 @@ def engine_problem(space: Space) -> str | None:
         var = engine.env_knobs.get(knob)
         if var is not None and var in space.env:
             return f"env: env sets {var}, which knob {knob} searches; remove it from env"
-    return None
+    return fixed_args_release_problem(space, engine, space.engine.version)
 
 
 def load_checked_space(path: str | Path) -> Space:

@@ -22,10 +22,11 @@ NODES_PARAM = "nodes"
 
 def engine_options(space: Space) -> dict[str, Any]:
     """The engine-specific settings a space gives its engine (the simulated host's profile, speed, seed and
-    version; nothing for a real engine): what ``runners.engines.get_engine`` takes as ``options``."""
+    version; for vLLM on the CPU its device, which decides how it is started): what
+    ``runners.engines.get_engine`` takes as ``options``."""
     sim = space.engine.sim
     if sim is None:
-        return {}
+        return {"device": "cpu"} if space.engine.kind == "vllm" and space.engine.device == "cpu" else {}
     options: dict[str, Any] = {"profile": sim.profile, "speed": sim.speed}
     if sim.seed is not None:
         options["seed"] = sim.seed

@@ -1,6 +1,12 @@
 """Which NCCL settings are legal, by NCCL version (env.rst, src/graph/tuning.cc, 2.31's src/tuning/cost_model.cc):
 each variable alone, the combinations that fail together, and the ones that run but are unsafe.
 
+The list grammar is NCCL's ``parseList`` (``src/graph/tuning.cc``). From 2.24 a list is ``;``-separated
+entries, each ``func:items`` or, for the first entry only, bare ``items`` ("All entries except the first must
+have a prefix", ncclInvalidUsage: ``allreduce:tree;ring`` is refused on every NCCL that reads entries). Before
+2.24 the whole value is one comma list (``parseList(str, elems, ...)`` of v2.23.4): a ``;`` or ``func:`` token
+matches no algorithm and is silently dropped, so the per-collective form leaves nothing enabled there.
+
 Rules that changed with NCCL are keyed by the version: since 2.24 a bare ``NCCL_ALGO`` list applies to every
 collective with no fallback to Ring; since 2.31 a list that names only some collectives (``allreduce:tree``)
 leaves the others without an algorithm when a bare ``NCCL_PROTO`` forces every collective. The newest rules are
@@ -24,11 +30,14 @@ _NVLS = {"nvls", "nvlstree"}
 _LEVELS = {"LOC", "NVL", "PIX", "PXB", "PHB", "SYS"}
 SAFE_ALGO = "ring;allreduce:tree"
 """The spelling that forces Tree where it exists (AllReduce) and keeps Ring for every other collective: legal on
-every NCCL (vLLM writes it for NCCL 2.31, vllm-project/vllm#58179)."""
+every NCCL from 2.24 (vLLM writes it for NCCL 2.31, vllm-project/vllm#58179); before 2.24 the comma form
+``tree,ring`` is the one that parses."""
 
 NcclVersion = tuple[int, int, int]
-NCCL_NEWEST: NcclVersion = (2, 31, 2)
+NCCL_NEWEST: NcclVersion = (2, 32, 3)
 """The newest NCCL whose rules servetune knows (its rules are the strictest)."""
+#: Since 2.24 NCCL_ALGO/NCCL_PROTO are per-collective entries (``func:items;...``); before, one comma list.
+PER_COLLECTIVE: NcclVersion = (2, 24, 0)
 #: Since 2.24 a bare NCCL_ALGO list applies to every collective and never falls back to Ring (env.rst).
 NO_RING_FALLBACK: NcclVersion = (2, 24, 0)
 #: Since 2.31 NCCL_ALGO re-enables only the collectives it names (cost_model.cc, ncclTuningCostModelInit).
@@ -83,7 +92,11 @@ def forced(value: str, names: set[str]) -> bool:
 
 
 def _check_list(value: str, legal: set[str], what: str) -> None:
-    for func, body in _parts(value):
+    for i, (func, body) in enumerate(_parts(value)):
+        if i and not func:
+            raise ValueError(f"{what}={value}: every entry after the first needs a collective prefix "
+                             f"({', '.join(sorted(_FUNCS))}): NCCL refuses the list (src/graph/tuning.cc "
+                             f"parseList, ncclInvalidUsage); put the bare entry first, e.g. {SAFE_ALGO}")
         if func and func not in _FUNCS:
             raise ValueError(f"{what} collective {func!r} is not one of {sorted(_FUNCS)}")
         _negated, items = _items(body)
@@ -179,6 +192,14 @@ def _unnamed(value: str) -> list[str]:
 def _check_versioned(env: dict[str, str], searched: dict[str, list[str]], nccl: NcclVersion, where: str) -> None:
     """The rules that changed with NCCL, for version ``nccl`` (``where`` says where the version came from)."""
     algos = [v for v in nccl_values("NCCL_ALGO", env, searched) if v is not None]
+    if nccl < PER_COLLECTIVE:
+        for name in ("NCCL_ALGO", "NCCL_PROTO"):
+            for value in nccl_values(name, env, searched):
+                if value is not None and (";" in value or ":" in value):
+                    raise ValueError(
+                        f"{name}={value} is the per-collective form, which NCCL {version_text(nccl)} does not "
+                        f"parse ({where}; new in 2.24: before, the value is one comma list and a 'func:' or ';' "
+                        f"token matches nothing and is dropped): write a comma list, e.g. tree,ring")
     if nccl >= NO_RING_FALLBACK:
         for value in algos:
             for func, _body in _parts(value):

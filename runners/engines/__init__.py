@@ -31,8 +31,8 @@ def _sglang(options: Mapping[str, Any]) -> Engine:
 
 
 def _vllm(options: Mapping[str, Any]) -> Engine:
-    _check_options("vllm", options, set())
-    return VLLMEngine()
+    _check_options("vllm", options, {"device"})
+    return VLLMEngine(device=str(options.get("device") or "gpu"))
 
 
 def _sim(options: Mapping[str, Any]) -> Engine:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -68,6 +68,71 @@ class FlagTable:
                 return f"{flag}={value!r}: {problem} ({where})"
         return None
 
+    def resolve(self, flag: str) -> str | None:
+        """The flag ``flag`` names as the release's argparse reads it: the flag itself, its ``_``-for-``-``
+        spelling (vLLM's parser reads both), or the one flag it is a unique abbreviation of (argparse's
+        ``allow_abbrev``, on in both engines); None when it names none (unknown or ambiguous)."""
+        for name in dict.fromkeys((flag, flag.replace("_", "-"))):
+            if name in self.flags:
+                return name
+        longer = [f for f in self.flags if f.startswith(flag.replace("_", "-"))]
+        return longer[0] if len(longer) == 1 else None
+
+    def args_problem(self, args: Sequence[str], also: Iterable[str] = ()) -> str | None:
+        """One line naming the first of ``args`` (a space's ``fixed_args``, argv words) that this release's parser
+        would refuse: a long flag it does not have (or an ambiguous abbreviation), a switch given a value, a flag
+        left without its value, a value of the wrong kind or not among its choices; None when it takes them all.
+
+        ``also``: flags the engine takes that the table does not list (its short spellings, e.g. vLLM's ``-tp``).
+        Other single-dash words are not checked (the tables list long options only), nor are positionals."""
+        words = list(args)
+        extra = set(also)
+        i = 0
+        while i < len(words):
+            word = words[i]
+            i += 1
+            if not word.startswith("--") or len(word) < 3:
+                continue
+            given, eq, _value = word.partition("=")
+            if given in extra:
+                i += 0 if eq else 1
+                continue
+            name = self.resolve(given)
+            where = f"{self.engine} {self.release}"
+            if name is None:
+                close = [f for f in self.flags if f.startswith(given.replace("_", "-"))]
+                if len(close) > 1:
+                    return (f"{given} is ambiguous in {where}: it abbreviates {', '.join(sorted(close)[:4])}"
+                            f"{' ...' if len(close) > 4 else ''}; spell the flag out")
+                return f"{given} is not a flag of {where}{did_you_mean(given, self.flags)}"
+            problem, i = self._value_at(given, word, self.flags[name], words, i)
+            if problem is not None:
+                return problem
+        return None
+
+    def _value_at(self, given: str, word: str, spec: Flag, words: Sequence[str], i: int) -> tuple[str | None, int]:
+        """What is wrong with the value(s) of flag ``given`` (the word ``word``, whose values start at ``words[i]``),
+        and the index of the next word."""
+        where = f"{self.engine} {self.release}"
+        _flag, eq, inline = word.partition("=")
+        if spec.kind == "switch":
+            return (f"{given} is a switch in {where}: it takes no value (got {word!r})" if eq else None), i
+        if spec.kind == "list":
+            if eq:
+                return None, i
+            start = i
+            while i < len(words) and not _is_flag(words[i]):
+                i += 1
+            return (f"{given} needs at least one value in {where}" if i == start else None), i
+        if eq:
+            value = inline
+        elif i < len(words) and not _is_flag(words[i]):
+            value, i = words[i], i + 1
+        else:
+            return f"{given} needs a value ({spec.kind}) in {where}", i
+        problem = _value_problem(spec, _typed(spec, value))
+        return (None if problem is None else f"{given} {value}: {problem} ({where})"), i
+
     def env_problem(self, name: str) -> str | None:
         """Why ``name`` is not a variable this release reads (engine-prefixed names only), or None."""
         if not name.startswith(self.env_prefix) or name in self.env:
@@ -90,6 +155,24 @@ def _value_problem(spec: Flag, value: Any) -> str | None:
     if spec.choices is not None and spec.kind != "list" and str(value) not in spec.choices:
         return f"not one of its choices{did_you_mean(str(value), spec.choices)}; allowed: {', '.join(spec.choices)}"
     return None
+
+
+def _is_flag(word: str) -> bool:
+    """Whether argparse reads ``word`` as an option (``-0.5`` and ``-1`` are values)."""
+    return word.startswith("-") and len(word) > 1 and not re.fullmatch(r"-\d+(?:\.\d*)?(?:[eE][-+]?\d+)?", word)
+
+
+def _typed(spec: Flag, text: str) -> Any:
+    """A fixed argument's text as the kind of value its flag takes (left as text when it is not one, so that
+    :func:`_value_problem` names what is wrong)."""
+    try:
+        if spec.kind == "int":
+            return int(text)
+        if spec.kind == "float":
+            return float(text)
+    except ValueError:
+        return text
+    return text
 
 
 def flag_args(flag: str, value: Any) -> list[str]:

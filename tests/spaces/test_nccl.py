@@ -103,3 +103,21 @@ def test_the_newest_rules_are_assumed_and_a_version_parses_or_is_one_line() -> N
             parse_nccl_version(bad)
     with pytest.raises(ValueError, match=f"NCCL {version_text(NCCL_NEWEST)}"):
         check_nccl_combinations({}, {"NCCL_ALGO": ["allreduce:tree"], "NCCL_PROTO": ["LL"]}, nvls_off=False)
+
+
+@pytest.mark.parametrize(("name", "value"), [("NCCL_ALGO", "allreduce:tree;ring"), ("NCCL_ALGO", "ring;tree"),
+                                            ("NCCL_PROTO", "allgather:simple;^ll")])
+def test_every_entry_after_the_first_needs_a_collective_prefix(name: str, value: str) -> None:
+    # NCCL's parseList (src/graph/tuning.cc, 2.24+): "All entries except the first must have a prefix".
+    with pytest.raises(ValueError, match="every entry after the first needs a collective prefix"):
+        check_nccl(name, value)
+    check_nccl("NCCL_ALGO", "ring;allreduce:tree")
+
+
+def test_before_2_24_only_the_comma_form_parses() -> None:
+    for value in ("ring;allreduce:tree", "allreduce:tree"):
+        with pytest.raises(ValueError, match=r"per-collective form, which NCCL 2\.23\.4 does not parse"):
+            check_nccl_combinations({}, {"NCCL_ALGO": [value]}, nvls_off=False, nccl=(2, 23, 4), where="test")
+    check_nccl_combinations({}, {"NCCL_ALGO": ["tree,ring"]}, nvls_off=False, nccl=(2, 23, 4), where="test")
+    check_nccl_combinations({}, {"NCCL_ALGO": ["ring;allreduce:tree"]}, nvls_off=False, nccl=(2, 24, 0), where="t")
+    assert NCCL_NEWEST == (2, 32, 3)

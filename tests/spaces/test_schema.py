@@ -94,7 +94,7 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("value", "needle"),
     [
-        ("Tree", "NCCL_ALGO=Tree leaves every collective without Ring, which fails on NCCL 2.31.2 (assumed: the "
+        ("Tree", "NCCL_ALGO=Tree leaves every collective without Ring, which fails on NCCL 2.32.3 (assumed: the "
                  "newest servetune knows; set engine.nccl, or the run reads the host's; no fallback to Ring since "
                  "2.24: SGLang's TP AllGather has no algorithm): write ring;allreduce:tree"),
         ("allreduce:NVLSTree", "NVLSTree needs more than one node"),
