@@ -33,7 +33,7 @@ from runners.errors import HostUnreachable, RunnerError
 from runners.events import EventSink, FatalSeen, LevelDone, PhaseReached, ServerEvent, ServerReady
 from runners.host import Host, Resources, RunRef, StopResult
 from runners.host.shell import Shell
-from runners.loadgen import EXIT_STOPPED
+from runners.loadgen import EXIT_STOPPED, IMPLAUSIBLE
 from runners.logkeep import LogKeep
 from runners.smi import GpuStatus
 from runners.telemetry import Failure, FailureKind, Phase
@@ -713,6 +713,10 @@ class ServerSession:
             log.warning("could not stop the load generator after its early look: %s", exc)
 
     def _bench_end(self, code: int | None, result: BenchResult) -> Failure | None:
+        lie = next((e for level in result.levels for e in level.get("errors") or ()
+                    if isinstance(e, str) and e.startswith(IMPLAUSIBLE)), None)
+        if lie is not None:  # the server's figures contradict what was asked: no figure of it is believed
+            return Failure(FailureKind.IMPLAUSIBLE_FIGURE, self.parser.phase, lie)
         failed = any(level.get("failed") for level in result.levels)
         if code == 0 and result.levels and not failed:
             return None
