@@ -75,6 +75,13 @@ EXIT_OK = 0
 EXIT_BAD_ARGS = 2
 EXIT_LEVEL_FAILED = 3
 EXIT_STOPPED = 4
+#: A request's error when the server reported more tokens than it was asked for: more output tokens than
+#: ``max_tokens`` (with ``ignore_eos`` a server gives exactly that many), or a prompt longer than the ids sent
+#: (a BOS token or a chat template adds a few). Beyond :data:`TOKEN_SLACK` (a share, plus
+#: :data:`TOKEN_SLACK_ABS` tokens) the figure is a lie, and the request does not count as completed.
+IMPLAUSIBLE = "implausible token count"
+TOKEN_SLACK = 0.05
+TOKEN_SLACK_ABS = 8
 
 MAX_ERRORS = 5
 
@@ -380,7 +387,15 @@ def stream_request(target: Target, api: BenchApi, model: str, prompt: list[int],
         _on_sim_clock(result, sim)
     else:
         result.sim_arrival = result.sim_end = None
-    return _completed(result, finish_reason)
+    return _completed(result, finish_reason, output_len, len(prompt))
+
+
+def _implausible(reported: int, asked: int, what: str) -> str:
+    """The error line when ``reported`` tokens exceed the ``asked`` ones beyond the slack, else ""."""
+    if reported <= asked * (1 + TOKEN_SLACK) + TOKEN_SLACK_ABS:
+        return ""
+    return (f"{IMPLAUSIBLE}: the server reported {reported} {what} tokens for {asked} sent or asked (allowed: "
+            f"{TOKEN_SLACK:.0%} + {TOKEN_SLACK_ABS} more)")
 
 
 def _on_sim_clock(result: RequestResult, sim: list[tuple[float, int, bool]]) -> None:
@@ -396,8 +411,13 @@ def _on_sim_clock(result: RequestResult, sim: list[tuple[float, int, bool]]) -> 
     result.e2e = result.sim_end - arrival
 
 
-def _completed(result: RequestResult, finish_reason: Any) -> RequestResult:
-    """``result`` marked ok, or with the error that says why a stream that ended is not a completed request."""
+def _completed(result: RequestResult, finish_reason: Any, asked: int, sent: int) -> RequestResult:
+    """``result`` marked ok, or with the error that says why a stream that ended is not a completed request
+    (``asked``: the output tokens asked for; ``sent``: the prompt's tokens)."""
+    lie = _implausible(result.output_tokens, asked, "output") or _implausible(result.input_tokens, sent, "prompt")
+    if lie:
+        result.error = lie
+        return result
     if result.ttft is None or result.output_tokens <= 0:
         result.error = "no tokens in the response stream"
         return result

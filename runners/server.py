@@ -33,10 +33,10 @@ from runners.errors import HostUnreachable, RunnerError
 from runners.events import EventSink, FatalSeen, LevelDone, PhaseReached, ServerEvent, ServerReady
 from runners.host import Host, Resources, RunRef, StopResult
 from runners.host.shell import Shell
-from runners.loadgen import EXIT_STOPPED
+from runners.loadgen import EXIT_STOPPED, IMPLAUSIBLE
 from runners.logkeep import LogKeep
 from runners.smi import GpuStatus
-from runners.telemetry import Failure, FailureKind, Phase
+from runners.telemetry import Failure, FailureKind, Phase, kind_of_error
 from runners.transport import LineStream
 
 log = logging.getLogger(__name__)
@@ -179,6 +179,7 @@ class ServerSession:
         self._changed = threading.Condition(self._lock)
         self._dead = threading.Event()
         self._lost = threading.Event()
+        self._lost_error: RunnerError | None = None
         self._closing = threading.Event()
         self._stream: LineStream | None = None
         self._threads: list[threading.Thread] = []
@@ -261,8 +262,8 @@ class ServerSession:
         while not self._closing.is_set():
             try:
                 stream = self.host.follow(self.ref)
-            except RunnerError:
-                self._mark_lost()
+            except RunnerError as exc:
+                self._mark_lost(exc)
                 return
             self._stream = stream
             seen = 0
@@ -285,8 +286,8 @@ class ServerSession:
             # Stream lost (connection dropped). Is the host still there?
             try:
                 alive = self.host.alive(self.ref)
-            except RunnerError:
-                self._mark_lost()
+            except RunnerError as exc:
+                self._mark_lost(exc)
                 return
             if not alive:
                 self._mark_dead(self.host.exit_code(self.ref))
@@ -300,10 +301,19 @@ class ServerSession:
             self._dead.set()
             self._changed.notify_all()
 
-    def _mark_lost(self) -> None:
+    def _mark_lost(self, exc: RunnerError | None = None) -> None:
         with self._changed:
+            self._lost_error = self._lost_error or exc
             self._lost.set()
             self._changed.notify_all()
+
+    def _lost_failure(self, reason: str) -> Failure:
+        """Why the host was lost: a permanent fault of the host (a host key that changed mid-run) is its own
+        kind and line, so the host is dropped at once; anything else is HOST_UNREACHABLE with ``reason``."""
+        exc = self._lost_error
+        if exc is not None and kind_of_error(exc) is not FailureKind.HOST_UNREACHABLE:
+            return Failure(kind_of_error(exc), self.parser.phase, str(exc))
+        return Failure(FailureKind.HOST_UNREACHABLE, self.parser.phase, reason)
 
     def _feed(self, line: str) -> None:
         with self._changed:
@@ -549,8 +559,7 @@ class ServerSession:
             if dying:
                 return self.failure()
             if lost:
-                return Failure(FailureKind.HOST_UNREACHABLE, self.parser.phase,
-                               f"lost {self.host.name} while the server was starting")
+                return self._lost_failure(f"lost {self.host.name} while the server was starting")
             now = time.monotonic()
             if now > deadline:
                 return Failure(FailureKind.STARTUP_TIMEOUT, self.parser.phase,
@@ -645,7 +654,7 @@ class ServerSession:
         try:
             stream = self._beside().stream(cmd)
         except RunnerError as exc:
-            result.failure = Failure(FailureKind.HOST_UNREACHABLE, Phase.SERVING, str(exc))
+            result.failure = Failure(kind_of_error(exc), Phase.SERVING, str(exc))
             return result
         lines: queue.Queue[str | None] = queue.Queue()
 
@@ -667,8 +676,7 @@ class ServerSession:
                     result.failure = self.failure()
                     break
                 if self._lost.is_set():
-                    result.failure = Failure(FailureKind.HOST_UNREACHABLE, self.parser.phase,
-                                             f"lost {self.host.name} during the benchmark")
+                    result.failure = self._lost_failure(f"lost {self.host.name} during the benchmark")
                     break
                 if time.monotonic() > deadline:
                     result.failure = Failure(FailureKind.BENCHMARK_TIMEOUT, self.parser.phase,
@@ -713,6 +721,10 @@ class ServerSession:
             log.warning("could not stop the load generator after its early look: %s", exc)
 
     def _bench_end(self, code: int | None, result: BenchResult) -> Failure | None:
+        lie = next((e for level in result.levels for e in level.get("errors") or ()
+                    if isinstance(e, str) and e.startswith(IMPLAUSIBLE)), None)
+        if lie is not None:  # the server's figures contradict what was asked: no figure of it is believed
+            return Failure(FailureKind.IMPLAUSIBLE_FIGURE, self.parser.phase, lie)
         failed = any(level.get("failed") for level in result.levels)
         if code == 0 and result.levels and not failed:
             return None
@@ -727,8 +739,9 @@ class ServerSession:
                 if not self.host.alive(self.ref):
                     with self._changed:
                         self._changed.wait_for(self._dead.is_set, timeout=2.0)
-            except RunnerError:
-                return Failure(FailureKind.HOST_UNREACHABLE, self.parser.phase, "host lost after the benchmark")
+            except RunnerError as exc:
+                self._mark_lost(exc)
+                return self._lost_failure("host lost after the benchmark")
         if self._dying() or self.parser.fatal is not None:
             with self._changed:
                 self._changed.wait_for(self._dead.is_set, timeout=_FATAL_TO_EXIT)

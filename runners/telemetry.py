@@ -64,6 +64,9 @@ class FailureKind(StrEnum):
     measured OOM)."""
     CONSTRAINT = "constraint"
     """Not launched: the configuration breaks one of the space's constraints between knobs."""
+    IMPLAUSIBLE_FIGURE = "implausible_figure"
+    """The server's own figures contradict what was asked (it reported more tokens than a request asked for,
+    beyond the tokenizer's slack): its throughput cannot be believed, so nothing is learnt from it."""
 
     @property
     def config_caused(self) -> bool:
@@ -90,6 +93,7 @@ CONFIG_CAUSED: dict[FailureKind, bool] = {
     FailureKind.DIST_INIT_TIMEOUT: False,  # a node that never joined: the hosts or the network, not the knobs
     FailureKind.CONSTRAINT: True,  # PRUNED without a launch: the sampler learns to stay inside the constraint
     FailureKind.PREDICTED_OOM: True,  # PRUNED without a launch: the sampler learns the region is infeasible
+    FailureKind.IMPLAUSIBLE_FIGURE: False,  # a server that lies about its tokens: never a figure, never a lesson
 }
 assert set(CONFIG_CAUSED) == set(FailureKind), "every FailureKind says whether the configuration caused it"
 

@@ -73,3 +73,21 @@ def test_a_dying_server_emits_the_fatal_line_it_logged(host: Host, tmp_path: Pat
     # The first fatal line is evidence (the scheduler's exception); the classification at the death names the OOM.
     assert len(fatal) == 1 and fatal[0].phase is Phase.CUDA_GRAPH, fatal
     assert not [e for e in events if isinstance(e, ServerReady)]
+
+
+def test_a_benchmark_whose_token_counts_contradict_the_ask_is_implausible_figure(host: Host, tmp_path: Path) -> None:
+    """The load generator beside a real simulated server, its slack made negative (so the server's true counts
+    exceed what it allows, as a lying server's would): the sweep's figures are not believed, the session's
+    failure is ``implausible_figure`` (FAIL), never a COMPLETE figure."""
+    events: list[ServerEvent] = []
+    with _session(host, tmp_path, {"mem_fraction_static": 0.7, "cuda_graph_max_bs": 8}, events) as s:
+        assert s.wait_ready(120) is None
+        assert s.ref is not None
+        copy = Path(s.ref.run_dir) / "loadgen.py"
+        copy.write_text(copy.read_text().replace("TOKEN_SLACK_ABS = 8", "TOKEN_SLACK_ABS = -4"))
+        plan = BenchPlan(api=s.engine.bench_api, levels=(1,), requests=(2,), input_len=32, output_len=8,
+                         warmup=0, model="m", timeout=60)
+        result = s.benchmark(plan, timeout=120)
+    assert result.failure is not None and result.failure.kind is FailureKind.IMPLAUSIBLE_FIGURE
+    assert not result.failure.kind.config_caused
+    assert result.failure.reason.startswith("implausible token count: the server reported 8 output tokens for 8")

@@ -4,17 +4,23 @@ actually runs (libraries inlined), and values reach them as data, never as code.
 
 from __future__ import annotations
 
+import os
+import pwd
 import shutil
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
+from shlex import quote as shlex_quote
 
 import pytest
 
+from runners.errors import RunnerError
 from runners.host import Host, Lease, shipped
 from runners.host.shell import Shell
 from runners.transport import LocalTransport
@@ -162,3 +168,81 @@ def test_http_get_says_when_nothing_listens(tmp_path: Path) -> None:
         port = server.getsockname()[1]
     res = Shell(LocalTransport(), runs_root=str(tmp_path)).run_script("http_get.sh", port, "/health", "1")
     assert res.rc == 7
+
+
+# ---- the shared folder and another local user ---------------------------------------------------------------
+
+
+@pytest.fixture
+def second_user() -> Iterator[pwd.struct_passwd]:
+    """A throwaway local user (made here, removed after): needs root and useradd."""
+    if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("setpriv"):
+        pytest.skip("needs root, useradd and setpriv to make a second local user")
+    name = f"stplant{os.getpid() % 100000}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+def _as(user: pwd.struct_passwd, script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+                           "sh", "-c", script], capture_output=True, text=True, check=False)
+
+
+def test_another_user_cannot_make_a_root_controller_write_through_a_planted_symlink(
+        second_user: pwd.struct_passwd) -> None:
+    """The GPU set's folder is shared by every local user: another user plants symlinks named like the files a
+    controller running as root writes there (the old tickets counter, the next queue ticket, its lease and the
+    lease's temporary file, the claim's file); the file they point to is never written, and root's own files there
+    cannot be removed or swapped by that user (the folders are sticky)."""
+    shared = Path(tempfile.mkdtemp(prefix="servetune-plant-", dir="/var/tmp"))
+    try:
+        shared.chmod(0o755)
+        victim = shared / "victim"
+        victim.write_text("precious\n")
+        a = Host(LocalTransport("plant"), runs_root=str(shared / "runs-a"), host_dir=str(shared / "host"))
+        b = Host(a.transport, runs_root=str(shared / "runs-b"), host_dir=a.host_dir)
+        a.controller_id, b.controller_id = "ctl-a", "ctl-b"
+        gpu = Path(a.gpu_dir())
+        for sub in (gpu, gpu / "leases", gpu / "queue"):
+            assert stat.S_IMODE(sub.stat().st_mode) == 0o1777, sub
+        planted = _as(second_user, f"""cd {shlex_quote(str(gpu))} || exit 1
+            for f in tickets queue/000000000001+ctl-a queue/000000000002+ctl-a leases/ctl-a.json leases/ctl-b.json; do
+              ln -s ../victim "$f" || exit 1
+            done""")
+        assert planted.returncode == 0, planted.stderr
+        for host in (b, a):
+            host.renew_lease(Lease(host.controller_id, os.getpid(), "here", "s", "sqlite:///s.db", ttl=60))
+        assert b.claim().ok
+        held = a.claim()  # a queues: a ticket is taken in line
+        assert not held.ok and held.holder is not None and held.holder.controller == "ctl-b"
+        assert victim.read_text() == "precious\n"
+        tickets = [t for t in (gpu / "queue").iterdir() if not t.is_symlink()]
+        assert [t.name.split("+")[1] for t in tickets] == ["ctl-a"] and tickets[0].stat().st_uid == 0
+        assert {x.controller for x in a.live_leases()} == {"ctl-a", "ctl-b"}
+        # Root's files in the sticky folders cannot be removed or swapped by the other user...
+        swap = _as(second_user, f"""cd {shlex_quote(str(gpu))} || exit 1
+            rm -f leases/ctl-a.json; rm -f claim.lock; mv -f tickets claim.lock; rm -rf claim; true""")
+        assert swap.returncode == 0
+        assert (gpu / "leases" / "ctl-a.json").is_file() and not (gpu / "claim.lock").is_symlink()
+        # ...while the claim's own folder (world-writable, so a dead user's claim can be taken over) can be planted
+        # in: the next claim still writes only its own new file.
+        b.release_claim()
+        planted = _as(second_user, f"""cd {shlex_quote(str(gpu))} && mkdir -p -m 777 claim &&
+            rm -f claim/controller && ln -s ../victim claim/controller""")
+        assert planted.returncode == 0, planted.stderr
+        b.drop_lease("ctl-b")
+        assert a.claim().ok
+        assert victim.read_text() == "precious\n"
+        assert not (gpu / "claim" / "controller").is_symlink() and a.holder() is not None
+        # A symlink planted where the lock is made is refused in one line, never opened.
+        a.release_claim()
+        (gpu / "claim.lock").unlink()
+        assert _as(second_user, f"ln -s ../victim {shlex_quote(str(gpu / 'claim.lock'))}").returncode == 0
+        with pytest.raises(RunnerError, match=r"claim\.lock is not a plain file"):
+            a.claim()
+        assert victim.read_text() == "precious\n"
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

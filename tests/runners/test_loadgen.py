@@ -34,6 +34,8 @@ class FakeServer(ThreadingHTTPServer):
         self.sim_speed: float | None = None
         self.fail_every: int = 0
         self.piece = "ab"
+        self.inflate = 1
+        """How many times the tokens it sent the server claims in its counts (a lying server: 1000)."""
         """The text of one token in an OpenAI chunk ("" for tokens that decode to part of a character)."""
         self.bodies: list[tuple[str, dict[str, Any]]] = []
         self.arrivals: list[float] = []
@@ -120,7 +122,7 @@ class Handler(BaseHTTPRequestHandler):
             if done:
                 time.sleep(self.server.gap)
             done = min(n, done + self.server.tokens_per_chunk)
-            meta = {"completion_tokens": done, "prompt_tokens": prompt,
+            meta = {"completion_tokens": done * self.server.inflate, "prompt_tokens": prompt,
                     "finish_reason": {"type": "length", "length": n} if done >= n else None}
             if self.server.cut_after is not None and done > self.server.cut_after:
                 return  # the server died mid-stream: no finish reason
@@ -143,7 +145,7 @@ class Handler(BaseHTTPRequestHandler):
             if done >= n:
                 self._done()
             self._chunk({"choices": [choice], "usage": None})
-        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n}
+        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n * self.server.inflate}
         self._chunk({"choices": [], "usage": usage})
 
 
@@ -241,6 +243,29 @@ def test_failed_requests_are_counted_with_their_errors(server: FakeServer,
     rec = records[0]
     assert (rec["completed"], rec["failed"]) == (2, 2)
     assert len(rec["errors"]) == 1 and rec["errors"][0].startswith("HTTP 500")
+
+
+@pytest.mark.parametrize("api", ["sglang", "openai"])
+def test_a_server_that_claims_more_tokens_than_asked_completes_no_request(
+        api: str, server: FakeServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """A server claiming 1000x the tokens asked for gives no throughput: each request is failed with one line
+    (the controller makes the trial FAIL ``implausible_figure`` from it), and no token of it is counted."""
+    server.inflate = 1000
+    code, records = run_main(common(server.url, api, **{"--levels": "1", "--requests": "3", "--warmup": "0"}),
+                             capsys)
+    assert code == 3
+    rec = records[0]
+    assert (rec["completed"], rec["failed"], rec["total_output_tokens"], rec["output_throughput"]) == (0, 3, 0, 0)
+    assert rec["errors"] == [f"{loadgen.IMPLAUSIBLE}: the server reported 5000 output tokens for 5 sent or asked "
+                             "(allowed: 5% + 8 more)"]
+
+
+def test_token_counts_within_the_slack_are_believed(server: FakeServer,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    server.inflate = 2  # 10 tokens for 5 asked: within 5% + 8
+    code, records = run_main(common(server.url, "openai", **{"--levels": "1", "--requests": "2", "--warmup": "0"}),
+                             capsys)
+    assert code == 0 and records[0]["completed"] == 2 and records[0]["total_output_tokens"] == 20
 
 
 def test_time_scale_auto_reads_a_simulated_host(server: FakeServer,

@@ -138,6 +138,7 @@ EXPECTED = {
     "startup_timeout": False, "benchmark_timeout": False, "host_unreachable": False, "host_busy": False,
     "host_config": False, "port_in_use": False, "stopped_from_outside": False, "scheduler": False,
     "interrupted": False, "infra": False, "predicted_oom": True, "dist_init_timeout": False, "constraint": True,
+    "implausible_figure": False,
 }
 
 

@@ -5,6 +5,7 @@ What every transport must do (run, stream, put, servers) is in tests/contracts/t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -27,10 +28,13 @@ from paramiko.ssh_exception import (
 from runners.errors import AuthError, ConfigError, HostBusy, HostKeyError, HostUnreachable, RunnerError
 from runners.host import Host, HostInfo, RunRef
 from runners.inventory import open_host
+from runners.server import BenchPlan
 from runners.ssh import SSHTransport, ssh_errors
+from runners.telemetry import FailureKind
 from tests.fixtures.hog import start_hog, stop_hog
 from tests.fixtures.procs import alive, gone, wait_for
 from tests.fixtures.sshd import SshServer, make_key, public_line, write_known_hosts
+from tests.runners.test_events import _session
 
 pytestmark = pytest.mark.ssh
 
@@ -395,3 +399,30 @@ def test_ssh_code_and_fixtures_name_only_loopback_addresses() -> None:
     for name in files:
         for addr in re.findall(r"\b\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b", (REPO / name).read_text()):
             assert addr.startswith("127."), f"{name}: {addr}"
+
+
+def test_a_host_key_that_changes_mid_run_is_a_permanent_host_fault_at_once(sshd: SshServer, tmp_path: Path) -> None:
+    """A real sshd, a real simulated server started through it: once it is ready the host's key no longer matches
+    known_hosts (the host reinstalled) and the connection drops. The reconnect's key error is the session's
+    failure, ``host_config`` with the ``ssh-keygen -R`` line (a permanent fault: the host is dropped at once),
+    never ``host_unreachable`` (a transient one, retried every cooldown)."""
+    known = write_known_hosts(tmp_path / "known_hosts", sshd)
+    host = open_host(sshd.spec(known, name="rekeyed", runs_root=str(tmp_path / "runs")), ssh_config=None)
+    session = _session(host, tmp_path, {"mem_fraction_static": 0.7, "cuda_graph_max_bs": 8}, [])
+    try:
+        session.start()
+        assert session.wait_ready(120) is None
+        known.write_text(f"{sshd.known_hosts_name} {public_line(make_key(tmp_path / 'other_host_key'))}\n")
+        host.transport.close()  # the connection drops; the next one meets the other key
+        plan = BenchPlan(api=session.engine.bench_api, levels=(1,), requests=(2,), input_len=32, output_len=8,
+                         warmup=0, model="m", timeout=60)
+        result = session.benchmark(plan, timeout=120)
+        assert result.failure is not None and result.failure.kind is FailureKind.HOST_CONFIG, result.failure
+        assert "has changed" in result.failure.reason and "ssh-keygen -R" in result.failure.reason
+        assert "\n" not in result.failure.reason
+    finally:
+        write_known_hosts(known, sshd)
+        host.transport.close()
+        with contextlib.suppress(RunnerError):
+            session.stop()
+        host.cleanup_orphans(grace=1)

@@ -2,8 +2,9 @@
 # servetune host_dir: the folder under $1 where the controllers of this machine's GPU set keep their leases,
 # the claim and the queue, whatever their runs root or Unix user: $1/gpus-HASH, HASH over the GPUs' UUIDs as
 # nvidia-smi lists them, only those CUDA_VISIBLE_DEVICES names (indices or UUIDs) when the host's environment
-# sets it (no GPU: over the machine id). $1 is made sticky and world-writable (as /tmp is), the
-# folder under it world-writable, so a second user's controller can take over a dead one's claim. Prints it.
+# sets it (no GPU: over the machine id). $1, the folder under it and its leases/ and queue/ are made sticky and
+# world-writable (as /tmp is): a second user's controller can take over a dead one's claim, and nobody can
+# rename or remove another user's file there. A symlink in their place is refused. Prints it.
 # shellcheck source=lib/paths.sh
 . "${SERVETUNE_LIB:?}/paths.sh"
 umask 000
@@ -21,5 +22,9 @@ ids=$(timeout 20 nvidia-smi --query-gpu=index,uuid --format=csv,noheader 2>/dev/
 key=$(printf '%s\n' "$ids" | sha256sum | cut -c1-16)
 d=$base/gpus-$key
 mkdir -p "$d/leases" "$d/queue" || exit 1
+for f in "$d" "$d/leases" "$d/queue"; do
+  if [ -L "$f" ]; then echo "$f is a symlink, not a folder: remove it" >&2; exit 1; fi
+  [ -O "$f" ] && chmod 1777 "$f" 2>/dev/null
+done
 [ -w "$d" ] && [ -w "$d/leases" ] && [ -w "$d/queue" ] || { echo "$d is not writable by $(id -un)" >&2; exit 1; }
 printf '%s\n' "$d"

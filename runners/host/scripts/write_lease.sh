@@ -6,4 +6,13 @@
 umask 000
 d=$(host_path "$1")
 f=$d/$2.json
-mkdir -p "$d" && printf '%s%s}\n' "$3" "$(date +%s)" > "$f.tmp.$$" && mv -f "$f.tmp.$$" "$f"
+# The folder is shared by every local user: the text goes to a new file of a random name (mktemp, O_EXCL) that
+# is renamed over the lease, so a symlink planted under either name is never followed.
+mkdir -p "$d" || exit 1
+chmod 1777 "$d" 2>/dev/null
+[ -L "$d" ] && { echo "$d is a symlink" >&2; exit 1; }
+t=$(mktemp "$d/.$2.XXXXXXXX") || exit 1
+if ! { chmod 644 "$t" && printf '%s%s}\n' "$3" "$(date +%s)" >> "$t" && mv -fT "$t" "$f"; }; then
+  rm -f "$t"
+  exit 1
+fi
