@@ -76,9 +76,31 @@ def fixed_args_release_problem(space: Space, engine: Engine, version: str | None
     return None if problem is None else f"fixed_args: {problem}; every trial would die of it"
 
 
+def host_gpus_problem(space: Space, engine: Engine) -> str | None:
+    """For a space whose host is known before any run (the simulated host's profile names its GPUs), one line when
+    its tensor parallel size over its most nodes asks each node for more GPUs than the host has, or None. Other
+    hosts are checked by the preflight (``gpus_needed``), before the first launch."""
+    if space.engine.sim is None:
+        return None
+    try:
+        have = load_profile(Path(space.engine.sim.profile)).host.gpu_count
+    except (OSError, ProfileError):
+        return None  # the run says what is wrong with the profile
+    tp = engine.tp_size(space.fixed_args)
+    need = -(-tp // space.max_nodes)
+    if need <= have:
+        return None
+    return (f"fixed_args: tensor parallel size {tp} needs {need} GPUs per node, but the host "
+            f"({space.engine.sim.profile}) has {have}; use a tensor parallel size of at most {have * space.max_nodes}")
+
+
 def engine_problem(space: Space) -> str | None:
-    """One line naming what the engine's flag table says every trial of ``space`` would lose, or None."""
+    """One line naming what the engine's flag table says every trial of ``space`` would lose, or what its known
+    host cannot give it, or None."""
     engine = engine_of(space)
+    problem = host_gpus_problem(space, engine)
+    if problem is not None:
+        return problem
     problem = free_flag_problem(space, engine, space.engine.version, with_fixed_args=False)
     if problem is not None:
         return problem

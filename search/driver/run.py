@@ -415,6 +415,7 @@ def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions,
     storage = open_storage(options.storage_url, heartbeat_interval=options.heartbeat_interval,
                            grace_period=options.grace_period, retry=options.storage_retry)
     sampler = make_sampler(options.seed, options.n_trials, conditional=conditional(space))
+    existed = options.study_name in optuna.get_all_study_names(storage)
     study = create_or_load(storage, options.study_name, sampler=sampler, directions=space.objective.directions,
                            metric_names=space.objective.metric_names)
     if CHOICE_ATTR not in study.user_attrs:  # first, so it is the first row of the dashboard's attribute table
@@ -447,6 +448,11 @@ def _run_search(space: Space, hosts: Sequence[Host], options: RunOptions,
                                                  options.lease_ttl))
     try:
         return _run_with_leases(space, hosts, options, study, storage, env, leases, abort, stop, groups)
+    except HostMisconfigured:
+        if not existed and not study.get_trials(deepcopy=False):
+            # No host passed the preflight and nothing launched: leave no empty study behind.
+            optuna.delete_study(study_name=options.study_name, storage=storage)
+        raise
     finally:
         leases.close()
 

@@ -59,6 +59,27 @@ def test_the_same_space_is_refused_on_a_host_with_nccl_2_31(tmp_path: Path) -> N
     assert "\n" not in line and "NCCL 2.31.2 (what local's torch loads" in line, line
     assert "NCCL_ALGO=allreduce:tree with NCCL_PROTO=Simple" in line and "write ring;allreduce:tree" in line
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("pgid"))  # nothing launched
+    import optuna
+
+    assert optuna.get_all_study_names(f"sqlite:///{tmp_path}/s.db") == []  # no empty study left behind
+
+
+def test_a_tensor_parallel_size_above_the_known_hosts_gpus_is_refused_at_load(tmp_path: Path) -> None:
+    from runners.errors import ConfigError
+    from search.spaces import load_checked_space
+
+    path = space_on(tmp_path, "2.27.3")
+    data = yaml.safe_load(path.read_text())
+    gpus = yaml.safe_load(PROFILE.read_text())["host"]["gpu_count"]
+    data["fixed_args"] = ["--tp", str(gpus * 2)]
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as info:
+        load_checked_space(path)
+    line = str(info.value)
+    assert "\n" not in line and f"tensor parallel size {gpus * 2} needs {gpus * 2} GPUs per node" in line, line
+    data["fixed_args"] = ["--tp", str(gpus)]
+    path.write_text(yaml.safe_dump(data))
+    load_checked_space(path)
 
 
 def test_validate_without_a_declared_version_assumes_the_newest(tmp_path: Path) -> None:
@@ -68,5 +89,5 @@ def test_validate_without_a_declared_version_assumes_the_newest(tmp_path: Path) 
     path.write_text(yaml.safe_dump(data))
     from runners.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"NCCL 2\.31\.2 \(assumed: the newest servetune knows"):
+    with pytest.raises(ConfigError, match=r"NCCL 2\.32\.3 \(assumed: the newest servetune knows"):
         load_space(path)
