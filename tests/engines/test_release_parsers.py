@@ -157,7 +157,7 @@ def shipped_spaces(kinds: set[str]) -> Iterator[Space]:
 
 
 def rendered(engine: SGLangEngine | VLLMEngine, kinds: set[str], version: str) -> list[tuple[str, list[str]]]:
-    """(what it is, argv after the module) for every knob value of every shipped space of ``kinds``."""
+    """(what it is, argv after the module, ``serve`` dropped) for every knob value of every shipped space of ``kinds``."""
     out: list[tuple[str, list[str]]] = []
     for space in shipped_spaces(kinds):
         searched = {k: v for k, v in space.knobs.searched().items() if not k.startswith("nccl.")}
@@ -167,8 +167,8 @@ def rendered(engine: SGLangEngine | VLLMEngine, kinds: set[str], version: str) -
             for value in knob_values(spec):
                 launch = LaunchConfig(engine=engine.name, python="python3", model_path="/models/m", port=30000,
                                       knobs={knob: value}, fixed_args=tuple(space.fixed_args))
-                argv = engine.argv(launch, version)
-                out.append((f"{space.name}: {knob}={value}", argv[3:]))
+                argv = engine.argv(launch, version)[3:]
+                out.append((f"{space.name}: {knob}={value}", argv[1:] if argv[:1] == ["serve"] else argv))
     return out
 
 
