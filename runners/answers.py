@@ -10,6 +10,9 @@ the host and runs it next to the server::
 serve it) with ``temperature: 0`` and ``logprobs: 1``, one at a time, and one JSON line is printed per prompt:
 ``{"index", "text", "tokens", "logprobs", "error"}`` (``tokens``/``logprobs`` null where the engine gives none).
 Exit codes: 0 done (some answers may carry an error), 2 bad arguments, 3 no prompt got an answer.
+
+``--timeout`` bounds the whole probe, not each prompt: a server that accepts connections and never answers
+holds it that long at most; the prompts not asked by then are answered with an error saying so.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import http.client
 import json
 import sys
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -60,8 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(prompts, list) or not all(isinstance(x, str) for x in prompts):
         p.error("--prompts: a JSON list of strings")
     answered = 0
+    deadline = time.monotonic() + a.timeout
     for index, prompt in enumerate(prompts):
-        got = ask(a.base_url, a.model, prompt, a.max_tokens, a.timeout)
+        left = deadline - time.monotonic()
+        if left > 0:
+            got = ask(a.base_url, a.model, prompt, a.max_tokens, left)
+        else:
+            got = {"error": f"not asked: the probe's {a.timeout:g}s were spent"}
         answered += got.get("error") is None
         sys.stdout.write(json.dumps({"index": index, **got}) + "\n")
         sys.stdout.flush()

@@ -118,6 +118,7 @@ class AnswerPlan:
     max_tokens: int
     model: str
     timeout: float = 600.0
+    """Seconds for the whole probe (every prompt): the trial's benchmark timeout."""
 
 
 @functools.cache
@@ -525,11 +526,12 @@ class ServerSession:
         ``text``, ``tokens``, ``logprobs``, ``error``), and an error line when the probe itself failed."""
         assert self.ref is not None
         args = [self.python, "answers.py", "--base-url", f"http://127.0.0.1:{int(self.launch.port)}",
-                "--model", plan.model, "--prompts", plan.prompts_file, "--max-tokens", str(plan.max_tokens)]
+                "--model", plan.model, "--prompts", plan.prompts_file, "--max-tokens", str(plan.max_tokens),
+                "--timeout", f"{plan.timeout:g}"]
         cmd = f"cd {shlex.quote(self.ref.run_dir)} && exec " + " ".join(shlex.quote(a) for a in args)
         try:
             # Beside the server (a Slurm job's head node): 127.0.0.1 is the server's machine, not the login node.
-            res = self._beside().run(cmd, timeout=plan.timeout)
+            res = self._beside().run(cmd, timeout=plan.timeout + 30)  # the probe bounds itself; 30 s to say so
         except RunnerError as exc:
             return [], str(exc)
         records = [r for r in (_answer_record(line) for line in res.stdout.splitlines()) if r is not None]
