@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -545,6 +546,44 @@ class BatchEngine:
             self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
         return out
 
+    def decode_run(self, max_steps: int) -> tuple[int, float, bool] | None:
+        """Run up to ``max_steps`` plain decode steps at once, as ``max_steps`` calls of :meth:`next_batch` and
+        :meth:`commit` would, when nothing can change the running set meanwhile: nothing waits or is chunked, no
+        request finishes within them, the pool gives every step its tokens (no retraction) and an eager step's
+        working set fits. Each step is costed by :meth:`RuntimeSpec.decode_step_s` on its own KV, so a change to
+        the step's cost applies here as it does step by step (where the cost is a straight line in the step number
+        over a stretch, the stretch is summed from its ends: :func:`_sum_steps`). Returns (steps, their seconds,
+        whether CUDA graphs ran them), or None (nothing done) when the conditions do not hold; the caller then
+        steps one batch."""
+        s = self.spec
+        if self.waiting or self.chunked is not None or not self.running or max_steps < 2:
+            return None
+        n = len(self.running)
+        steps = min(max_steps, min(r.max_new_tokens - r.generated for r in self.running) - 1,
+                    self.available_tokens // n)
+        if steps < 2:
+            return None
+        _, graph = s.decode_step_s(n, 0.0)
+        if not graph and s.transient_oom(s.eager_gib(n), s.eager_largest_fraction, not self.first_forward_done):
+            return None
+        kvs = [r.kv for r in self.running]
+        windowed = s.attention_window is not None and s.window_layer_fraction > 0
+        kv0 = float(sum(s.attended_tokens(c) for c in kvs))
+
+        def step(j: int) -> float:  # step j's seconds: its requests' KV as step j reads it
+            kv = float(sum(s.attended_tokens(c + j) for c in kvs)) if windowed else kv0 + n * j
+            return s.decode_step_s(n, kv)[0]
+
+        total = _sum_steps(step, 0, steps - 1, step(0), step(steps - 1))
+        for req in self.running:
+            req.kv += steps
+            req.generated += steps
+        self.tokens_generated += n * steps
+        self.decode_steps_total += steps
+        for _ in range(steps):  # one step at a time, as commit does, so the ratio is the same float
+            self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
+        return steps, total, graph
+
     def _finish(self, req: SimRequest, end_s: float) -> None:
         req.finish_s = end_s
         req.kv = 0  # SGLang moves it into the radix cache: evictable, so free for admission
@@ -559,3 +598,18 @@ class BatchEngine:
         elif req is self.chunked:
             self.chunked = None
             req.kv = 0
+
+
+def _sum_steps(step: Callable[[int], float], lo: int, hi: int, at_lo: float, at_hi: float) -> float:
+    """``sum(step(j) for j in lo..hi)``: a stretch whose middle step lies on the line through its ends (within
+    1e-9) is summed as an arithmetic series; otherwise (a kink: a sliding window filling, a cost with a floor)
+    each half is summed the same way, down to a few steps added one by one."""
+    count = hi - lo + 1
+    if count <= 8:
+        return at_lo + at_hi + sum(step(j) for j in range(lo + 1, hi)) if count > 1 else at_lo
+    mid = (lo + hi) // 2
+    at_mid = step(mid)
+    line = at_lo + (at_hi - at_lo) * (mid - lo) / (hi - lo)
+    if abs(at_mid - line) <= 1e-9 * max(abs(line), 1e-12):
+        return count * (at_lo + at_hi) / 2.0
+    return _sum_steps(step, lo, mid, at_lo, at_mid) + _sum_steps(step, mid + 1, hi, step(mid + 1), at_hi)

@@ -243,6 +243,13 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
+@cache
+def _refusing_parser(version: str) -> argparse.ArgumentParser:
+    """The ``raise_errors`` parser of ``version``, built once (building it is most of a pure-model call; a parse
+    leaves the parser as it was: every default is an immutable value)."""
+    return build_parser(version, raise_errors=True)
+
+
 def build_parser(
     version: str = DEFAULT_VERSION, *, raise_errors: bool = False, sim_flags: bool = False
 ) -> argparse.ArgumentParser:
@@ -490,8 +497,7 @@ class SimLaunch(BaseModel):
         cls, argv: Sequence[str], env: Mapping[str, str] | None = None, version: str = DEFAULT_VERSION
     ) -> SimLaunch:
         """Parse SGLang flags as the emulated ``version`` would; raise :class:`BadFlag` if it would refuse."""
-        parser = build_parser(version, raise_errors=True)
-        ns = parser.parse_args(list(argv))
+        ns = _refusing_parser(version).parse_args(list(argv))
         return cls.from_namespace(ns, env or {}, version)
 
     @classmethod

@@ -919,10 +919,21 @@ def run_warmup(spec: RuntimeSpec) -> tuple[BatchEngine, OomDetail | None, float]
     return eng, None, t
 
 
+def _decode_run(eng: BatchEngine, allowed: bool) -> tuple[int, float, bool] | None:
+    """The engine's stretch of decode steps at once (:meth:`BatchEngine.decode_run`) when ``allowed``."""
+    return eng.decode_run(1 << 30) if allowed else None
+
+
 def run_level(
-    spec: RuntimeSpec, workload: Workload, concurrency: int, *, first_forward_done: bool = True
+    spec: RuntimeSpec, workload: Workload, concurrency: int, *, first_forward_done: bool = True,
+    fast: bool = True,
 ) -> LevelResult:
-    """Closed-loop load at one concurrency level on a server that just became ready."""
+    """Closed-loop load at one concurrency level on a server that just became ready.
+
+    ``fast`` runs the stretches of decode steps in which nothing can join, finish or be retracted at once
+    (:meth:`BatchEngine.decode_run`: the same step costs, without a batch object per step); without it every
+    step is planned and committed as the live server's scheduler does (``runners/simhost/scheduler.py``). Both
+    give the same figures (``tests/simhost/test_fast_model.py``)."""
     n_total = workload.requests_for(concurrency)
     eng = BatchEngine(spec, first_forward_done=first_forward_done)
     need = workload.input_len + workload.output_len
@@ -958,6 +969,12 @@ def run_level(
     t = 0.0
     send(0.0, 0.0)
     while True:
+        # No arrival can come during a stretch of decode steps while every slot is taken or everything is sent.
+        run = _decode_run(eng, fast and not (sent < n_total and in_flight < concurrency))
+        if run is not None:
+            t += run[1]
+            graph_steps, eager_steps = graph_steps + run[0] * run[2], eager_steps + run[0] * (not run[2])
+            continue
         batch = eng.next_batch()
         if batch is None:
             if sent < n_total and in_flight < concurrency:
@@ -977,10 +994,9 @@ def run_level(
             )
         end = t + batch.duration_s
         send(end, t)  # arrivals during the batch that found a free slot
-        if batch.retraction is not None:
-            retracted += len(batch.retraction.requests)
-        graph_steps += sum(1 for _, _, graph in batch.decode_steps if graph)
-        eager_steps += sum(1 for _, _, graph in batch.decode_steps if not graph)
+        retracted += len(batch.retraction.requests) if batch.retraction is not None else 0
+        graphed = [graph for _, _, graph in batch.decode_steps]
+        graph_steps, eager_steps = graph_steps + graphed.count(True), eager_steps + graphed.count(False)
         for em in eng.commit(batch, end):
             if em.finished:
                 finished.append(em.request)
