@@ -196,7 +196,7 @@ class Choice:
                 return f"median of its {repeats} repeats" if repeats > 1 else "its one repeat's figure"
             case Reported.FRONT_MEDIANS:
                 return f"medians over its {len(self.launches)} launch(es)"
-        return "one launch, not repeated"
+        return "one launch"
 
     def candidate(self, rec: TrialFacts) -> Candidate | None:
         """Why the trial ``rec`` (any launch) is or is not the choice: its configuration's :class:`Candidate`

@@ -132,6 +132,7 @@ def test_two_million_lines_from_nvidia_smi_are_cut_on_the_host(tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="known defect: its hostile server error comes from an unknown fixed flag, which validate now refuses against the release's flag table (issue 32), so no trial runs; the hostile text needs another way in")
 def test_escapes_in_a_server_error_a_gpu_name_and_a_lease_reach_no_terminal(tmp_path: Path) -> None:
     space = make_space(tmp_path / "space.yaml", budget={"n_trials": 1},
                        fixed_args=[f"--bogus-{HOSTILE}"])
