@@ -20,13 +20,13 @@ def _pod(phase: str = "Running", *, state: dict[str, Any] | None = None, restart
         cs["lastState"] = {"terminated": last}
     scheduled = [{"type": "PodScheduled", "status": "True"}]
     return {"metadata": {"name": "p", "uid": "u"}, "spec": {"nodeName": "gpu-node-3", "containers": [{"image": "i"}]},
-            "status": {"phase": phase, "podIP": "10.0.0.5", "containerStatuses": [cs],
+            "status": {"phase": phase, "podIP": "127.0.0.5", "containerStatuses": [cs],
                        "conditions": conditions if conditions is not None else scheduled, **status}}
 
 
 def test_running_and_queued_and_starting() -> None:
     state = read_pod(_pod())
-    assert (state.stage, state.node, state.pod_ip, state.ending) == (Stage.RUNNING, "gpu-node-3", "10.0.0.5", None)
+    assert (state.stage, state.node, state.pod_ip, state.ending) == (Stage.RUNNING, "gpu-node-3", "127.0.0.5", None)
     queued = read_pod(_pod("Pending", state={"waiting": {"reason": "ContainerCreating"}}, conditions=[
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
          "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]))
